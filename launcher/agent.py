@@ -1,0 +1,435 @@
+"""The per-host agent: owns one host's ranks for the launcher.
+
+It is stdlib-only and self-contained because it is shipped as source over its own stdin (see
+`bootstrap_argv`), so worker hosts need a Python interpreter and nothing else. The launcher talks to it with
+length-prefixed frames on stdin/stdout; everything the agent must know (the ranks' env included) comes over
+that channel, never on a command line, so secrets stay out of `ps` and nothing passes through a shell.
+
+Lifecycle: PROBE -> FACTS (preflight), START -> OUT/ERR/EXIT frames while ranks run, DONE when all are gone.
+STOP (or stdin EOF, or SIGTERM/SIGHUP to the agent) sends SIGTERM to every rank's process group and SIGKILL
+after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+HEADER = struct.Struct("!BiI")  # kind, rank (-1: agent itself), payload length
+
+# launcher -> agent
+PROBE, START, STOP, KILL = 1, 2, 3, 4
+# agent -> launcher
+FACTS, OUT, ERR, EXIT, DONE = 10, 11, 12, 13, 14
+# both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
+BEAT = 20
+
+READ_SIZE = 1 << 16
+# When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
+ORPHAN_GRACE_CAP = 2.0
+SIOCGIFADDR = 0x8915
+
+
+def encode(kind: int, rank: int = -1, payload: bytes = b"") -> bytes:
+    return HEADER.pack(kind, rank, len(payload)) + payload
+
+
+def encode_json(kind: int, obj: Any, rank: int = -1) -> bytes:
+    return encode(kind, rank, json.dumps(obj).encode())
+
+
+class FrameReader:
+    """Splits a byte stream into (kind, rank, payload) frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        self._buf += data
+        frames = []
+        pos = 0
+        buf = self._buf
+        size = HEADER.size
+        while len(buf) - pos >= size:
+            kind, rank, length = HEADER.unpack_from(buf, pos)
+            end = pos + size + length
+            if end > len(buf):
+                break
+            frames.append((kind, rank, bytes(buf[pos + size : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return frames
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+
+# ------------------------------------------------------------------------------------------------ host facts
+
+
+def _free_ports(count: int) -> list[int]:
+    # Hold every socket until all are bound, so the ports are distinct.
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ipv4_ifname(addr: str) -> str | None:
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        if socket.inet_ntoa(raw[20:24]) == addr:
+            return name
+    return None
+
+
+def _ipv6_ifname(addr: str) -> str | None:
+    packed = socket.inet_pton(socket.AF_INET6, addr).hex()
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[0] == packed:
+                    return fields[5]
+    except OSError:
+        pass
+    return None
+
+
+def _route(target: str) -> tuple[str | None, str | None]:
+    """The local address and interface this host uses to reach `target` (a UDP connect sends nothing)."""
+    try:
+        infos = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None, None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                local = str(s.getsockname()[0])
+        except OSError:
+            continue
+        ifname = _ipv6_ifname(local) if family == socket.AF_INET6 else _ipv4_ifname(local)
+        return local, ifname
+    return None, None
+
+
+def _gpu_count() -> int:
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        pass
+    try:
+        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+    except OSError:
+        return 0
+
+
+def _which(program: str) -> bool:
+    if os.sep in program:
+        return os.access(program, os.X_OK)
+    return any(
+        os.access(os.path.join(d, program), os.X_OK)
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d
+    )
+
+
+def host_facts(request: dict[str, Any]) -> dict[str, Any]:
+    route_to = request.get("route_to")
+    route_addr, route_ifname = _route(route_to) if route_to else (None, None)
+    python = request.get("python")
+    return {
+        "hostname": socket.gethostname(),
+        "python": sys.executable,
+        "python_found": _which(python) if python else True,
+        "cwd_exists": os.path.isdir(request.get("cwd") or "."),
+        "gpu_count": _gpu_count(),
+        "free_ports": _free_ports(int(request.get("ports", 0))),
+        "route_addr": route_addr,
+        "route_ifname": route_ifname,
+    }
+
+
+# ------------------------------------------------------------------------------------------------- the agent
+
+
+class _Rank:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session: the rank leads its own process group
+        self.returncode: int | None = None
+        assert proc.stdout is not None and proc.stderr is not None
+        self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
+
+
+class Agent:
+    def __init__(self, in_fd: int, out_fd: int) -> None:
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+        self.sel = selectors.DefaultSelector()
+        self.ranks: dict[int, _Rank] = {}
+        self.by_fd: dict[int, _Rank] = {}
+        self.reader = FrameReader()
+        self.grace = 5.0
+        self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
+        self.launcher_gone = False
+        self.started = False
+        self.beat_every = 0.0  # 0: no heartbeats (until START asks for them)
+        self.dead_after = 0.0
+        self.last_heard = time.monotonic()
+        self.next_beat = 0.0
+
+    # -- output to the launcher
+
+    def send(self, frame: bytes) -> None:
+        if self.launcher_gone:
+            return
+        view = memoryview(frame)
+        try:
+            while view:
+                view = view[os.write(self.out_fd, view) :]
+        except OSError:
+            self._lost_launcher()
+
+    def _lost_launcher(self) -> None:
+        if not self.launcher_gone:
+            self.launcher_gone = True
+            self.stop(min(self.grace, ORPHAN_GRACE_CAP))
+
+    # -- rank processes
+
+    def start(self, spec: dict[str, Any]) -> None:
+        self.started = True
+        self.grace = float(spec.get("grace", self.grace))
+        self.beat_every = float(spec.get("heartbeat", 0.0))
+        self.dead_after = float(spec.get("dead_after", 0.0))
+        base = dict(os.environ)
+        for r in spec["ranks"]:
+            env = dict(base)
+            env.update(r["env"])
+            rank = int(r["rank"])
+            try:
+                proc = subprocess.Popen(
+                    r["argv"],
+                    env=env,
+                    cwd=r.get("cwd") or None,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                msg = f"distrun: cannot start rank {rank} on {socket.gethostname()}: {exc}\n"
+                self.send(encode(ERR, rank, msg.encode()))
+                self.send(encode_json(EXIT, {"returncode": code}, rank))
+                continue
+            entry = _Rank(rank, proc)
+            self.ranks[rank] = entry
+            for fd in entry.fds:
+                self.by_fd[fd] = entry
+                self.sel.register(fd, selectors.EVENT_READ, "pipe")
+        if self.kill_at is not None:  # a STOP raced the START
+            self._signal_all(signal.SIGTERM)
+
+    def _signal_all(self, sig: int, leftovers: bool = False) -> None:
+        for entry in self.ranks.values():
+            if entry.returncode is None or leftovers:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(entry.pgid, sig)
+
+    def stop(self, grace: float | None = None) -> None:
+        deadline = time.monotonic() + (self.grace if grace is None else grace)
+        if self.kill_at is None or deadline < self.kill_at:
+            self.kill_at = deadline
+        self._signal_all(signal.SIGTERM, leftovers=True)
+
+    def kill(self) -> None:
+        self.kill_at = time.monotonic()
+        self._signal_all(signal.SIGKILL, leftovers=True)
+
+    def _read_pipe(self, fd: int) -> None:
+        entry = self.by_fd[fd]
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.send(encode(entry.fds[fd], entry.rank, data))
+        else:
+            self.sel.unregister(fd)
+            del self.by_fd[fd]
+            os.close(fd)
+
+    def _drain(self, entry: _Rank) -> None:
+        """Relay what the rank wrote before it exited, so EXIT follows its last output."""
+        for fd in list(entry.fds):
+            if fd not in self.by_fd:
+                continue
+            os.set_blocking(fd, False)
+            while fd in self.by_fd:
+                try:
+                    data = os.read(fd, READ_SIZE)
+                except BlockingIOError:
+                    break
+                except OSError:
+                    data = b""
+                if data:
+                    self.send(encode(entry.fds[fd], entry.rank, data))
+                else:
+                    self.sel.unregister(fd)
+                    del self.by_fd[fd]
+                    os.close(fd)
+
+    def _reap(self) -> None:
+        for entry in self.ranks.values():
+            if entry.returncode is None and entry.proc.poll() is not None:
+                entry.returncode = entry.proc.returncode
+                self._drain(entry)
+                self.send(encode_json(EXIT, {"returncode": entry.returncode}, entry.rank))
+
+    # -- control from the launcher
+
+    def _read_control(self) -> bool:
+        """Returns False when the launcher closed the channel."""
+        try:
+            data = os.read(self.in_fd, READ_SIZE)
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(self.in_fd)
+            self._lost_launcher()
+            return False
+        self.last_heard = time.monotonic()
+        for kind, _, payload in self.reader.feed(data):
+            if kind == PROBE:
+                self.send(encode_json(FACTS, host_facts(json.loads(payload))))
+            elif kind == START:
+                self.start(json.loads(payload))
+            elif kind == STOP:
+                self.stop()
+            elif kind == KILL:
+                self.kill()
+        return True
+
+    def _all_exited(self) -> bool:
+        return all(e.returncode is not None for e in self.ranks.values())
+
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        control_open = True
+        leftovers_at: float | None = None
+        while True:
+            timeout = 0.5
+            now = time.monotonic()
+            if self.beat_every:
+                if now >= self.next_beat:
+                    self.send(encode(BEAT))
+                    self.next_beat = now + self.beat_every
+                if self.dead_after and now - self.last_heard > self.dead_after and control_open:
+                    self._lost_launcher()
+            for deadline in (self.kill_at, leftovers_at, self.next_beat or None):
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - now))
+            for key, _ in self.sel.select(timeout):
+                if key.data == "control":
+                    control_open = self._read_control()
+                elif key.data == "wake":
+                    try:
+                        signums = os.read(wake_r, 512)
+                    except BlockingIOError:
+                        signums = b""
+                    if any(s in signums for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
+                        self.stop()
+                elif key.fileobj in self.by_fd:
+                    self._read_pipe(key.fd)
+            self._reap()
+            now = time.monotonic()
+            if self.kill_at is not None and now >= self.kill_at and not self._all_exited():
+                self._signal_all(signal.SIGKILL)
+            if not self.started:
+                if not control_open:
+                    break
+                continue
+            if self._all_exited():
+                if not self.by_fd:
+                    break
+                # Leaders are gone but something in their groups (a DataLoader worker, say) holds the pipes.
+                if leftovers_at is None:
+                    self._signal_all(signal.SIGTERM, leftovers=True)
+                    leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
+                elif now >= leftovers_at:
+                    self._signal_all(signal.SIGKILL, leftovers=True)
+                    for fd in list(self.by_fd):
+                        self.sel.unregister(fd)
+                        os.close(fd)
+                    self.by_fd.clear()
+                    break
+        self._signal_all(signal.SIGKILL, leftovers=True)
+        self.send(encode(DONE))
+        return 0
+
+
+def main() -> int:
+    # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    return Agent(0, out_fd).run()
+
+
+def agent_source() -> bytes:
+    with open(__file__, "rb") as f:
+        return f.read()
+
+
+# Reads exactly N bytes of agent source from stdin, then the rest of stdin is the frame stream.
+BOOTSTRAP = (
+    "import os,sys\n"
+    "n=int(sys.argv[1]);b=b''\n"
+    "while len(b)<n:\n"
+    " c=os.read(0,n-len(b))\n"
+    " if not c:sys.exit(3)\n"
+    " b+=c\n"
+    "g={'__name__':'distrun_agent'};exec(compile(b,'distrun-agent','exec'),g);sys.exit(g['main']())\n"
+)
+
+
+def bootstrap_argv(python: str, source: bytes) -> list[str]:
+    return [python, "-S", "-u", "-c", BOOTSTRAP, str(len(source))]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

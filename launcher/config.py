@@ -1,0 +1,50 @@
+"""The validated launch request: everything the CLI, config file and environment said, as one frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from launcher.hosts import Host
+
+PrefixMode = Literal["rank", "host", "none"]
+HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach remote hosts. None means: what ~/.ssh/config says, else the default."""
+
+    port: int | None = None
+    identity_files: tuple[Path, ...] = ()
+    host_key_policy: HostKeyPolicy | None = None
+    connect_timeout: float = 10.0
+    keepalive_interval: float = 2.0
+    keepalive_count: int = 5
+    max_parallel: int = 32
+    retries: int = 3
+    config_file: Path | None = None
+    known_hosts_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A launch request after parsing; `command` is what every worker runs, argv-style, untouched."""
+
+    command: tuple[str, ...]
+    hosts: tuple[Host, ...]
+    num_proc: int
+    master_addr: str | None = None
+    master_port: int | None = None
+    exports: tuple[tuple[str, str], ...] = ()
+    prefix: PrefixMode = "rank"
+    timestamp: bool = False
+    output_dir: Path | None = None
+    console_ranks: frozenset[int] | None = None
+    timeout: float | None = None
+    grace_period: float = 5.0
+    python: str | None = None
+    network_interface: str | None = None
+    color: bool | None = None
+    ssh: SshOptions = field(default_factory=SshOptions)

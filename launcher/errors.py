@@ -1,0 +1,51 @@
+"""Errors carry the exit code the CLI turns them into; nothing else maps errors to codes.
+
+Exit codes (documented in README):
+  0    every rank exited 0
+  1    internal error in distrun itself
+  2    bad input: options, hostfile, -H, config file
+  3    a host could not be reached or failed preflight; nothing was started anywhere
+  N    the first failing rank's exit code (128+S when it died of signal S)
+  124  --timeout expired
+  130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_HOST = 3
+EXIT_TIMEOUT = 124
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+class DistrunError(Exception):
+    """Base class: `str(err)` is the one line shown to the user."""
+
+    exit_code: int = EXIT_INTERNAL
+
+
+class UsageError(DistrunError):
+    """Bad options or arguments."""
+
+    exit_code = EXIT_USAGE
+
+
+class HostSpecError(UsageError):
+    """A bad `-H` entry; the message names the offending token."""
+
+
+class HostfileError(UsageError):
+    """A bad hostfile line; the message starts with `PATH:LINE:`."""
+
+
+class PlanError(UsageError):
+    """The hosts cannot hold the requested processes."""
+
+
+class HostError(DistrunError):
+    """A host was unreachable, refused us, or failed preflight; the message names the host."""
+
+    exit_code = EXIT_HOST

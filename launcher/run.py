@@ -1,0 +1,205 @@
+"""Launch a planned job: start one agent per host, preflight, rendezvous, start the ranks, supervise.
+
+This is the one place where planning (pure) meets side effects (processes, SSH).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import select
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, BinaryIO
+
+from launcher import agent as proto
+from launcher.command import resolve_command
+from launcher.config import LaunchConfig
+from launcher.env import worker_env
+from launcher.errors import EXIT_SIGINT, HostError
+from launcher.facts import HostFacts, Rendezvous
+from launcher.locality import is_local_host
+from launcher.logs import LogOptions, LogRelay
+from launcher.plan import Plan, make_plan
+from launcher.summary import summarize
+from launcher.supervise import AgentConn, Supervisor, probe, signal_pipe
+from launcher.transport.link import Link
+from launcher.transport.local import LocalLink
+
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT = 30.0
+HEARTBEAT = 1.0
+
+
+def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
+    """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
+    plan = make_plan(config.hosts, config.num_proc)
+    run_id = secrets.token_hex(6)
+    local = [is_local_host(h.name) for h in plan.nodes]
+    links = _open_links(plan, local, config)
+    conns = [AgentConn(link) for link in links]
+    try:
+        with signal_pipe() as wake_fd:
+            master_addr = _master_addr(config, links, local)
+            python = config.python or sys.executable
+            cwd = os.getcwd()
+            requests = [
+                {
+                    "ports": plan.local_size(i) + (1 if i == 0 else 0),
+                    "route_to": master_addr,
+                    "cwd": cwd,
+                    "python": python,
+                }
+                for i in range(plan.node_count)
+            ]
+            answers = probe(conns, requests, PROBE_TIMEOUT)
+            facts = [HostFacts.from_json(a) for a in answers]
+            _preflight(plan, facts, cwd, config.python)
+            if _pending(wake_fd):
+                return EXIT_SIGINT  # Ctrl-C during preflight: nothing was started
+            rdzv = _rendezvous(config, plan, facts, master_addr, local)
+            _start(
+                conns, config=config, plan=plan, facts=facts, rdzv=rdzv, run_id=run_id, cwd=cwd, local=local
+            )
+            relay = LogRelay(
+                out or sys.stdout.buffer,
+                err or sys.stderr.buffer,
+                {s.rank: s.host.name for s in plan.slots},
+                LogOptions(
+                    prefix=config.prefix,
+                    timestamp=config.timestamp,
+                    color=_use_color(config),
+                    console_ranks=config.console_ranks,
+                    output_dir=config.output_dir,
+                ),
+            )
+            dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
+            result = Supervisor(
+                conns,
+                {s.rank: s.host.name for s in plan.slots},
+                relay,
+                timeout=config.timeout,
+                grace=config.grace_period,
+                heartbeat=min(HEARTBEAT, config.ssh.keepalive_interval),
+                dead_after=dead_after,
+                wake_fd=wake_fd,
+            ).run()
+            relay.note(summarize(result, relay.stderr_tail))
+            return result.exit_code
+    finally:
+        for link in links:
+            link.close()
+
+
+def _open_links(plan: Plan, local: Sequence[bool], config: LaunchConfig) -> list[Link]:
+    remote_hosts = [h for h, is_local in zip(plan.nodes, local, strict=True) if not is_local]
+    clients: dict[str, Any] = {}
+    if remote_hosts:
+        from launcher.transport.sshconn import connect_all  # paramiko is slow to import: only when needed
+
+        clients = connect_all(remote_hosts, config.ssh)
+    links: list[Link] = []
+    try:
+        for host, is_local in zip(plan.nodes, local, strict=True):
+            if is_local:
+                links.append(LocalLink(host.name))
+            else:
+                from launcher.transport.ssh import SshLink
+
+                links.append(SshLink(host.name, clients.pop(host.name), config.python or "python3"))
+    except BaseException:
+        for link in links:
+            link.abort()
+        for client in clients.values():
+            client.close()
+        raise
+    return links
+
+
+def _master_addr(config: LaunchConfig, links: Sequence[Link], local: Sequence[bool]) -> str:
+    """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
+    if config.master_addr:
+        return config.master_addr
+    if not local[0]:
+        return str(getattr(links[0], "peer_addr"))  # noqa: B009 - SshLink only
+    remote = [link for link, is_local in zip(links, local, strict=True) if not is_local]
+    if not remote:
+        return "127.0.0.1"
+    return str(getattr(remote[0], "local_addr"))  # noqa: B009 - how the remote hosts see this machine
+
+
+def _preflight(plan: Plan, facts: Sequence[HostFacts], cwd: str, python: str | None) -> None:
+    for host, fact in zip(plan.nodes, facts, strict=True):
+        if not fact.cwd_exists:
+            raise HostError(f"host {host.name}: working directory {cwd} does not exist there")
+        if python and not fact.python_found:
+            raise HostError(f"host {host.name}: interpreter {python} not found there (see --python)")
+
+
+def _rendezvous(
+    config: LaunchConfig, plan: Plan, facts: Sequence[HostFacts], master_addr: str, local: Sequence[bool]
+) -> Rendezvous:
+    all_local = all(local)
+    node_addrs = tuple(
+        master_addr if i == 0 or all_local else (fact.route_addr or host.name)
+        for i, (host, fact) in enumerate(zip(plan.nodes, facts, strict=True))
+    )
+    master_port = config.master_port or facts[0].free_ports[0]
+    tf_ports = tuple(
+        tuple(fact.free_ports[1:] if i == 0 else fact.free_ports)[: plan.local_size(i)]
+        for i, fact in enumerate(facts)
+    )
+    return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
+
+
+def _start(
+    conns: Sequence[AgentConn],
+    *,
+    config: LaunchConfig,
+    plan: Plan,
+    facts: Sequence[HostFacts],
+    rdzv: Rendezvous,
+    run_id: str,
+    cwd: str,
+    local: Sequence[bool],
+) -> None:
+    exports = dict(config.exports)
+    for node, conn in enumerate(conns):
+        fact = facts[node]
+        ifname = config.network_interface or fact.route_ifname
+        # Locally the workers inherit our environment, so "unless the user set it" looks there too.
+        user_env = {**os.environ, **exports} if local[node] else exports
+        # `.py` commands: --python, else this interpreter's path where it exists on that host, else python3.
+        python = config.python or (sys.executable if fact.python_found else "python3")
+        ranks = [
+            {
+                "rank": slot.rank,
+                "argv": list(resolve_command(config.command, python)),
+                "env": worker_env(
+                    slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname
+                ),
+                "cwd": cwd,
+            }
+            for slot in plan.node_slots(node)
+        ]
+        spec = {
+            "ranks": ranks,
+            "grace": config.grace_period,
+            "heartbeat": min(HEARTBEAT, config.ssh.keepalive_interval),
+            "dead_after": config.ssh.keepalive_interval * config.ssh.keepalive_count,
+        }
+        conn.send(proto.encode_json(proto.START, spec))
+    log.debug("started %d ranks on %d hosts at %.3f", plan.world_size, plan.node_count, time.monotonic())
+
+
+def _pending(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _use_color(config: LaunchConfig) -> bool:
+    if config.color is not None:
+        return config.color
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ

@@ -1,0 +1,314 @@
+"""Watch every host's agent until the job ends; the first failure, a signal or the timeout stops all of them.
+
+One thread and one selector serve every host, local or remote: log relay, exit statuses, heartbeats, signals.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from launcher import agent as proto
+from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_TIMEOUT, HostError
+from launcher.logs import LogRelay
+from launcher.transport.link import Link
+
+log = logging.getLogger(__name__)
+
+StopReason = Literal["failure", "signal", "timeout", "host-lost"]
+
+# After STOP, how long past the grace period we wait for agents before dropping them.
+TEARDOWN_SLACK = 5.0
+
+
+@dataclass(frozen=True)
+class RankExit:
+    rank: int
+    host: str
+    returncode: int
+
+    @property
+    def exit_code(self) -> int:
+        """The shell convention: a death by signal N is 128+N."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    reason: StopReason | None = None
+    first_failure: RankExit | None = None
+    signal_name: str | None = None
+    still_running: tuple[int, ...] = ()
+    lost_host: str | None = None
+    lost_detail: str = ""
+    exits: tuple[RankExit, ...] = ()
+    elapsed: float = 0.0
+    timeout: float | None = None
+
+
+class AgentConn:
+    """A link plus the frame decoder for what comes back on it."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.reader = proto.FrameReader()
+        self.finished = False
+        self.last_heard = time.monotonic()
+
+    @property
+    def host(self) -> str:
+        return self.link.host
+
+    def send(self, frame: bytes) -> None:
+        if not self.finished:
+            self.link.send(frame)
+
+    def read(self) -> list[tuple[int, int, bytes]] | None:
+        """Frames now available; None when the link closed."""
+        data = self.link.recv()
+        if not data:
+            return None
+        self.last_heard = time.monotonic()
+        return self.reader.feed(data)
+
+
+@dataclass
+class _SignalPipe:
+    """Signals become bytes on a pipe the selector watches, so handlers never run job logic."""
+
+    read_fd: int = -1
+    write_fd: int = -1
+    previous: dict[int, Any] = field(default_factory=dict)
+    old_wakeup: int = -1
+
+
+@contextmanager
+def signal_pipe(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[int]:
+    """While active, the returned fd becomes readable with one byte per signal received."""
+    pipe = _SignalPipe()
+    pipe.read_fd, pipe.write_fd = os.pipe()
+    for fd in (pipe.read_fd, pipe.write_fd):
+        os.set_blocking(fd, False)
+    pipe.old_wakeup = signal.set_wakeup_fd(pipe.write_fd, warn_on_full_buffer=False)
+    for signum in signums:
+        pipe.previous[signum] = signal.signal(signum, lambda *_: None)
+    try:
+        yield pipe.read_fd
+    finally:
+        for signum, handler in pipe.previous.items():
+            signal.signal(signum, handler)
+        signal.set_wakeup_fd(pipe.old_wakeup)
+        os.close(pipe.read_fd)
+        os.close(pipe.write_fd)
+
+
+def probe(
+    conns: Sequence[AgentConn], payloads: Sequence[dict[str, Any]], timeout: float
+) -> list[dict[str, Any]]:
+    """Send each agent its preflight question and collect every host's facts (one round-trip, in parallel)."""
+    for conn, payload in zip(conns, payloads, strict=True):
+        conn.send(proto.encode_json(proto.PROBE, payload))
+    answers: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        for i, conn in enumerate(conns):
+            sel.register(conn.link, selectors.EVENT_READ, i)
+        while len(answers) < len(conns):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = [conns[i].host for i in range(len(conns)) if i not in answers]
+                raise HostError(f"host {missing[0]}: no answer from the distrun agent within {timeout:.0f}s")
+            for key, _ in sel.select(remaining):
+                i = key.data
+                conn = conns[i]
+                frames = conn.read()
+                if frames is None:
+                    detail = conn.link.diagnostics()
+                    detail = f": {detail.splitlines()[-1]}" if detail else ""
+                    raise HostError(f"host {conn.host}: the distrun agent exited before answering{detail}")
+                for fkind, _, payload in frames:
+                    if fkind == proto.FACTS:
+                        answers[i] = json.loads(payload)
+                        sel.unregister(conn.link)
+    return [answers[i] for i in range(len(conns))]
+
+
+class Supervisor:
+    """Runs the started job to its end and says how it ended."""
+
+    def __init__(
+        self,
+        conns: Sequence[AgentConn],
+        rank_hosts: dict[int, str],
+        relay: LogRelay,
+        *,
+        timeout: float | None,
+        grace: float,
+        heartbeat: float,
+        dead_after: float,
+        wake_fd: int,
+    ) -> None:
+        self.conns = list(conns)
+        self.rank_hosts = rank_hosts
+        self.relay = relay
+        self.timeout = timeout
+        self.grace = grace
+        self.heartbeat = heartbeat
+        self.dead_after = dead_after
+        self.wake_fd = wake_fd
+        self.exits: dict[int, RankExit] = {}
+        self.reason: StopReason | None = None
+        self.first_failure: RankExit | None = None
+        self.signal_name: str | None = None
+        self.still_running: tuple[int, ...] = ()
+        self.lost_host: str | None = None
+        self.lost_detail = ""
+        self.stop_at: float | None = None
+        self.killed = False
+
+    # -- stopping
+
+    def _stop(self, reason: StopReason) -> None:
+        if self.reason is not None:
+            return
+        self.reason = reason
+        self.stop_at = time.monotonic()
+        log.debug("stopping the job: %s", reason)
+        for conn in self.conns:
+            conn.send(proto.encode(proto.STOP))
+
+    def _kill_now(self) -> None:
+        self.killed = True
+        for conn in self.conns:
+            conn.send(proto.encode(proto.KILL))
+
+    def _on_signal(self, signum: int) -> None:
+        if self.reason is None:
+            self.signal_name = signal.Signals(signum).name
+            self._stop("signal")
+        elif signum == signal.SIGINT and not self.killed:
+            # A second Ctrl-C means "now": no more grace period.
+            self._kill_now()
+
+    def _lose(self, conn: AgentConn, detail: str) -> None:
+        conn.finished = True
+        conn.link.abort()
+        if self.reason is None:
+            self.lost_host = conn.host
+            self.lost_detail = detail
+            self._stop("host-lost")
+
+    # -- frames
+
+    def _on_frame(self, conn: AgentConn, kind: int, rank: int, payload: bytes) -> None:
+        if kind == proto.OUT:
+            self.relay.feed(rank, "stdout", payload)
+        elif kind == proto.ERR:
+            self.relay.feed(rank, "stderr", payload)
+        elif kind == proto.EXIT:
+            code = int(json.loads(payload)["returncode"])
+            ended = RankExit(rank, self.rank_hosts.get(rank, conn.host), code)
+            self.exits[rank] = ended
+            if code != 0 and self.reason is None:
+                self.first_failure = ended
+                self._stop("failure")
+        elif kind == proto.DONE:
+            conn.finished = True
+
+    # -- the loop
+
+    def run(self) -> RunResult:
+        started = time.monotonic()
+        deadline = started + self.timeout if self.timeout else None
+        next_beat = started + self.heartbeat
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.wake_fd, selectors.EVENT_READ, None)
+            for conn in self.conns:
+                sel.register(conn.link, selectors.EVENT_READ, conn)
+            while not all(c.finished for c in self.conns):
+                now = time.monotonic()
+                wait = next_beat - now
+                if deadline is not None and self.reason is None:
+                    wait = min(wait, deadline - now)
+                for key, _ in sel.select(max(0.0, wait)):
+                    conn = key.data
+                    if conn is None:
+                        self._drain_signals()
+                        continue
+                    frames = conn.read()
+                    if frames is None:
+                        sel.unregister(conn.link)
+                        if not conn.finished:
+                            diag = conn.link.diagnostics()
+                            self._lose(conn, diag.splitlines()[-1] if diag else "connection closed")
+                        continue
+                    for kind, rank, payload in frames:
+                        self._on_frame(conn, kind, rank, payload)
+                    if conn.finished:
+                        sel.unregister(conn.link)
+                self.relay.flush()
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and self.reason is None:
+                    self.still_running = tuple(sorted(r for r in self.rank_hosts if r not in self.exits))
+                    self._stop("timeout")
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat
+                    self._beat(now)
+        self.relay.close()
+        return self._result(time.monotonic() - started)
+
+    def _drain_signals(self) -> None:
+        try:
+            data = os.read(self.wake_fd, 64)
+        except BlockingIOError:
+            return
+        for signum in data:
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                self._on_signal(signum)
+
+    def _beat(self, now: float) -> None:
+        for conn in self.conns:
+            if conn.finished:
+                continue
+            if now - conn.last_heard > self.dead_after:
+                self._lose(conn, f"no word from it for {now - conn.last_heard:.0f}s")
+            else:
+                conn.send(proto.encode(proto.BEAT))
+        if self.stop_at is not None and now - self.stop_at > self.grace + TEARDOWN_SLACK:
+            for conn in self.conns:
+                if not conn.finished:
+                    log.warning("host %s: agent did not finish stopping its ranks; dropping it", conn.host)
+                    conn.finished = True
+                    conn.link.abort()
+
+    def _result(self, elapsed: float) -> RunResult:
+        code = EXIT_OK
+        if self.reason == "failure" and self.first_failure is not None:
+            code = self.first_failure.exit_code
+        elif self.reason == "signal":
+            code = EXIT_SIGINT if self.signal_name == "SIGINT" else EXIT_SIGTERM
+        elif self.reason == "timeout":
+            code = EXIT_TIMEOUT
+        elif self.reason == "host-lost":
+            code = EXIT_HOST
+        return RunResult(
+            exit_code=code,
+            reason=self.reason,
+            first_failure=self.first_failure,
+            signal_name=self.signal_name,
+            still_running=self.still_running,
+            lost_host=self.lost_host,
+            lost_detail=self.lost_detail,
+            exits=tuple(self.exits[r] for r in sorted(self.exits)),
+            elapsed=elapsed,
+            timeout=self.timeout,
+        )

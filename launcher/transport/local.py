@@ -1,0 +1,72 @@
+"""Run a host's agent as a child process of the launcher, talking over pipes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+
+from launcher.agent import agent_source, bootstrap_argv
+
+READ_SIZE = 1 << 16
+
+
+class LocalLink:
+    """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
+
+    def __init__(self, host: str, python: str = sys.executable) -> None:
+        self.host = host
+        source = agent_source()
+        # Own session: the terminal's Ctrl-C reaches only distrun, which then stops the job in order.
+        self._proc = subprocess.Popen(
+            bootstrap_argv(python, source),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._in = self._proc.stdin.fileno()
+        self._out = self._proc.stdout.fileno()
+        self.send(source)
+
+    def fileno(self) -> int:
+        return self._out
+
+    def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._in, view) :]
+        except OSError:
+            pass  # the agent is gone; recv() reports it
+
+    def recv(self) -> bytes:
+        try:
+            return os.read(self._out, READ_SIZE)
+        except OSError:
+            return b""
+
+    def diagnostics(self) -> str:
+        err = self._proc.stderr
+        if err is None or self._proc.poll() is None:
+            return ""
+        return err.read().decode(errors="replace").strip()
+
+    def close(self) -> None:
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=1.0)
+        if self._proc.poll() is None:
+            self.abort()
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+
+    def abort(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()

@@ -1,0 +1,63 @@
+"""Run a host's agent over one SSH channel of an already authenticated paramiko connection."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+from typing import TYPE_CHECKING
+
+from launcher.agent import agent_source, bootstrap_argv
+
+if TYPE_CHECKING:
+    import paramiko
+
+READ_SIZE = 1 << 16
+
+
+class SshLink:
+    """One channel per host, whatever its rank count: sshd's MaxSessions (10) never limits the job."""
+
+    def __init__(self, host: str, client: paramiko.SSHClient, python: str) -> None:
+        self.host = host
+        self._client = client
+        transport = client.get_transport()
+        assert transport is not None
+        self.local_addr: str = transport.sock.getsockname()[0]  # type: ignore[union-attr]
+        self.peer_addr: str = transport.getpeername()[0]
+        self._channel = transport.open_session()
+        source = agent_source()
+        # Only our own constant bootstrap goes through the remote shell; user data travels in frames.
+        self._channel.exec_command(shlex.join(bootstrap_argv(python, source)))
+        self._channel.sendall(source)
+        self._stderr = bytearray()
+
+    def fileno(self) -> int:
+        return self._channel.fileno()
+
+    def send(self, data: bytes) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self._channel.sendall(data)
+
+    def recv(self) -> bytes:
+        while self._channel.recv_stderr_ready():
+            self._stderr += self._channel.recv_stderr(READ_SIZE)
+        try:
+            return self._channel.recv(READ_SIZE)
+        except (OSError, EOFError):
+            return b""
+
+    def diagnostics(self) -> str:
+        with contextlib.suppress(OSError, EOFError):
+            while self._channel.recv_stderr_ready():
+                self._stderr += self._channel.recv_stderr(READ_SIZE)
+        return self._stderr.decode(errors="replace").strip()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, EOFError):
+            self._channel.shutdown_write()  # the agent sees EOF on stdin
+        self._channel.close()
+        self._client.close()
+
+    def abort(self) -> None:
+        self._channel.close()
+        self._client.close()

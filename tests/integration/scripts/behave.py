@@ -1,0 +1,44 @@
+"""A worker whose behaviour the test chooses: record pids, spawn a grandchild, fail, hang, ignore SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--pid-dir", required=True)
+parser.add_argument("--fail-rank", type=int, default=-1)
+parser.add_argument("--code", type=int, default=5)
+parser.add_argument("--kill-rank", type=int, default=-1, help="this rank SIGKILLs itself")
+parser.add_argument("--exit-early-rank", type=int, default=-1, help="this rank exits 0 at once")
+parser.add_argument("--after", type=float, default=0.5)
+parser.add_argument("--sleep", type=float, default=60)
+parser.add_argument("--ignore-term", action="store_true")
+args = parser.parse_args()
+
+rank = int(os.environ["RANK"])
+if args.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# A grandchild in the rank's process group, like a DataLoader worker.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+with open(os.path.join(args.pid_dir, f"rank{rank}.pid"), "w") as f:
+    f.write(str(os.getpid()))
+with open(os.path.join(args.pid_dir, f"child{rank}.pid"), "w") as f:
+    f.write(str(child.pid))
+print(f"rank {rank} ready", flush=True)
+
+if rank == args.exit_early_rank:
+    print(f"rank {rank} leaving early", flush=True)
+    sys.exit(0)
+time.sleep(args.after)
+if rank == args.fail_rank:
+    print(f"rank {rank} is failing on purpose", file=sys.stderr, flush=True)
+    sys.exit(args.code)
+if rank == args.kill_rank:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(args.sleep)
+print(f"rank {rank} done", flush=True)

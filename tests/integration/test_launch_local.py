@@ -1,0 +1,260 @@
+"""The launcher on one machine, end to end: real distrun, real workers, real torch.distributed groups."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+from tests.integration.conftest import (
+    REPO,
+    SCRIPTS,
+    assert_all_gone,
+    clean_env,
+    recorded_pids,
+    run_distrun,
+    start_distrun,
+    wait_for_files,
+)
+
+
+def _lines(data: bytes) -> list[str]:
+    return data.decode().splitlines()
+
+
+def test_gloo_all_reduce_sums_on_every_rank() -> None:
+    result = run_distrun("-np", "4", SCRIPTS / "allreduce.py")
+    assert result.returncode == 0, result.stderr.decode()
+    lines = sorted(_lines(result.stdout))
+    assert lines == [f"[{r}] rank {r} of 4 sum=10 host=localhost" for r in range(4)]
+
+
+def test_unmodified_torchrun_style_script_runs() -> None:
+    result = run_distrun("-np", "3", "python", SCRIPTS / "torchrun_style.py")
+    assert result.returncode == 0, result.stderr.decode()
+    assert sorted(_lines(result.stdout)) == [f"[{r}] local_rank={r} world=3 max=3" for r in range(3)]
+
+
+def test_environment_contract(tmp_path: Path) -> None:
+    env = clean_env(RANK="99", WORLD_SIZE="99", MASTER_PORT="1", OMP_NUM_THREADS="7", MY_TOKEN="hunter2")
+    result = run_distrun(
+        "-np", "2", "-x", "EXTRA=a b", "-x", "MY_TOKEN", SCRIPTS / "envdump.py", tmp_path, "x y", env=env
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    dumps = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(2)]
+    envs = [d["env"] for d in dumps]
+    for rank, e in enumerate(envs):
+        assert e["RANK"] == str(rank) and e["WORLD_SIZE"] == "2"
+        assert e["LOCAL_RANK"] == str(rank) and e["LOCAL_WORLD_SIZE"] == e["LOCAL_SIZE"] == "2"
+        assert e["NODE_RANK"] == e["GROUP_RANK"] == e["CROSS_RANK"] == "0"
+        assert e["GROUP_WORLD_SIZE"] == e["CROSS_SIZE"] == "1"
+        assert e["ROLE_RANK"] == str(rank) and e["ROLE_WORLD_SIZE"] == "2" and e["ROLE_NAME"] == "default"
+        assert e["MASTER_ADDR"] == "127.0.0.1"
+        assert e["MASTER_PORT"] != "1" and e["MASTER_PORT"] != "29500"
+        assert e["OMP_NUM_THREADS"] == "7"  # the user's own setting wins over the default of 1
+        assert e["PYTHONUNBUFFERED"] == "1" and e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert e["GLOO_SOCKET_IFNAME"] == e["NCCL_SOCKET_IFNAME"] == "lo"
+        assert e["EXTRA"] == "a b" and e["MY_TOKEN"] == "hunter2"
+        assert e["TORCHELASTIC_RUN_ID"] == e["DISTRUN_RUN_ID"] and e["DISTRUN_HOSTNAME"] == "localhost"
+        tf = json.loads(e["TF_CONFIG"])
+        assert tf["task"] == {"type": "worker", "index": rank}
+        assert dumps[rank]["argv"] == ["x y"]
+        assert dumps[rank]["cwd"] == str(REPO)
+    workers = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"]
+    assert workers == json.loads(envs[1]["TF_CONFIG"])["cluster"]["worker"]
+    assert len(set(workers)) == 2, "each TF worker needs its own port"
+    assert envs[0]["MASTER_PORT"] == envs[1]["MASTER_PORT"]
+    assert b"hunter2" not in result.stdout + result.stderr
+
+
+def test_two_jobs_at_once_get_different_ports(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    first = start_distrun("-np", "2", SCRIPTS / "envdump.py", a)
+    second = start_distrun("-np", "2", SCRIPTS / "envdump.py", b)
+    assert first.wait(60) == 0 and second.wait(60) == 0
+    port_a = json.loads((a / "0.json").read_text())["env"]["MASTER_PORT"]
+    port_b = json.loads((b / "0.json").read_text())["env"]["MASTER_PORT"]
+    assert port_a != port_b
+
+
+def test_failing_rank_stops_everything_with_its_exit_code(pid_dir: Path) -> None:
+    result = run_distrun(
+        "-np", "4", "--grace-period", "3", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--fail-rank", "2",
+        "--code", "7",
+    )  # fmt: skip
+    assert result.returncode == 7
+    err = result.stderr.decode()
+    assert "rank 2 (host localhost) exited with code 7" in err
+    assert "rank 2 is failing on purpose" in err.split("last stderr lines of rank 2:")[1]
+    assert "Traceback" not in err
+    pids = recorded_pids(pid_dir)
+    assert len(pids) == 8  # 4 ranks and their 4 grandchildren
+    assert_all_gone(pids, within=1.0)
+
+
+def test_rank_killed_by_signal_gives_128_plus_n(pid_dir: Path) -> None:
+    result = run_distrun("-np", "2", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--kill-rank", "1")
+    assert result.returncode == 137
+    assert "rank 1 (host localhost) was killed by SIGKILL (exit code 137)" in result.stderr.decode()
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def test_rank_exiting_zero_early_does_not_stop_the_rest(pid_dir: Path) -> None:
+    result = run_distrun(
+        "-np", "3", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--exit-early-rank", "0", "--sleep", "1"
+    )
+    assert result.returncode == 0, result.stderr.decode()
+    out = result.stdout.decode()
+    assert "[0] rank 0 leaving early" in out
+    assert "[1] rank 1 done" in out and "[2] rank 2 done" in out
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def _stop_with(sig: signal.Signals, pid_dir: Path, *extra: str) -> tuple[int, str, float]:
+    proc = start_distrun("-np", "3", *extra, SCRIPTS / "behave.py", "--pid-dir", pid_dir)
+    wait_for_files(pid_dir, "rank*.pid", 3)
+    time.sleep(0.2)
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=30)
+    return proc.returncode, err.decode(), time.monotonic() - sent
+
+
+def test_ctrl_c_stops_every_rank_with_130(pid_dir: Path) -> None:
+    code, err, _ = _stop_with(signal.SIGINT, pid_dir)
+    assert code == 130
+    assert "stopped by SIGINT" in err
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def test_sigterm_stops_every_rank_with_143(pid_dir: Path) -> None:
+    code, err, _ = _stop_with(signal.SIGTERM, pid_dir)
+    assert code == 143
+    assert "stopped by SIGTERM" in err
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def test_rank_ignoring_sigterm_is_killed_after_the_grace_period(pid_dir: Path) -> None:
+    proc = start_distrun(
+        "-np", "2", "--grace-period", "1", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--ignore-term"
+    )
+    wait_for_files(pid_dir, "rank*.pid", 2)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    elapsed = time.monotonic() - sent
+    assert proc.returncode == 130
+    assert 0.9 <= elapsed < 5.0, f"grace 1s, but distrun took {elapsed:.2f}s"
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def test_second_ctrl_c_kills_at_once(pid_dir: Path) -> None:
+    proc = start_distrun(
+        "-np", "2", "--grace-period", "60", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--ignore-term"
+    )
+    wait_for_files(pid_dir, "rank*.pid", 2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert proc.poll() is None, "ranks ignore SIGTERM: the first Ctrl-C must still be waiting out the grace"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert time.monotonic() - sent < 3.0
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def test_timeout_stops_a_hung_job_with_124(pid_dir: Path) -> None:
+    result = run_distrun("-np", "2", "--timeout", "2", SCRIPTS / "behave.py", "--pid-dir", pid_dir)
+    assert result.returncode == 124
+    assert "timed out after 2s; ranks still running were stopped: 0-1" in result.stderr.decode()
+    assert_all_gone(recorded_pids(pid_dir), within=1.0)
+
+
+def test_sigkill_of_distrun_leaves_no_rank_behind(pid_dir: Path) -> None:
+    proc = start_distrun("-np", "3", SCRIPTS / "behave.py", "--pid-dir", pid_dir)
+    wait_for_files(pid_dir, "*.pid", 6)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert_all_gone(recorded_pids(pid_dir), within=5.0)
+
+
+def test_command_not_found_is_exit_127_with_a_clear_line() -> None:
+    result = run_distrun("-np", "2", "no-such-program-xyz")
+    assert result.returncode == 127
+    err = result.stderr.decode()
+    assert "cannot start rank" in err and "no-such-program-xyz" in err
+    assert "Traceback" not in err
+
+
+def test_log_integrity_under_load(tmp_path: Path) -> None:
+    ranks, lines = 8, 100_000
+    out_dir = tmp_path / "logs"
+    result = run_distrun(
+        "-np", str(ranks), "--output-dir", out_dir, SCRIPTS / "spam.py", str(lines), timeout=300
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    console = result.stdout.split(b"\n")
+    assert console[-1] == b""
+    per_rank: dict[int, list[bytes]] = {r: [] for r in range(ranks)}
+    line_re = re.compile(rb"^\[(\d+)\] (.*)$", re.S)
+    for raw in console[:-1]:
+        match = line_re.match(raw)
+        assert match, f"line without a rank prefix (split or merged?): {raw[:80]!r}"
+        per_rank[int(match.group(1))].append(match.group(2))
+    for rank in range(ranks):
+        got = per_rank[rank]
+        assert len(got) == lines + 4
+        expected = [f"r{rank} line {i} ünïcödé ✓".encode() for i in range(lines)]
+        assert got[:lines] == expected, f"rank {rank}: lost, duplicated or reordered lines"
+        prefix = f"[{rank}] ".encode()
+        assert got[lines:] == [
+            "split ☃ end".encode(),
+            b"progress 10%\r" + prefix + b"progress 50%\r" + prefix + b"progress 100%",
+            b"bad utf8 \xff\xfe here",
+            b"final without newline",
+        ]
+        raw = (out_dir / f"rank.{rank}" / "stdout").read_bytes()
+        assert raw.endswith(
+            b"progress 10%\rprogress 50%\rprogress 100%\nbad utf8 \xff\xfe here\nfinal without newline"
+        )
+        assert raw.count(b"\n") == lines + 3
+        assert (out_dir / f"rank.{rank}" / "stderr").read_bytes() == b""
+
+
+def test_output_dir_works_for_a_single_process(tmp_path: Path) -> None:
+    result = run_distrun(
+        "-np",
+        "1",
+        "--output-dir",
+        tmp_path,
+        "python",
+        "-c",
+        "import sys; print('hi'); sys.stderr.write('oops')",
+    )
+    assert result.returncode == 0
+    assert (tmp_path / "rank.0" / "stdout").read_bytes() == b"hi\n"
+    assert (tmp_path / "rank.0" / "stderr").read_bytes() == b"oops"
+    assert result.stdout == b"[0] hi\n" and result.stderr == b"[0] oops\n"
+
+
+def test_prefix_modes_rank_filter_and_timestamps() -> None:
+    cmd = ("python", "-c", "import os; print('r' + os.environ['RANK'])")
+    host = run_distrun("-np", "2", "--prefix", "host", *cmd)
+    assert sorted(_lines(host.stdout)) == ["[localhost:0] r0", "[localhost:1] r1"]
+    none = run_distrun("-np", "2", "--prefix", "none", *cmd)
+    assert sorted(_lines(none.stdout)) == ["r0", "r1"]
+    filtered = run_distrun("-np", "4", "--ranks", "0,2-3", *cmd)
+    assert sorted(_lines(filtered.stdout)) == ["[0] r0", "[2] r2", "[3] r3"]
+    stamped = run_distrun("-np", "1", "--timestamp", *cmd)
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} \[0\] r0\n", stamped.stdout.decode())
+
+
+def test_colours_only_when_asked_or_on_a_tty() -> None:
+    cmd = ("python", "-c", "print('x')")
+    assert b"\x1b[" not in run_distrun("-np", "1", *cmd).stdout  # a pipe is not a TTY
+    assert run_distrun("-np", "1", "--color", *cmd).stdout.startswith(b"\x1b[31m[0]\x1b[0m x")
