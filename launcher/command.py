@@ -1,0 +1,19 @@
+"""Turn the user's command into the argv each worker runs (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from launcher.errors import UsageError
+
+
+def resolve_command(command: Sequence[str], python: str) -> tuple[str, ...]:
+    """`train.py --lr 1` runs as `python train.py --lr 1`, so scripts need no shebang or exec bit.
+
+    `python` is the interpreter on the host that runs it: sys.executable locally, the remote one elsewhere.
+    """
+    if not command:
+        raise UsageError("missing command: what should each rank run? e.g. distrun -np 2 python train.py")
+    if command[0].endswith(".py"):
+        return (python, *command)
+    return tuple(command)

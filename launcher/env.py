@@ -1,0 +1,188 @@
+"""The per-rank environment contract (DESIGN.md), `-x` exports, secret redaction and `--ranks` (pure)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+from launcher.errors import UsageError
+from launcher.facts import Rendezvous
+from launcher.plan import Plan, Slot
+
+# Rank identity: distrun computes these for every rank and nothing (host env, -x) may replace them,
+# because one stale RANK would silently turn the job into two jobs that each wait forever.
+OWNED_NAMES = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "LOCAL_SIZE",
+        "CROSS_RANK",
+        "CROSS_SIZE",
+        "TF_CONFIG",
+    }
+)
+OWNED_PREFIXES = ("TORCHELASTIC_", "DISTRUN_")
+_OPTION_FOR = {"MASTER_ADDR": "--master-addr", "MASTER_PORT": "--master-port"}
+
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+REDACTED = "<redacted>"
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RANK_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z")
+
+
+def is_owned(name: str) -> bool:
+    """True for the rank-identity variables that only distrun sets."""
+    return name in OWNED_NAMES or name.startswith(OWNED_PREFIXES)
+
+
+def is_secret(name: str) -> bool:
+    """True when the name suggests a credential (AWS_SECRET_ACCESS_KEY, HF_TOKEN, db_password, ...)."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def redact(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy safe to print or log: the values of secret-looking names are replaced."""
+    return {name: REDACTED if is_secret(name) else value for name, value in env.items()}
+
+
+def join_host_port(host: str, port: int | str) -> str:
+    """`host:port`, with IPv6 addresses bracketed so the port stays unambiguous."""
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]:{port}"
+    return f"{host}:{port}"
+
+
+def tf_workers(plan: Plan, rdzv: Rendezvous) -> tuple[str, ...]:
+    """TF_CONFIG's worker list in rank order, one `addr:port` per rank."""
+    if len(rdzv.node_addrs) != plan.node_count or len(rdzv.tf_ports) != plan.node_count:
+        raise ValueError(
+            f"rendezvous lists {len(rdzv.node_addrs)} node addresses for {plan.node_count} nodes"
+        )
+    workers = tuple(
+        join_host_port(rdzv.node_addrs[slot.node_rank], rdzv.tf_ports[slot.node_rank][slot.local_rank])
+        for slot in plan.slots
+    )
+    if len(set(workers)) != len(workers):
+        raise ValueError(f"TF_CONFIG workers must have distinct ports: {workers}")
+    return workers
+
+
+def tf_config(workers: Sequence[str], index: int) -> str:
+    """The TF_CONFIG value for the worker at `index` (its global rank)."""
+    config = {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
+    return json.dumps(config, separators=(",", ":"))
+
+
+def worker_env(
+    slot: Slot,
+    plan: Plan,
+    rdzv: Rendezvous,
+    *,
+    run_id: str,
+    user_env: Mapping[str, str],
+    exports: Mapping[str, str],
+    ifname: str | None,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+) -> dict[str, str]:
+    """The variables distrun sets for one rank, to be applied over that host's own environment.
+
+    `user_env` is the environment the rank would otherwise get; a default is only added where neither it
+    nor `exports` already names the variable. `exports` win over defaults, never over rank identity.
+    """
+    local_size = plan.local_size(slot.node_rank)
+    env: dict[str, str] = {}
+
+    def default(name: str, value: str) -> None:
+        if name not in user_env and name not in exports:
+            env[name] = value
+
+    if ifname is not None:
+        default("GLOO_SOCKET_IFNAME", ifname)
+        default("NCCL_SOCKET_IFNAME", ifname)
+    if local_size > 1:
+        # Ranks that each start one thread per core would oversubscribe the host (torchrun does this too).
+        default("OMP_NUM_THREADS", "1")
+    default("PYTHONUNBUFFERED", "1")
+    default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    env.update({name: value for name, value in exports.items() if not is_owned(name)})
+    env.update(
+        {
+            "RANK": str(slot.rank),
+            "WORLD_SIZE": str(plan.world_size),
+            "LOCAL_RANK": str(slot.local_rank),
+            "LOCAL_WORLD_SIZE": str(local_size),
+            "MASTER_ADDR": rdzv.master_addr,
+            "MASTER_PORT": str(rdzv.master_port),
+            "NODE_RANK": str(slot.node_rank),
+            "GROUP_RANK": str(slot.node_rank),
+            "GROUP_WORLD_SIZE": str(plan.node_count),
+            "ROLE_RANK": str(slot.rank),
+            "ROLE_WORLD_SIZE": str(plan.world_size),
+            "ROLE_NAME": "default",
+            "LOCAL_SIZE": str(local_size),
+            "CROSS_RANK": str(slot.node_rank),
+            "CROSS_SIZE": str(plan.node_count),
+            "TF_CONFIG": tf_config(tf_workers(plan, rdzv), slot.rank),
+            "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "DISTRUN_RUN_ID": run_id,
+            "DISTRUN_HOSTNAME": slot.host.name,
+            "DISTRUN_RESTART_COUNT": str(restart_count),
+        }
+    )
+    return env
+
+
+def parse_exports(values: Sequence[str], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Parse `-x VAR=VALUE` and `-x VAR` (VAR's value taken from `environ`) into (name, value) pairs."""
+    exports: dict[str, str] = {}
+    for item in values:
+        name, equals, value = item.partition("=")
+        if not _NAME_RE.match(name):
+            raise UsageError(f"-x {item!r}: {name!r} is not a valid environment variable name")
+        if is_owned(name):
+            hint = f"use {_OPTION_FOR[name]}" if name in _OPTION_FOR else "it is part of each rank's identity"
+            raise UsageError(f"-x {item!r}: distrun sets {name} for every rank; {hint}")
+        if not equals:
+            if name not in environ:
+                raise UsageError(f"-x {name}: {name} is not set here; give its value as -x {name}=VALUE")
+            value = environ[name]
+        if "\0" in value:
+            raise UsageError(f"-x {name}: the value contains a NUL byte")
+        if name in exports:
+            raise UsageError(f"-x {name} is given twice")
+        exports[name] = value
+    return tuple(exports.items())
+
+
+def parse_rank_filter(spec: str, world_size: int | None = None) -> frozenset[int]:
+    """Parse `--ranks 0,2-3` into a set of ranks; every rank must be below `world_size` when given."""
+    ranks: set[int] = set()
+    for raw in spec.split(","):
+        token = raw.strip()
+        match = _RANK_RE.match(token)
+        if not match:
+            raise UsageError(f"--ranks {spec!r}: {token!r} is not a rank or a range like 2-5")
+        first = int(match.group(1))
+        last = int(match.group(2) or first)
+        if last < first:
+            raise UsageError(f"--ranks {spec!r}: the range {token!r} runs backwards")
+        if world_size is not None and last >= world_size:
+            raise UsageError(f"--ranks {spec!r}: rank {last} does not exist (ranks are 0..{world_size - 1})")
+        ranks.update(range(first, last + 1))
+    return frozenset(ranks)

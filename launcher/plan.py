@@ -1,0 +1,93 @@
+"""Assign ranks to hosts (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.errors import PlanError
+from launcher.hosts import Host
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One rank's place: global rank, index on its host, and the host's node index."""
+
+    rank: int
+    local_rank: int
+    node_rank: int
+    host: Host
+
+
+@dataclass(frozen=True)
+class Plan:
+    """`nodes` are the hosts that got at least one rank, in node-rank order; `slots` are in rank order."""
+
+    slots: tuple[Slot, ...]
+    nodes: tuple[Host, ...]
+
+    @property
+    def world_size(self) -> int:
+        return len(self.slots)
+
+    @property
+    def node_count(self) -> int:
+        return len(self.nodes)
+
+    def node_slots(self, node_rank: int) -> tuple[Slot, ...]:
+        return tuple(s for s in self.slots if s.node_rank == node_rank)
+
+    def local_size(self, node_rank: int) -> int:
+        return len(self.node_slots(node_rank))
+
+
+def plural(count: int, noun: str, nouns: str) -> str:
+    """`1 slot`, `12 slots`: messages read as sentences."""
+    return f"{count} {noun if count == 1 else nouns}"
+
+
+def _ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[int]:
+    """Fill each host's slots in order; beyond the slots, spread the rest round-robin up to max_slots."""
+    counts = []
+    left = num_proc
+    for host in hosts:
+        counts.append(min(host.slots, left))
+        left -= counts[-1]
+    if left == 0:
+        return counts
+    slots = sum(host.slots for host in hosts)
+    capacity = sum(host.capacity for host in hosts)
+    if num_proc > capacity:
+        message = (
+            f"requested {plural(num_proc, 'process', 'processes')} "
+            f"but the hosts provide {plural(slots, 'slot', 'slots')}"
+        )
+        if capacity > slots:
+            message += f" ({capacity} with max_slots)"
+        raise PlanError(message)
+    # Round-robin keeps the oversubscription even, so no single host is slowed much more than the others.
+    while left:
+        for index, host in enumerate(hosts):
+            if left and counts[index] < host.capacity:
+                counts[index] += 1
+                left -= 1
+    return counts
+
+
+def make_plan(hosts: Sequence[Host], num_proc: int | None) -> Plan:
+    """Give ranks to hosts in the order given, contiguous per host; `num_proc` None means every slot."""
+    if not hosts:
+        raise PlanError("no hosts to run on")
+    if num_proc is None:
+        num_proc = sum(host.slots for host in hosts)
+    if num_proc <= 0:
+        raise PlanError(f"the number of processes must be positive, got {num_proc}")
+    slots: list[Slot] = []
+    nodes: list[Host] = []
+    for host, count in zip(hosts, _ranks_per_host(hosts, num_proc), strict=True):
+        if count == 0:
+            continue
+        first_rank, node_rank = len(slots), len(nodes)
+        slots.extend(Slot(first_rank + local, local, node_rank, host) for local in range(count))
+        nodes.append(host)
+    return Plan(slots=tuple(slots), nodes=tuple(nodes))

@@ -1,0 +1,375 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from launcher import __version__
+from launcher.cli import main
+from launcher.command import resolve_command
+from launcher.config import LaunchConfig
+from launcher.errors import HostError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def no_distrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own DISTRUN_* settings must not leak into these tests."""
+    import os
+
+    for name in [n for n in os.environ if n.startswith("DISTRUN_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LaunchConfig]]:
+    """Stand in for launcher.run so a non-dry run records its config and starts nothing."""
+    configs: list[LaunchConfig] = []
+    fake = types.ModuleType("launcher.run")
+
+    def launch(config: LaunchConfig) -> int:
+        configs.append(config)
+        return 7
+
+    fake.launch = launch  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "launcher.run", fake)
+    yield configs
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    assert isinstance(info.value.code, int)
+    return info.value.code, out, err
+
+
+def config_of(launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], *args: str) -> LaunchConfig:
+    code, _, err = run(capsys, *args)
+    assert (code, err) == (7, "")
+    return launched[-1]
+
+
+def test_help_lists_examples_and_env_vars(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    assert "distrun -np 8 -H host1:4,host2:4 train.py" in out
+    assert "distrun --hostfile hostfiles/cluster.txt python -m pkg.train --epochs 3" in out
+    assert "distrun -np 4 examples/train.py" in out
+    for name in (
+        "DISTRUN_NUM_PROC",
+        "DISTRUN_HOSTS",
+        "DISTRUN_EXPORT",
+        "DISTRUN_SSH_KEEPALIVE",
+        "DISTRUN_CONFIG",
+    ):
+        assert name in out
+    assert run(capsys, "-h")[1] == out
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "--version")[:2] == (0, f"distrun {__version__}\n")
+
+
+def test_defaults_run_one_local_process(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_of(launched, capsys, "python", "-c", "pass")
+    assert config.command == ("python", "-c", "pass")
+    assert [(h.name, h.slots) for h in config.hosts] == [("localhost", 1)]
+    assert config.num_proc == 1
+    assert (config.prefix, config.grace_period, config.timeout, config.color) == ("rank", 5.0, None, None)
+    assert (config.ssh.connect_timeout, config.ssh.keepalive_interval, config.ssh.keepalive_count) == (
+        10,
+        2,
+        5,
+    )
+
+
+def test_command_options_go_to_the_workers(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_of(launched, capsys, "-np", "2", "python", "-m", "pkg.train", "--epochs", "3", "-np", "9")
+    assert config.command == ("python", "-m", "pkg.train", "--epochs", "3", "-np", "9")
+    assert config.num_proc == 2
+    assert config.hosts[0].slots == 2
+
+
+def test_every_option_reaches_the_config(
+    launched: list[LaunchConfig],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = tmp_path / "id_test"
+    key.write_text("k")
+    monkeypatch.setenv("FROM_SHELL", "yes")
+    config = config_of(
+        launched,
+        capsys,
+        *("-np", "3", "-H", "a:2,bob@b:2", "--master-addr", "10.0.0.1", "--master-port", "29400"),
+        *("-x", "A=1", "--export", "FROM_SHELL", "--prefix", "host", "--timestamp"),
+        *("--output-dir", str(tmp_path / "new" / "logs"), "--ranks", "0,2", "--timeout", "1.5"),
+        *("--grace-period", "0.5", "--no-color", "--python", "/opt/py", "--network-interface", "eth1"),
+        *("--ssh-port", "2222", "-i", str(key), "--host-key-policy", "accept-new"),
+        *("--ssh-connect-timeout", "3", "--ssh-keepalive", "1"),
+        "train.py",
+    )
+    assert [(h.user, h.name, h.slots) for h in config.hosts] == [(None, "a", 2), ("bob", "b", 2)]
+    assert config.num_proc == 3
+    assert (config.master_addr, config.master_port) == ("10.0.0.1", 29400)
+    assert config.exports == (("A", "1"), ("FROM_SHELL", "yes"))
+    assert (config.prefix, config.timestamp, config.color) == ("host", True, False)
+    assert config.output_dir == tmp_path / "new" / "logs"
+    assert config.console_ranks == frozenset({0, 2})
+    assert (config.timeout, config.grace_period) == (1.5, 0.5)
+    assert (config.python, config.network_interface) == ("/opt/py", "eth1")
+    assert config.ssh.port == 2222
+    assert config.ssh.identity_files == (key,)
+    assert config.ssh.host_key_policy == "accept-new"
+    assert (config.ssh.connect_timeout, config.ssh.keepalive_interval) == (3.0, 1.0)
+    assert config.command == ("train.py",)
+
+
+def test_hostfile_without_np_uses_every_slot(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=3\n")
+    assert config_of(launched, capsys, "--hostfile", str(hostfile), "x").num_proc == 5
+
+
+def test_env_vars_are_options(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTRUN_NUM_PROC", "3")
+    monkeypatch.setenv("DISTRUN_HOSTS", "a:2,b:2")
+    monkeypatch.setenv("DISTRUN_EXPORT", "A=1 B=2")
+    monkeypatch.setenv("DISTRUN_TIMEOUT", "9")
+    monkeypatch.setenv("DISTRUN_COLOR", "true")
+    config = config_of(launched, capsys, "x")
+    assert config.num_proc == 3
+    assert [h.name for h in config.hosts] == ["a", "b"]
+    assert config.exports == (("A", "1"), ("B", "2"))
+    assert (config.timeout, config.color) == (9.0, True)
+    # The command line still wins over the environment.
+    assert config_of(launched, capsys, "-np", "4", "x").num_proc == 4
+
+
+def test_precedence_cli_env_config_default(
+    launched: list[LaunchConfig],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config_file = tmp_path / "distrun.yaml"
+    config_file.write_text("num-proc: 2\ngrace_period: 7\nexport: [A=1, B=2]\nhosts:\n  - a:2\n  - b:2\n")
+    cfg = ("--config", str(config_file))
+    assert config_of(launched, capsys, "x").num_proc == 1
+    from_file = config_of(launched, capsys, *cfg, "x")
+    assert (from_file.num_proc, from_file.grace_period) == (2, 7.0)
+    assert from_file.exports == (("A", "1"), ("B", "2"))
+    assert [h.name for h in from_file.hosts] == ["a", "b"]
+    monkeypatch.setenv("DISTRUN_NUM_PROC", "3")
+    assert config_of(launched, capsys, *cfg, "x").num_proc == 3
+    assert config_of(launched, capsys, *cfg, "-np", "4", "x").num_proc == 4
+    monkeypatch.setenv("DISTRUN_CONFIG", str(config_file))
+    assert config_of(launched, capsys, "x").grace_period == 7.0
+
+
+def test_cli_hostfile_beats_config_hosts(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("hosts: a:2\n")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("z slots=1\n")
+    config = config_of(launched, capsys, "--config", str(config_file), "--hostfile", str(hostfile), "x")
+    assert [h.name for h in config.hosts] == ["z"]
+
+
+def test_launch_errors_become_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = types.ModuleType("launcher.run")
+
+    def launch(config: LaunchConfig) -> int:
+        raise HostError("node9: ssh: connection refused")
+
+    fake.launch = launch  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "launcher.run", fake)
+    assert run(capsys, "x") == (3, "", "distrun: error: node9: ssh: connection refused\n")
+
+
+def test_interrupt_before_launch_is_quiet(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = types.ModuleType("launcher.run")
+
+    def launch(config: LaunchConfig) -> int:
+        raise KeyboardInterrupt
+
+    fake.launch = launch  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "launcher.run", fake)
+    assert run(capsys, "x") == (130, "", "")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("-np", "2"), "missing command"),
+        (("-H", "a", "--hostfile", "f", "x"), "use either -H/--hosts or --hostfile, not both"),
+        (("--grace-period", "0", "x"), "--grace-period must be a positive number of seconds, got 0"),
+        (("--timeout", "inf", "x"), "--timeout must be a positive number of seconds, got inf"),
+        (("--ssh-keepalive", "-1", "x"), "--ssh-keepalive must be a positive number of seconds"),
+        (("--master-addr", "", "x"), "--master-addr '': expected one word"),
+        (("--network-interface", "eth 0", "x"), "expected one word"),
+        (("--host-key-policy", "yolo", "x"), "'yolo' is not one of"),
+        (("--ssh-port", "70000", "x"), "70000 is not in the range"),
+    ],
+)
+def test_usage_errors(capsys: pytest.CaptureFixture[str], args: tuple[str, ...], message: str) -> None:
+    code, out, err = run(capsys, *args)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("distrun: error: ")
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_output_dir_checks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    code, _, err = run(capsys, "--output-dir", str(afile / "sub"), "x")
+    assert code == 2
+    assert f"{afile} is a file, not a directory" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("num_proc: [\n", ":2: not valid YAML"),
+        ("- 1\n- 2\n", "expected a mapping of option names to values"),
+        ("bogus: 1\n", "unknown option 'bogus'"),
+        ("config: other.yaml\n", "unknown option 'config'"),
+        ("num-proc: 2\nnum_proc: 3\n", "'num-proc' and 'num_proc' set the same option"),
+        ("num-proc: lots\n", "'num-proc': 'lots' is not a valid integer"),
+        ("timeout: [1, 2]\n", "'timeout' takes a single value"),
+    ],
+)
+def test_bad_config_file_names_the_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text(text)
+    code, _, err = run(capsys, "--config", str(config_file), "x")
+    assert code == 2
+    assert str(config_file) in err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_empty_config_file_is_fine(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config_file = tmp_path / "empty.yaml"
+    config_file.write_text("# nothing yet\n")
+    assert config_of(launched, capsys, "--config", str(config_file), "x").num_proc == 1
+
+
+def test_dry_run_prints_plan_and_redacted_env(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
+    args = (
+        "--dry-run",
+        "-np",
+        "3",
+        "-H",
+        "h1:2,[fd00::2]:2",
+        "-x",
+        "HF_TOKEN",
+        "-x",
+        "LR=0.1",
+        "train.py",
+        "--x",
+    )
+    code, out, err = run(capsys, *args)
+    assert (code, err) == (0, "")
+    assert "hf_supersecret" not in out
+    assert "HF_TOKEN='<redacted>'" in out
+    assert "    LR=0.1" in out
+    lines = out.splitlines()
+    assert lines[0] == "dry run: 3 processes on 2 hosts; nothing is started"
+    assert lines[1] == f"command: {sys.executable} train.py --x"
+    headers = [line for line in lines if line.startswith("rank ")]
+    assert headers == [
+        "rank 0: host=h1 local_rank=0 node_rank=0",
+        "rank 1: host=h1 local_rank=1 node_rank=0",
+        "rank 2: host=fd00::2 local_rank=0 node_rank=1",
+    ]
+    assert "    MASTER_PORT=auto" in lines
+    assert "    MASTER_ADDR=h1" in lines
+    assert lines.count("    OMP_NUM_THREADS=1") == 2
+    tf_line = next(line for line in lines[lines.index(headers[2]) :] if "TF_CONFIG=" in line)
+    tf = json.loads(tf_line.split("=", 1)[1].strip("'"))
+    assert tf == {
+        "cluster": {"worker": ["h1:auto", "h1:auto", "[fd00::2]:auto"]},
+        "task": {"type": "worker", "index": 2},
+    }
+
+
+def test_dry_run_shows_given_port(capsys: pytest.CaptureFixture[str]) -> None:
+    out = run(capsys, "--dry-run", "--master-addr", "10.1.1.1", "--master-port", "29400", "x")[1]
+    assert "    MASTER_PORT=29400" in out.splitlines()
+    assert "    MASTER_ADDR=10.1.1.1" in out.splitlines()
+
+
+def test_dry_run_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "--dry-run", "-np", "2", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "rank 1: host=localhost" in result.stdout
+    assert not marker.exists()
+
+
+def test_import_is_light() -> None:
+    code = "import sys, launcher.cli; print(sorted({'torch', 'paramiko', 'yaml'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "resolved"),
+    [
+        (("train.py", "--lr", "1"), ("/py", "train.py", "--lr", "1")),
+        (("examples/train.py",), ("/py", "examples/train.py")),
+        (("python", "train.py"), ("python", "train.py")),
+        (("bash", "-c", "x.py"), ("bash", "-c", "x.py")),
+        (("train.pyc",), ("train.pyc",)),
+    ],
+)
+def test_resolve_command(command: tuple[str, ...], resolved: tuple[str, ...]) -> None:
+    assert resolve_command(command, "/py") == resolved
+
+
+def test_resolve_empty_command() -> None:
+    from launcher.errors import UsageError
+
+    with pytest.raises(UsageError, match="missing command"):
+        resolve_command((), "/py")

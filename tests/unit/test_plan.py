@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import pytest
+
+from launcher.errors import PlanError
+from launcher.hosts import Host
+from launcher.plan import Plan, make_plan
+
+
+def layout(plan: Plan) -> list[tuple[int, int, int, str]]:
+    return [(s.rank, s.local_rank, s.node_rank, s.host.name) for s in plan.slots]
+
+
+def test_default_uses_every_slot_in_order() -> None:
+    plan = make_plan([Host("b", 2), Host("a", 3)], None)
+    assert layout(plan) == [
+        (0, 0, 0, "b"),
+        (1, 1, 0, "b"),
+        (2, 0, 1, "a"),
+        (3, 1, 1, "a"),
+        (4, 2, 1, "a"),
+    ]
+    assert plan.world_size == 5
+    assert [h.name for h in plan.nodes] == ["b", "a"]
+    assert plan.local_size(1) == 3
+
+
+def test_fewer_processes_leave_last_hosts_out() -> None:
+    plan = make_plan([Host("a", 2), Host("b", 2), Host("c", 2)], 3)
+    assert layout(plan) == [(0, 0, 0, "a"), (1, 1, 0, "a"), (2, 0, 1, "b")]
+    assert [h.name for h in plan.nodes] == ["a", "b"]
+    assert plan.node_count == 2
+
+
+def test_exact_slots() -> None:
+    assert make_plan([Host("a", 4), Host("b", 4)], 8).world_size == 8
+
+
+def test_oversubscription_spreads_round_robin_up_to_max_slots() -> None:
+    plan = make_plan([Host("a", 2, max_slots=4), Host("b", 2, max_slots=3), Host("c", 1)], 8)
+    assert [plan.local_size(n) for n in range(plan.node_count)] == [4, 3, 1]
+    # Ranks stay contiguous per host even when oversubscribed.
+    assert [s.host.name for s in plan.slots] == ["a"] * 4 + ["b"] * 3 + ["c"]
+    assert [s.rank for s in plan.slots] == list(range(8))
+
+
+def test_oversubscription_is_even() -> None:
+    plan = make_plan([Host("a", 2, max_slots=10), Host("b", 2, max_slots=10)], 6)
+    assert [plan.local_size(n) for n in range(plan.node_count)] == [3, 3]
+
+
+def test_too_many_processes() -> None:
+    with pytest.raises(PlanError) as info:
+        make_plan([Host("a", 4), Host("b", 8)], 16)
+    assert str(info.value) == "requested 16 processes but the hosts provide 12 slots"
+
+
+def test_too_many_processes_mentions_max_slots() -> None:
+    with pytest.raises(PlanError) as info:
+        make_plan([Host("a", 4, max_slots=6), Host("b", 8)], 16)
+    assert str(info.value) == "requested 16 processes but the hosts provide 12 slots (14 with max_slots)"
+
+
+def test_singular_slot() -> None:
+    with pytest.raises(PlanError) as info:
+        make_plan([Host("a")], 2)
+    assert str(info.value) == "requested 2 processes but the hosts provide 1 slot"
+
+
+@pytest.mark.parametrize("num_proc", [0, -1])
+def test_non_positive(num_proc: int) -> None:
+    with pytest.raises(PlanError, match="must be positive"):
+        make_plan([Host("a", 2)], num_proc)
+
+
+def test_no_hosts() -> None:
+    with pytest.raises(PlanError, match="no hosts"):
+        make_plan([], 1)
