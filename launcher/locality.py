@@ -1,4 +1,4 @@
-"""Is a host name this machine? Then it runs through a local agent, without SSH."""
+"""Is a host this machine? Then it runs through a local agent, without SSH."""
 
 from __future__ import annotations
 
@@ -8,18 +8,28 @@ import socket
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
 
-def is_local_host(name: str) -> bool:
+def is_obviously_local(name: str) -> bool:
+    """Local by name alone: no lookups, so a localhost-only launch never touches the resolver."""
     if name in _LOOPBACK_NAMES or name == socket.gethostname():
         return True
     try:
-        return ipaddress.ip_address(name).is_loopback or name in _local_addresses()
+        return ipaddress.ip_address(name).is_loopback
     except ValueError:
-        pass  # a name, not an address
+        return False
+
+
+def is_local_host(hostname: str) -> bool:
+    """`hostname` is what SSH would connect to (ssh config's HostName already applied)."""
+    if is_obviously_local(hostname):
+        return True
     try:
-        addrs = {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
-    except OSError:
-        return False  # this machine cannot resolve it; only SSH (and ~/.ssh/config) may know it
-    if any(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+        addrs = {str(ipaddress.ip_address(hostname))}
+    except ValueError:
+        try:
+            addrs = {str(info[4][0]).split("%")[0] for info in socket.getaddrinfo(hostname, None)}
+        except OSError:
+            return False  # this machine cannot resolve it; SSH will say so if it cannot either
+    if any(ipaddress.ip_address(a).is_loopback for a in addrs):
         return True
     return bool(addrs & _local_addresses())
 

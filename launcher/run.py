@@ -19,7 +19,7 @@ from launcher.config import LaunchConfig
 from launcher.env import worker_env
 from launcher.errors import EXIT_SIGINT, HostError
 from launcher.facts import HostFacts, Rendezvous
-from launcher.locality import is_local_host
+from launcher.locality import is_local_host, is_obviously_local
 from launcher.logs import LogOptions, LogRelay
 from launcher.plan import Plan, make_plan
 from launcher.summary import summarize
@@ -37,7 +37,7 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = make_plan(config.hosts, config.num_proc)
     run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
-    local = [is_local_host(h.name) for h in plan.nodes]
+    local = _locality(plan, config)
     links = _open_links(plan, local, config)
     conns = [AgentConn(link) for link in links]
     try:
@@ -93,6 +93,20 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             link.close()
 
 
+def _locality(plan: Plan, config: LaunchConfig) -> list[bool]:
+    local = [is_obviously_local(h.name) for h in plan.nodes]
+    if all(local):
+        return local
+    from launcher.transport.sshconn import load_ssh_config, resolve_target
+
+    # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
+    ssh_config = load_ssh_config(config.ssh.config_file)
+    return [
+        is_local or is_local_host(resolve_target(h, config.ssh, ssh_config).hostname)
+        for h, is_local in zip(plan.nodes, local, strict=True)
+    ]
+
+
 def _open_links(plan: Plan, local: Sequence[bool], config: LaunchConfig) -> list[Link]:
     remote_hosts = [h for h, is_local in zip(plan.nodes, local, strict=True) if not is_local]
     clients: dict[str, Any] = {}
@@ -122,12 +136,20 @@ def _master_addr(config: LaunchConfig, links: Sequence[Link], local: Sequence[bo
     """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
     if config.master_addr:
         return config.master_addr
-    if not local[0]:
-        return str(getattr(links[0], "peer_addr"))  # noqa: B009 - SshLink only
-    remote = [link for link, is_local in zip(links, local, strict=True) if not is_local]
-    if not remote:
+    if all(local):
         return "127.0.0.1"
-    return str(getattr(remote[0], "local_addr"))  # noqa: B009 - how the remote hosts see this machine
+    if not local[0]:
+        addr = getattr(links[0], "peer_addr", None)
+        if addr:
+            return str(addr)
+        raise HostError(
+            f"host {links[0].host}: reached through a proxy, so its address is unknown; give --master-addr"
+        )
+    for link, is_local in zip(links, local, strict=True):
+        addr = None if is_local else getattr(link, "local_addr", None)
+        if addr:
+            return str(addr)  # the address the remote hosts see this machine by
+    raise HostError("every remote host is reached through a proxy; give --master-addr")
 
 
 def _preflight(plan: Plan, facts: Sequence[HostFacts], cwd: str, python: str | None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import socket
 from typing import TYPE_CHECKING
 
 from launcher.agent import agent_source, bootstrap_argv
@@ -22,8 +23,12 @@ class SshLink:
         self._client = client
         transport = client.get_transport()
         assert transport is not None
-        self.local_addr: str = transport.sock.getsockname()[0]  # type: ignore[union-attr]
-        self.peer_addr: str = transport.getpeername()[0]
+        # Through a ProxyJump tunnel the socket is a channel, and neither address means anything here.
+        self.local_addr: str | None = None
+        self.peer_addr: str | None = None
+        if isinstance(transport.sock, socket.socket):
+            self.local_addr = str(transport.sock.getsockname()[0])
+            self.peer_addr = str(transport.getpeername()[0])
         self._channel = transport.open_session()
         source = agent_source()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.

@@ -1,81 +1,15 @@
-"""Run the real `distrun` (as `python -m launcher`) in a subprocess and look at what it leaves behind."""
+"""Fixtures for tests that run real local processes."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
-SCRIPTS = Path(__file__).parent / "scripts"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def distrun_argv(*args: str | os.PathLike[str]) -> list[str]:
-    return [sys.executable, "-m", "launcher", *map(str, args)]
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
-    env.update(extra)
-    return env
-
-
-def run_distrun(
-    *args: str | os.PathLike[str],
-    timeout: float = 120,
-    env: dict[str, str] | None = None,
-    cwd: Path | None = None,
-) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(
-        distrun_argv(*args), capture_output=True, timeout=timeout, env=env or clean_env(), cwd=cwd or REPO
-    )
-
-
-def start_distrun(*args: str | os.PathLike[str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        distrun_argv(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=clean_env(), cwd=cwd or REPO
-    )
-
-
-def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60) -> list[Path]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(directory.glob(pattern))
-        if len(found) >= count:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"expected {count} {pattern} files in {directory}, found {len(found)}")
-
-
-def recorded_pids(directory: Path) -> list[int]:
-    return [int(p.read_text()) for p in directory.glob("*.pid") if p.read_text().strip()]
-
-
-def alive(pids: Sequence[int]) -> list[int]:
-    living = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                living.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return living
-
-
-def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
-    assert pids, "the workers recorded no pids: the test would prove nothing"
-    deadline = time.monotonic() + within
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
+from tests.support import alive, recorded_pids
 
 
 @pytest.fixture

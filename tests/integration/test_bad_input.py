@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import clean_env, run_distrun
+from tests.support import clean_env, run_distrun
 
 # Writes its first argument; if the file exists afterwards, distrun started a worker.
 WORKER = (sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close()")

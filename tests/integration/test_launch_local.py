@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.integration.conftest import (
+from tests.support import (
     REPO,
     SCRIPTS,
     assert_all_gone,

@@ -1,0 +1,581 @@
+"""Open one authenticated SSH connection per host, the way OpenSSH would, or fail with a one-line reason.
+
+Resolution (`resolve_target`, pure) follows OpenSSH's precedence: what the user wrote (`user@host`, the port
+and host key policy options) beats ~/.ssh/config, which beats the defaults. Connecting (`connect_all`) opens
+every connection in parallel, retries only what is worth retrying (sshd's MaxStartups drops bursts of
+handshakes as resets or missing banners; a wrong key or a changed host key will not get better), and on any
+failure closes whatever it already opened before raising `HostError`, so a failed launch leaves nothing
+behind.
+
+Host keys are checked against known_hosts under the name OpenSSH uses: HostKeyAlias, else the HostName we
+connect to, as `[name]:port` when the port is not 22 (hashed entries work). Policies:
+  strict      unknown and changed keys are refused (StrictHostKeyChecking yes/ask)
+  accept-new  unknown keys are appended to the user's known_hosts, changed keys refused (the default)
+  ignore      any key is accepted and nothing is written (StrictHostKeyChecking no/off)
+
+ProxyJump (each hop resolved through the same config) and ProxyCommand are supported. Not supported: Include
+(paramiko ignores it), ControlMaster, host certificates, and a jump host's own ProxyJump: list every hop in
+the target's ProxyJump instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import getpass
+import logging
+import random
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from launcher.config import HostKeyPolicy, SshOptions
+from launcher.errors import HostError, UsageError
+from launcher.hosts import Host
+
+log = logging.getLogger(__name__)
+
+SSH_PORT = 22
+USER_KNOWN_HOSTS = ("~/.ssh/known_hosts", "~/.ssh/known_hosts2")
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
+USER_CONFIG = "~/.ssh/config"
+SYSTEM_CONFIG = "/etc/ssh/ssh_config"
+MAX_BACKOFF = 2.0
+
+PARAMIKO_LOG = f"{__name__}.paramiko"
+
+
+class _ParamikoAsDebug(logging.Filter):
+    """Shows paramiko's records only when our logger is at DEBUG, and as DEBUG.
+
+    paramiko logs every handshake sshd drops (and we retry) as an ERROR with a traceback; we report failures
+    ourselves in one line, so its records are detail for debugging.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not log.isEnabledFor(logging.DEBUG):
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+logging.getLogger(PARAMIKO_LOG).addFilter(_ParamikoAsDebug())
+
+_STRICT_MAP: dict[str, HostKeyPolicy] = {
+    "yes": "strict",
+    # `ask` would prompt; a launcher cannot, and OpenSSH in batch mode refuses instead.
+    "ask": "strict",
+    "accept-new": "accept-new",
+    # OpenSSH's `no` also connects when the key changed, so it is `ignore`, not accept-new.
+    "no": "ignore",
+    "off": "ignore",
+}
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Everything needed to open one connection, resolved from the Host, ssh_config and SshOptions."""
+
+    host: str
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[Path, ...]
+    host_key_policy: HostKeyPolicy
+    proxy_jump: str | None = None
+    # Known-hosts files that are read; new keys are appended to the first of `known_hosts_files`.
+    known_hosts_files: tuple[Path, ...] = ()
+    global_known_hosts_files: tuple[Path, ...] = ()
+    host_key_alias: str | None = None
+    identities_only: bool = False
+    hash_known_hosts: bool = False
+    proxy_command: str | None = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name this host's key is filed under in known_hosts."""
+        name = self.host_key_alias or self.hostname
+        return name if self.port == SSH_PORT else f"[{name}]:{self.port}"
+
+
+# ------------------------------------------------------------------------------------------------- resolving
+
+
+def load_ssh_config(path: Path | None) -> paramiko.SSHConfig | None:
+    """Parse `path` (an explicit config, which must exist), else ~/.ssh/config plus /etc/ssh/ssh_config.
+
+    Like OpenSSH's `-F`, an explicit file replaces both defaults. Returns None when there is no config at all.
+    """
+    if path is not None:
+        files = [path.expanduser()]
+        if not files[0].is_file():
+            raise UsageError(f"ssh config file {path} does not exist")
+    else:
+        files = [p for p in (Path(USER_CONFIG).expanduser(), Path(SYSTEM_CONFIG)) if p.is_file()]
+    if not files:
+        return None
+    config = paramiko.SSHConfig()
+    for file in files:
+        try:
+            with open(file) as f:
+                config.parse(f)
+        except (OSError, paramiko.ConfigParseError, ValueError) as exc:
+            raise UsageError(f"cannot read ssh config {file}: {exc}") from exc
+    return config
+
+
+def _paths(value: Any) -> tuple[Path, ...]:
+    """ssh_config file lists: one string with space-separated entries, or paramiko's list for IdentityFile."""
+    items = value if isinstance(value, list) else str(value).split()
+    return tuple(Path(item).expanduser() for item in items if item and item.lower() != "none")
+
+
+def _yes(value: Any) -> bool:
+    return str(value).lower() in ("yes", "true")
+
+
+def resolve_target(host: Host, options: SshOptions, ssh_config: paramiko.SSHConfig | None) -> SshTarget:
+    """Combine the host as written, the user's ssh config and the launcher's options; no I/O, no DNS."""
+    cfg: dict[str, Any] = dict(ssh_config.lookup(host.name)) if ssh_config is not None else {}
+    policy = options.host_key_policy
+    if policy is None:
+        strict = cfg.get("stricthostkeychecking")
+        if strict is None:
+            policy = "accept-new"
+        else:
+            try:
+                policy = _STRICT_MAP[str(strict).lower()]
+            except KeyError:
+                raise UsageError(
+                    f"{host.name}: unknown StrictHostKeyChecking value {strict!r} in ssh config"
+                ) from None
+    port_value = options.port if options.port is not None else cfg.get("port", SSH_PORT)
+    try:
+        port = int(port_value)
+    except ValueError:
+        raise UsageError(f"{host.name}: bad Port {port_value!r} in ssh config") from None
+    user_known = (
+        _paths(cfg["userknownhostsfile"]) if "userknownhostsfile" in cfg else _paths(list(USER_KNOWN_HOSTS))
+    )
+    if options.known_hosts_file is not None:
+        user_known = (options.known_hosts_file.expanduser(),)
+    global_known = _paths(cfg.get("globalknownhostsfile", list(GLOBAL_KNOWN_HOSTS)))
+    proxy_jump = cfg.get("proxyjump")
+    return SshTarget(
+        host=host.name,
+        hostname=str(cfg.get("hostname", host.name)),
+        port=port,
+        user=host.user or str(cfg.get("user") or getpass.getuser()),
+        identity_files=(*options.identity_files, *_paths(cfg.get("identityfile", []))),
+        host_key_policy=policy,
+        proxy_jump=None if proxy_jump is None or str(proxy_jump).lower() == "none" else str(proxy_jump),
+        known_hosts_files=user_known,
+        global_known_hosts_files=global_known,
+        host_key_alias=cfg.get("hostkeyalias"),
+        identities_only=_yes(cfg.get("identitiesonly", "no")),
+        hash_known_hosts=_yes(cfg.get("hashknownhosts", "no")),
+        proxy_command=cfg.get("proxycommand"),
+    )
+
+
+@dataclass(frozen=True)
+class JumpHop:
+    """One `ProxyJump` hop as written; None means "what ssh config says"."""
+
+    name: str
+    user: str | None = None
+    port: int | None = None
+
+
+def parse_jump(spec: str) -> list[JumpHop]:
+    """`ProxyJump` hops, first hop first: `[user@]host[:port]`, `[user@][v6addr]:port` or `ssh://user@host:port`."""
+    hops = []
+    for raw in spec.split(","):
+        item = raw.strip().removeprefix("ssh://")
+        user, _, rest = item.rpartition("@")
+        port: int | None = None
+        if rest.startswith("["):
+            name, _, tail = rest[1:].partition("]")
+            if tail.startswith(":"):
+                port = _parse_port(tail[1:], spec)
+        elif rest.count(":") == 1:
+            name, _, port_text = rest.partition(":")
+            port = _parse_port(port_text, spec)
+        else:
+            name = rest
+        if not name:
+            raise UsageError(f"bad ProxyJump {spec!r}")
+        hops.append(JumpHop(name=name, user=user or None, port=port))
+    return hops
+
+
+def _parse_port(text: str, spec: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise UsageError(f"bad port in ProxyJump {spec!r}")
+    return int(text)
+
+
+def jump_targets(
+    target: SshTarget, options: SshOptions, ssh_config: paramiko.SSHConfig | None
+) -> list[SshTarget]:
+    """The resolved hops of `target`'s ProxyJump, first hop first (pure)."""
+    if target.proxy_jump is None:
+        return []
+    jumps = []
+    for hop in parse_jump(target.proxy_jump):
+        # A hop's port comes from the jump spec or its own config entry, never from the launcher's port
+        # option, which (as ssh -p) is about the destination.
+        hop_options = replace(options, port=hop.port)
+        resolved = resolve_target(Host(name=hop.name, user=hop.user), hop_options, ssh_config)
+        jumps.append(replace(resolved, proxy_jump=None, proxy_command=None))
+    return jumps
+
+
+# ------------------------------------------------------------------------------------------------ connecting
+
+
+class SshClient(paramiko.SSHClient):
+    """An SSHClient that knows its target and closes the jump-host connections it was tunnelled through."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jumps: list[paramiko.SSHClient] = []
+        self.target: SshTarget | None = None
+
+    @property
+    def peer_addr(self) -> str | None:
+        """The address this connection reached, or None when tunnelled (ProxyJump/ProxyCommand).
+
+        Through a tunnel the socket's peer is the jump host or a pipe, not the target: callers that need the
+        target's address must ask the target itself.
+        """
+        transport = self.get_transport()
+        sock = getattr(transport, "sock", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                return str(sock.getpeername()[0])
+        return None
+
+    def close(self) -> None:
+        super().close()
+        for jump in reversed(self.jumps):
+            jump.close()
+        self.jumps = []
+
+
+class _Transient(Exception):
+    """A failure worth another attempt (dropped by MaxStartups, reset during the handshake)."""
+
+
+class _Refused(Exception):
+    """A failure no retry will fix; its message is the reason shown to the user."""
+
+
+_known_hosts_lock = threading.Lock()
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Decides about keys in no known_hosts file; for changed keys paramiko raises BadHostKeyException."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        target = self.target
+        if target.host_key_policy == "ignore":
+            log.debug("%s: accepting host key %s unchecked", target.host, _fingerprint(key))
+            return
+        if target.host_key_policy == "strict":
+            where = target.known_hosts_files[0] if target.known_hosts_files else Path(USER_KNOWN_HOSTS[0])
+            raise _Refused(
+                f"host key for {hostname} ({_fingerprint(key)}) is not in {where} and host key checking is "
+                f"strict; after checking the fingerprint add it"
+                f" (`ssh-keyscan -p {target.port} {target.hostname} >> {where}`) or use the accept-new policy"
+            )
+        _append_known_host(target, hostname, key)
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+def _append_known_host(target: SshTarget, name: str, key: paramiko.PKey) -> None:
+    if not target.known_hosts_files:
+        return
+    path = target.known_hosts_files[0]
+    entry = paramiko.HostKeys.hash_host(name) if target.hash_known_hosts else name
+    with _known_hosts_lock:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
+    log.warning("Permanently added %s (%s) to %s", name, _fingerprint(key), path)
+
+
+def _files_with_key(target: SshTarget, name: str) -> list[Path]:
+    found = []
+    for path in (*target.known_hosts_files, *target.global_known_hosts_files):
+        keys = paramiko.HostKeys()
+        with contextlib.suppress(OSError):
+            keys.load(str(path))
+        if keys.lookup(name) is not None:
+            found.append(path)
+    return found
+
+
+def _key_candidates(target: SshTarget) -> tuple[list[str], bool, bool]:
+    """Key files to offer, and whether paramiko should also use the agent and ~/.ssh/id_*."""
+    files = [str(p) for p in target.identity_files if p.is_file()]
+    # IdentitiesOnly restricts authentication to the configured files, as OpenSSH does.
+    use_defaults = not target.identities_only
+    return files, use_defaults, use_defaults
+
+
+def _open_socket(target: SshTarget, timeout: float, via: paramiko.SSHClient | None) -> Any:
+    if via is not None:
+        transport = via.get_transport()
+        if transport is None:
+            raise _Refused("jump host connection closed")
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (target.hostname, target.port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except paramiko.ChannelException as exc:
+            raise _Refused(f"jump host cannot reach {target.hostname}:{target.port}: {exc.text}") from exc
+    if target.proxy_command is not None:
+        return paramiko.ProxyCommand(target.proxy_command)
+    try:
+        return socket.create_connection((target.hostname, target.port), timeout=timeout)
+    except socket.gaierror as exc:
+        raise _Refused(f"cannot resolve host name {target.hostname!r} ({exc.strerror})") from exc
+    except TimeoutError as exc:
+        raise _Refused(
+            f"unreachable: no answer from {target.hostname}:{target.port} within {timeout:g}s"
+        ) from exc
+    except ConnectionRefusedError as exc:
+        raise _Refused(f"connection refused by {target.hostname}:{target.port} (is sshd running?)") from exc
+    except OSError as exc:
+        if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN):
+            raise _Refused(f"unreachable: {target.hostname}:{target.port}: {exc.strerror}") from exc
+        raise _Transient(f"cannot connect to {target.hostname}:{target.port}: {exc}") from exc
+
+
+def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClient | None) -> SshClient:
+    timeout = options.connect_timeout
+    key_files, allow_agent, look_for_keys = _key_candidates(target)
+    sock = _open_socket(target, timeout, via)
+    client = SshClient()
+    try:
+        if target.host_key_policy != "ignore":
+            # Loaded as "system" keys: paramiko checks them but never rewrites these files.
+            for path in (*target.global_known_hosts_files, *target.known_hosts_files):
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    client.load_system_host_keys(str(path))
+        client.set_missing_host_key_policy(_HostKeyPolicy(target))
+        client.set_log_channel(PARAMIKO_LOG)
+        name = target.host_key_alias or target.hostname
+        # `hostname` only names the known_hosts entry here: the socket is already connected.
+        client.connect(
+            hostname=name,
+            port=target.port,
+            username=target.user,
+            # paramiko takes a list although its stubs say str.
+            key_filename=key_files or None,  # type: ignore[arg-type]
+            allow_agent=allow_agent,
+            look_for_keys=look_for_keys,
+            sock=sock,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            channel_timeout=timeout,
+        )
+    except BaseException as exc:
+        client.close()
+        with contextlib.suppress(Exception):
+            sock.close()
+        if isinstance(exc, Exception):
+            raise _classify(target, exc, key_files) from exc
+        raise
+    transport = client.get_transport()
+    if transport is not None and options.keepalive_interval > 0:
+        transport.set_keepalive(max(1, round(options.keepalive_interval)))
+    return client
+
+
+def _classify(target: SshTarget, exc: Exception, key_files: list[str]) -> Exception:
+    """Turn what paramiko raised into _Refused (final) or _Transient (retry) with a readable reason."""
+    if isinstance(exc, _Refused | _Transient):
+        return exc
+    if isinstance(exc, paramiko.BadHostKeyException):
+        name = target.known_hosts_name
+        files = _files_with_key(target, name) or list(target.known_hosts_files[:1])
+        fix = " or ".join(f"`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(str(p))}`" for p in files)
+        return _Refused(
+            f"host key for {name} has CHANGED (now {_fingerprint(exc.key)},"
+            f" known {_fingerprint(exc.expected_key)}); this may be an attack, or the host was reinstalled:"
+            f" if expected, remove the old key with {fix}"
+        )
+    if isinstance(exc, paramiko.PasswordRequiredException):
+        return _Refused(
+            f"authentication refused for {target.user}: a key is encrypted; add it to ssh-agent ({exc})"
+        )
+    if isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc):
+        # paramiko's way of saying it found no key at all to offer: final, like a refused key.
+        where = "the configured identity files" if target.identities_only else "ssh-agent or ~/.ssh/id_*"
+        return _Refused(f"authentication refused for user {target.user}: no usable key in {where}")
+    if isinstance(exc, paramiko.AuthenticationException):
+        tried = [*key_files]
+        if not target.identities_only:
+            tried = ["ssh-agent", *tried, "~/.ssh/id_*"]
+        return _Refused(
+            f"authentication refused for user {target.user} (tried {', '.join(tried) or 'no keys'})"
+        )
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return _Refused(f"unreachable: SSH handshake with {target.hostname}:{target.port} timed out")
+    if isinstance(exc, ConnectionResetError | EOFError | paramiko.SSHException | OSError):
+        # sshd's MaxStartups answers an excess handshake by closing the socket: a missing banner or a reset.
+        return _Transient(
+            f"SSH handshake with {target.hostname}:{target.port} failed: {exc or type(exc).__name__}"
+        )
+    return exc
+
+
+def _backoff(attempt: int) -> float:
+    # Jitter spreads the retries of a burst that sshd dropped all at once.
+    return min(MAX_BACKOFF, 0.1 * 2.0**attempt) * random.uniform(0.5, 1.5)
+
+
+def _connect_with_retries(
+    target: SshTarget,
+    options: SshOptions,
+    abort: threading.Event,
+    via: paramiko.SSHClient | None = None,
+) -> SshClient:
+    for attempt in range(options.retries + 1):
+        try:
+            return _connect_once(target, options, via)
+        except _Transient as exc:
+            if attempt == options.retries or abort.is_set():
+                raise _Refused(f"{exc} (after {attempt + 1} attempts)") from exc
+            delay = _backoff(attempt)
+            log.debug("%s: %s; retrying in %.2fs", target.host, exc, delay)
+            if abort.wait(delay):
+                raise _Refused(f"{exc} (gave up: another host failed)") from exc
+    raise AssertionError("unreachable: the loop returns or raises")
+
+
+def connect_target(
+    target: SshTarget,
+    options: SshOptions,
+    jumps: Sequence[SshTarget] = (),
+    abort: threading.Event | None = None,
+) -> SshClient:
+    """Connect to one resolved target through `jumps` (first hop first); raises HostError naming the host."""
+    abort = abort or threading.Event()
+    opened: list[SshClient] = []
+    hop_name = target.host
+    try:
+        via: paramiko.SSHClient | None = None
+        for jump in jumps:
+            hop_name = jump.host
+            via = _connect_with_retries(jump, options, abort, via)
+            opened.append(via)
+        hop_name = target.host
+        final = _connect_with_retries(target, options, abort, via)
+    except BaseException as exc:
+        for client in reversed(opened):
+            client.close()
+        if isinstance(exc, _Refused):
+            where = f" (via jump host {hop_name})" if hop_name != target.host else ""
+            raise HostError(f"{target.host}: {exc}{where}") from exc
+        raise
+    # Closing the target's connection must also close the tunnels beneath it.
+    final.jumps = list(opened)
+    final.target = target
+    return final
+
+
+def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, paramiko.SSHClient]:
+    """One authenticated connection per distinct host name, opened in parallel; all or nothing.
+
+    Raises HostError (exit 3) for the first failing host in the order given, after closing every connection
+    already opened; UsageError for a bad ssh config or a missing identity file.
+    """
+    for path in options.identity_files:
+        if not path.expanduser().is_file():
+            raise UsageError(f"identity file {path} does not exist")
+    ssh_config = load_ssh_config(options.config_file)
+    unique = list({h.name: h for h in hosts}.values())
+    routes = {}
+    for host in unique:
+        target = resolve_target(host, options, ssh_config)
+        routes[host.name] = (target, jump_targets(target, options, ssh_config))
+
+    def connect(name: str, abort: threading.Event) -> paramiko.SSHClient:
+        target, jumps = routes[name]
+        return connect_target(target, options, jumps, abort)
+
+    return _connect_parallel([h.name for h in unique], connect, options.max_parallel)
+
+
+def _connect_parallel(
+    names: Sequence[str],
+    connect: Callable[[str, threading.Event], paramiko.SSHClient],
+    max_parallel: int,
+) -> dict[str, paramiko.SSHClient]:
+    abort = threading.Event()
+    clients: dict[str, paramiko.SSHClient] = {}
+    started = time.monotonic()
+    pool = ThreadPoolExecutor(
+        max_workers=max(1, min(max_parallel, len(names))), thread_name_prefix="ssh-connect"
+    )
+    futures: dict[Future[paramiko.SSHClient], str] = {}
+    try:
+        futures = {pool.submit(connect, name, abort): name for name in names}
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        if pending:
+            # Fail fast: stop queued hosts and retry loops, then let the handshakes in flight finish.
+            abort.set()
+            for future in pending:
+                future.cancel()
+            wait(pending)
+    except BaseException:
+        abort.set()
+        for future in futures:
+            future.cancel()
+        pool.shutdown(wait=True)
+        _close_finished(futures)
+        raise
+    pool.shutdown(wait=True)
+    errors: dict[str, BaseException] = {}
+    for future, name in futures.items():
+        if future.cancelled():
+            continue
+        exc = future.exception()
+        if exc is None:
+            clients[name] = future.result()
+        else:
+            errors[name] = exc
+    if errors:
+        for client in clients.values():
+            client.close()
+        first = next(name for name in names if name in errors)
+        exc = errors[first]
+        if isinstance(exc, HostError) and len(errors) > 1:
+            raise HostError(f"{exc} (and {len(errors) - 1} more host(s) failed)") from exc
+        raise exc
+    log.debug("connected to %d host(s) in %.2fs", len(clients), time.monotonic() - started)
+    return {name: clients[name] for name in names}
+
+
+def _close_finished(futures: dict[Future[paramiko.SSHClient], str]) -> None:
+    for future in futures:
+        if future.done() and not future.cancelled() and future.exception() is None:
+            future.result().close()

@@ -1,0 +1,197 @@
+"""Multi-rank correctness of collectives, through distrun with real gloo processes.
+
+One job per world size (2 and 3) runs every scenario in workers/collectives_worker.py; each test below checks
+one saved result against the single-process reference or the closed-form expectation.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "workers" / "collectives_worker.py"
+JOB_TIMEOUT_S = 240
+
+
+def run_distrun(ranks: int, script: Path, *args: str, timeout: float = JOB_TIMEOUT_S) -> None:
+    """Run ``script`` on ``ranks`` local gloo ranks with distrun; fail the test with its output on error."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "launcher", "-np", str(ranks), str(script), *args]
+    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}ranks")
+def job(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[int, list[Any], Path]:
+    size: int = request.param
+    outdir = tmp_path_factory.mktemp(f"collectives{size}")
+    run_distrun(size, WORKER, str(outdir))
+    results = [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(size)]
+    return size, results, outdir
+
+
+def assert_all_close(actual: list[Any], expected: list[Any], atol: float = 1e-6, rtol: float = 1e-5) -> None:
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, atol=atol, rtol=rtol)
+
+
+def test_averaged_gradients_equal_single_process_gradient_of_concatenated_batch(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["gradients"]["dist"], res["gradients"]["ref"])
+
+
+# Documented bound (docs/collectives.md): relative error in norm <= size * unit roundoff of the wire dtype.
+@pytest.mark.parametrize(
+    ("name", "unit_roundoff"), [("gradients_fp16", 2.0**-11), ("gradients_bf16", 2.0**-8)]
+)
+def test_compressed_gradients_within_documented_tolerance(job: Any, name: str, unit_roundoff: float) -> None:
+    size, results, _ = job
+    tolerance = size * unit_roundoff
+    for res in results:
+        for got, ref in zip(res[name]["dist"], res[name]["ref"], strict=True):
+            relative = float((got - ref).norm() / ref.norm())
+            assert relative <= tolerance, f"{name}: relative error {relative:.2e} > {tolerance:.1e}"
+    # Compression must not be a no-op either: the wire really carried 16-bit values.
+    assert any(
+        not torch.equal(g, r)
+        for res in results
+        for g, r in zip(res[name]["dist"], res[name]["ref"], strict=True)
+    )
+
+
+def test_training_matches_single_process_on_combined_batches(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["training"]["dist"], res["training"]["ref"], atol=1e-5)
+    assert_all_close(results[-1]["training"]["dist"], results[0]["training"]["dist"], atol=0, rtol=0)
+
+
+def test_backward_passes_per_step_equals_one_step_on_four_times_the_data(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["accumulation"]["dist"], res["accumulation"]["ref"])
+        assert res["accumulation"]["too_many_raised"]
+
+
+def test_broadcast_parameters_and_optimizer_state_make_replicas_identical(job: Any) -> None:
+    _, results, _ = job
+    root_before = results[0]["broadcast_state"]["before"]
+    other_before = results[1]["broadcast_state"]["before"]
+    assert not all(torch.equal(a, b) for a, b in zip(root_before, other_before, strict=True))
+    for res in results:
+        assert_all_close(res["broadcast_state"]["after"], root_before, atol=0, rtol=0)
+        assert_all_close(res["broadcast_state"]["moments"], results[0]["broadcast_state"]["moments"], 0, 0)
+        assert res["broadcast_state"]["lr"] == pytest.approx(1e-3)
+
+
+def test_allreduce_ops(job: Any) -> None:
+    size, results, _ = job
+    values = torch.tensor([[r + 1.0, 2.0 * (r + 1)] for r in range(size)])
+    expected = {
+        "AVERAGE": values.mean(0),
+        "SUM": values.sum(0),
+        "MIN": values.min(0).values,
+        "MAX": values.max(0).values,
+        "PRODUCT": values.prod(0),
+    }
+    for res in results:
+        ops = res["ops"]
+        for name, value in expected.items():
+            torch.testing.assert_close(ops[name], value)
+        assert ops["input_unchanged"]
+        torch.testing.assert_close(ops["async"], expected["SUM"])
+        torch.testing.assert_close(ops["inplace"], expected["AVERAGE"])
+        assert ops["int_average_raised"]
+
+
+def test_grouped_allreduce_fuses_mixed_dtypes(job: Any) -> None:
+    size, results, _ = job
+    mean_rank = (size - 1) / 2
+    rank_sum = size * (size - 1) // 2
+    for res in results:
+        floats, doubles = res["ops"]["grouped"]
+        torch.testing.assert_close(floats, torch.full((3,), mean_rank))
+        torch.testing.assert_close(doubles, torch.full((2, 2), mean_rank, dtype=torch.float64))
+        ints, sums = res["ops"]["grouped_sum_int"]
+        assert ints.dtype == torch.int64
+        assert torch.equal(ints, torch.full((4,), rank_sum, dtype=torch.int64))
+        torch.testing.assert_close(sums, torch.full((2,), float(rank_sum)))
+
+
+def test_uneven_allgather_concatenates_in_rank_order(job: Any) -> None:
+    size, results, _ = job
+    expected = torch.cat([torch.full((r + 1, 3), float(r)) for r in range(size)])
+    for res in results:
+        assert torch.equal(res["ops"]["allgather_uneven"], expected)
+        assert torch.equal(
+            res["ops"]["allgather_even"], torch.cat([torch.full((2,), float(r)) for r in range(size)])
+        )
+
+
+def test_broadcast_alltoall_reduce_scatter(job: Any) -> None:
+    size, results, _ = job
+    for rank, res in enumerate(results):
+        ops = res["ops"]
+        assert torch.equal(ops["broadcast"], torch.full((3,), float(size - 1)))
+        assert ops["broadcast_object"] == {"from": size - 1}
+        received = torch.cat([torch.full((rank + 1, 2), 100.0 * j + rank) for j in range(size)])
+        assert torch.equal(ops["alltoall"], received)
+        even = torch.tensor([10.0 * j + 2 * rank + k for j in range(size) for k in range(2)])
+        assert torch.equal(ops["alltoall_even"], even)
+        factor = sum(r + 1 for r in range(size)) / size
+        full = torch.arange(size * 2.0 * 2).view(size * 2, 2) * factor
+        torch.testing.assert_close(ops["reduce_scatter_even"], full[2 * rank : 2 * rank + 2])
+        rows = size * 2 + 1
+        start = rank * 2 + min(rank, 1)
+        count = 3 if rank == 0 else 2
+        summed = torch.arange(float(rows)) * sum(r + 1 for r in range(size))
+        torch.testing.assert_close(ops["reduce_scatter_uneven"], summed[start : start + count])
+
+
+def test_metrics_checkpoint_and_topology(job: Any) -> None:
+    size, results, outdir = job
+    for rank, res in enumerate(results):
+        ops = res["ops"]
+        assert ops["metrics"] == pytest.approx({"loss": (size - 1) / 2, "acc": float(size - 1)})
+        assert ops["metric_mismatch_raised"]
+        assert ops["ckpt_written"] == (str(outdir / "ckpt" / "model.pt") if rank == 0 else None)
+        assert torch.equal(ops["ckpt_loaded"]["w"], torch.arange(3.0))
+        assert ops["ckpt_loaded"]["epoch"] == 3
+        assert ops["ckpt_missing"] is None
+        assert ops["topology"] == (rank, size, rank, size, 0, 1)
+        assert ops["is_coordinator"] == (rank == 0)
+        assert res["zero_grad_guard"]
+    assert sorted(p.name for p in (outdir / "ckpt").iterdir()) == ["model.pt"]
+
+
+def test_sharding_covers_every_sample_exactly_once_per_epoch(job: Any) -> None:
+    size, results, _ = job
+    for epoch in range(2):
+        shards = [res["sharding"]["epochs"][epoch] for res in results]
+        every = sorted(i for s in shards for i in s["indices"])
+        assert every == list(range(103))
+        assert all(s["len"] == len(s["indices"]) for s in shards)
+        batches = [s["batches"] for s in shards]
+        assert len({len(b) for b in batches}) == 1, "every rank must take the same number of steps"
+        assert all(batch for b in batches for batch in b)
+        for s in shards:
+            assert [i for batch in s["batches"] for i in batch] == s["indices"]
+    first, second = (results[0]["sharding"]["epochs"][e]["indices"] for e in range(2))
+    assert first != second, "a new epoch must reshuffle"
+    assert first != list(range(0, 103, size)), "shuffle-then-shard, not shard-without-shuffle"

@@ -1,0 +1,42 @@
+"""Fixtures for tests that need the simulated SSH cluster (see tests/multihost/cluster.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.multihost.cluster import Cluster, cleanup_stale, unavailable_reason
+
+
+def _require_cluster_support() -> None:
+    # Skip only when the machine cannot build a cluster at all; any failure past this point is a real failure.
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """Three hosts h1..h3 shared by the whole session: tests must leave them as they found them."""
+    _require_cluster_support()
+    cleanup_stale()  # leftovers of an earlier run that was killed before its teardown
+    with Cluster(3) as built:
+        yield built
+
+
+@pytest.fixture
+def make_cluster() -> Iterator[Callable[..., Cluster]]:
+    """Build private clusters for tests that break hosts (stop sshd, rotate keys); closed after the test."""
+    _require_cluster_support()
+    built: list[Cluster] = []
+
+    def make(num_hosts: int = 2, **kwargs: Any) -> Cluster:
+        new = Cluster(num_hosts, **kwargs)
+        built.append(new)
+        return new
+
+    yield make
+    for each in built:
+        each.close()

@@ -1,0 +1,204 @@
+"""distrun across SSH hosts of the simulated cluster: real sshd, real namespaces, real gloo groups.
+
+"Clean" always means: listing the processes inside each host's namespace finds nothing but its sshd.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.multihost.cluster import Cluster
+from tests.support import REPO, SCRIPTS, distrun_argv, run_distrun, start_distrun
+
+pytestmark = pytest.mark.multihost
+
+CLEAN_WITHIN = 5.0
+
+
+def distrun_on(cluster: Cluster, *args: str | os.PathLike[str], timeout: float = 120):  # type: ignore[no-untyped-def]
+    return run_distrun(*args, env=cluster.env(PYTHONPATH=str(REPO)), timeout=timeout)
+
+
+def assert_clean(cluster: Cluster, within: float = CLEAN_WITHIN) -> None:
+    left = cluster.wait_clean(timeout=within)
+    assert left == {}, {h: [p.cmdline() for p in procs] for h, procs in left.items()}
+
+
+def test_all_remote_gloo_all_reduce_with_host_prefixes(cluster: Cluster) -> None:
+    result = distrun_on(cluster, "-H", "h1:2,h2:1,h3:1", "--prefix", "host", SCRIPTS / "allreduce.py")
+    assert result.returncode == 0, result.stderr.decode()
+    lines = sorted(result.stdout.decode().splitlines())
+    hosts = ["h1", "h1", "h2", "h3"]
+    assert lines == [f"[{hosts[r]}:{r}] rank {r} of 4 sum=10 host={hosts[r]}" for r in range(4)]
+    assert_clean(cluster)
+
+
+def test_env_contract_is_consistent_across_hosts(cluster: Cluster, tmp_path: Path) -> None:
+    result = distrun_on(cluster, "-H", "h1:2,h2:1,h3:1", SCRIPTS / "envdump.py", tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
+    envs = [json.loads((tmp_path / f"{r}.json").read_text())["env"] for r in range(4)]
+    expected = [("h1", 0, 0, 2), ("h1", 1, 0, 2), ("h2", 0, 1, 1), ("h3", 0, 2, 1)]
+    master = envs[0]["MASTER_ADDR"]
+    assert master == cluster.addr("h1"), "rank 0 is on h1: MASTER_ADDR must be h1's address"
+    workers = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"]
+    assert len(set(workers)) == 4
+    for rank, (env, (host, local_rank, node_rank, local_size)) in enumerate(zip(envs, expected, strict=True)):
+        assert env["DISTRUN_HOSTNAME"] == host
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "4"
+        assert env["LOCAL_RANK"] == str(local_rank) and env["LOCAL_WORLD_SIZE"] == str(local_size)
+        assert env["NODE_RANK"] == env["CROSS_RANK"] == str(node_rank) and env["CROSS_SIZE"] == "3"
+        assert env["MASTER_ADDR"] == master and env["MASTER_PORT"] == envs[0]["MASTER_PORT"]
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+        tf = json.loads(env["TF_CONFIG"])
+        assert tf["cluster"]["worker"] == workers and tf["task"] == {"type": "worker", "index": rank}
+        assert workers[rank].startswith(cluster.addr(host) + ":")
+
+
+def test_rank_zero_local_and_the_rest_remote(cluster: Cluster) -> None:
+    result = distrun_on(cluster, "-H", "localhost:1,h1:1,h2:1", "--prefix", "host", SCRIPTS / "allreduce.py")
+    assert result.returncode == 0, result.stderr.decode()
+    out = result.stdout.decode()
+    for rank, host in enumerate(["localhost", "h1", "h2"]):
+        assert f"[{host}:{rank}] rank {rank} of 3 sum=6 host={host}" in out
+    assert_clean(cluster)
+
+
+def test_more_ranks_on_one_host_than_sshd_max_sessions(cluster: Cluster) -> None:
+    result = distrun_on(cluster, "-H", "h1:12", "python3", "-c", "import os; print(os.environ['RANK'])")
+    assert result.returncode == 0, result.stderr.decode()
+    assert sorted(result.stdout.decode().splitlines()) == sorted(f"[{r}] {r}" for r in range(12))
+
+
+def test_arguments_and_exports_arrive_byte_for_byte(cluster: Cluster, tmp_path: Path) -> None:
+    nasty = [
+        "a b",
+        "it's",
+        'say "hi"',
+        "$(touch /tmp/pwned)",
+        "x; rm -rf /",
+        "line1\nline2",
+        "ünï ✓",
+        "*",
+        "",
+    ]
+    result = distrun_on(
+        cluster, "-H", "h1:1,h2:1", "-x", "NASTY=$(id); `id` 'q' \"d\"\nnext ✓",
+        SCRIPTS / "envdump.py", tmp_path, *nasty,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    for rank in range(2):
+        dump = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert dump["argv"] == nasty
+        assert dump["env"]["NASTY"] == "$(id); `id` 'q' \"d\"\nnext ✓"
+    assert not Path("/tmp/pwned").exists()
+
+
+def test_remote_rank_failure_stops_every_host(cluster: Cluster, tmp_path: Path) -> None:
+    result = distrun_on(
+        cluster, "-H", "h1:1,h2:1,h3:1", SCRIPTS / "behave.py", "--pid-dir", tmp_path, "--fail-rank", "2",
+    )  # fmt: skip
+    assert result.returncode == 5
+    assert "rank 2 (host h3) exited with code 5" in result.stderr.decode()
+    assert_clean(cluster)
+
+
+def test_ctrl_c_stops_every_host(cluster: Cluster, tmp_path: Path) -> None:
+    proc = start_distrun(
+        "-H",
+        "h1:1,h2:1,h3:1",
+        SCRIPTS / "behave.py",
+        "--pid-dir",
+        tmp_path,
+        env=cluster.env(PYTHONPATH=str(REPO)),
+    )
+    _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert_clean(cluster)
+
+
+def test_sigkill_of_distrun_leaves_nothing_on_any_host(cluster: Cluster, tmp_path: Path) -> None:
+    proc = start_distrun(
+        "-H", "h1:2,h2:1", SCRIPTS / "behave.py", "--pid-dir", tmp_path, env=cluster.env(PYTHONPATH=str(REPO))
+    )
+    _wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 6)
+    assert cluster.processes("h1") and cluster.processes("h2")
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert_clean(cluster, within=5.0)
+
+
+def test_host_dropping_off_the_network_is_named_and_the_rest_stop(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(3)
+    proc = start_distrun(
+        "-H", "h1:1,h2:1,h3:1", "--ssh-keepalive", "1", SCRIPTS / "behave.py", "--pid-dir", tmp_path,
+        env=lab.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+    lab.link_down("h2")
+    cut = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - cut < 15
+    assert proc.returncode == 3
+    assert "lost host h2" in err.decode()
+    for host in ("h1", "h3"):
+        assert lab.processes(host) == [] or _wait_for(lambda h=host: lab.processes(h) == [])
+    # The cut-off host's agent notices the launcher's silence and stops its ranks by itself.
+    assert _wait_for(lambda: not [p for p in lab.processes("h2") if "behave.py" in " ".join(p.cmdline())])
+
+
+@pytest.mark.parametrize("fault", ["unreachable", "wrong key", "changed host key", "missing cwd"])
+def test_host_faults_exit_3_naming_the_host_and_start_nothing(
+    fault: str, make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(2)
+    marker = tmp_path / "ran"
+    touch = f"open({str(marker)!r}, 'a').close()"
+    argv = distrun_argv("-H", "h1:1,h2:1", "--ssh-connect-timeout", "3", "python3", "-c", touch)
+    if fault == "unreachable":
+        lab.stop_sshd("h2")
+    elif fault == "wrong key":
+        key = lab.home / ".ssh" / "id_ed25519"
+        key.unlink()
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    elif fault == "changed host key":
+        lab.rotate_host_key("h2")
+    elif fault == "missing cwd":
+        # The hosts share this machine's file system, so the launcher gets a private tmpfs: its working
+        # directory exists here and nowhere else, as on a cluster without a shared home.
+        mnt = tmp_path / "mnt"
+        mnt.mkdir()
+        script = f'mount -t tmpfs distrun-test {mnt} && mkdir {mnt}/job && cd {mnt}/job && exec "$@"'
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
+    result = subprocess.run(
+        argv, capture_output=True, env=lab.env(PYTHONPATH=str(REPO)), cwd=REPO, timeout=60
+    )
+    err = result.stderr.decode()
+    assert result.returncode == 3, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    # A broken h2 is named; a fault of every host (our key, our cwd) names the first one.
+    assert ("h1" if fault in ("wrong key", "missing cwd") else "h2") in err
+    if fault == "changed host key":
+        assert "ssh-keygen -R" in err
+    assert not marker.exists()
+    assert_clean(lab)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.05)
+    return True
