@@ -20,8 +20,12 @@ from common import WORKERS, distrun, env_with_repo, interleaved
 def through_distrun(ranks: int, lines: int, sink: Path) -> float:
     start = time.perf_counter()
     with open(sink, "wb") as out:
-        subprocess.run(distrun("-np", str(ranks), WORKERS / "spam.py", str(lines)), stdout=out, check=True,
-                       env=env_with_repo())  # fmt: skip
+        subprocess.run(
+            distrun("-np", str(ranks), WORKERS / "spam.py", str(lines)),
+            stdout=out,
+            check=True,
+            env=env_with_repo(),
+        )
     elapsed = time.perf_counter() - start
     got = sink.read_bytes().count(b"\n")
     if got != ranks * lines:
@@ -32,8 +36,11 @@ def through_distrun(ranks: int, lines: int, sink: Path) -> float:
 def by_hand(ranks: int, lines: int) -> float:
     start = time.perf_counter()
     procs = [
-        subprocess.Popen([sys.executable, str(WORKERS / "spam.py"), str(lines)], stdout=subprocess.DEVNULL,
-                         env=env_with_repo(RANK=str(r)))  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, str(WORKERS / "spam.py"), str(lines)],
+            stdout=subprocess.DEVNULL,
+            env=env_with_repo(RANK=str(r)),
+        )
         for r in range(ranks)
     ]
     for p in procs:
@@ -61,8 +68,10 @@ def main() -> None:
     print(f"{args.ranks} ranks x {args.lines} lines = {total} lines, {size_mb:.1f} MB prefixed")
     print(f"workers alone (to /dev/null): {t['hand']:.3f}s")
     print(f"through distrun (to a file):  {t['distrun']:.3f}s")
-    print(f"distrun relay: {total / t['distrun'] / 1e6:.2f} M lines/s, {size_mb / t['distrun']:.0f} MB/s "
-          f"({t['distrun'] / t['hand']:.2f}x the workers' own time)")  # fmt: skip
+    print(
+        f"distrun relay: {total / t['distrun'] / 1e6:.2f} M lines/s, {size_mb / t['distrun']:.0f} MB/s "
+        f"({t['distrun'] / t['hand']:.2f}x the workers' own time)"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Start-up cost: `distrun -np 2` against the same two workers started by hand, and against torchrun.
 
-    python benchmarks/startup.py [--repeat 7]
+python benchmarks/startup.py [--repeat 7]
 """
 
 from __future__ import annotations
@@ -56,8 +56,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     torchrun = shutil.which("torchrun")
-    print(f"{'script':<14}{'by hand':>10}{'distrun':>10}{'torchrun':>10}{'distrun +s':>12}"
-          f"{'distrun x':>11}{'torchrun x':>12}")  # fmt: skip
+    print(
+        f"{'script':<14}{'by hand':>10}{'distrun':>10}{'torchrun':>10}{'distrun +s':>12}"
+        f"{'distrun x':>11}{'torchrun x':>12}"
+    )
     for script in (WORKERS / "noop.py", WORKERS / "gloo_barrier.py"):
         cases = {
             "hand": lambda s=script: by_hand(s),

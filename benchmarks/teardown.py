@@ -1,6 +1,6 @@
 """Teardown: time from one rank's failure to distrun's exit while 7 other ranks are running.
 
-    python benchmarks/teardown.py [--ranks 8] [--repeat 5]
+python benchmarks/teardown.py [--ranks 8] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -36,8 +36,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     samples = [once(args.ranks) for _ in range(args.repeat)]
-    print(f"failure -> distrun exit with {args.ranks - 1} other ranks running: median {statistics.median(samples):.3f}s,"
-          f" max {max(samples):.3f}s over {args.repeat} runs (target < 0.5s)")  # fmt: skip
+    median = statistics.median(samples)
+    print(
+        f"failure -> distrun exit with {args.ranks - 1} other ranks running: median {median:.3f}s,"
+        f" max {max(samples):.3f}s over {args.repeat} runs (target < 0.5s)"
+    )
 
 
 if __name__ == "__main__":

@@ -431,5 +431,21 @@ def bootstrap_argv(python: str, source: bytes) -> list[str]:
     return [python, "-S", "-u", "-c", BOOTSTRAP, str(len(source))]
 
 
+def remote_command(pythons: list[str], source: bytes) -> str:
+    """A POSIX shell command running the agent with the first of `pythons` that exists on the host.
+
+    Everything in it is ours (interpreter paths and the bootstrap), quoted; user data never passes a shell.
+    """
+    import shlex
+
+    tail = shlex.join(bootstrap_argv("", source)[1:])
+    tries = " ".join(shlex.quote(p) for p in pythons)
+    missing = shlex.quote(f"distrun: no Python interpreter found here (tried {', '.join(pythons)})")
+    return (
+        f"for p in {tries}; do command -v \"$p\" >/dev/null 2>&1 && exec \"$p\" {tail}; done; "
+        f"echo {missing} >&2; exit 127"
+    )
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -122,7 +122,9 @@ def _open_links(plan: Plan, local: Sequence[bool], config: LaunchConfig) -> list
             else:
                 from launcher.transport.ssh import SshLink
 
-                links.append(SshLink(host.name, clients.pop(host.name), config.python or "python3"))
+                # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
+                pythons = [config.python] if config.python else [sys.executable, "python3"]
+                links.append(SshLink(host.name, clients.pop(host.name), pythons))
     except BaseException:
         for link in links:
             link.abort()

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import shlex
 import socket
 from typing import TYPE_CHECKING
 
-from launcher.agent import agent_source, bootstrap_argv
+from launcher.agent import agent_source, remote_command
 
 if TYPE_CHECKING:
     import paramiko
@@ -18,7 +17,7 @@ READ_SIZE = 1 << 16
 class SshLink:
     """One channel per host, whatever its rank count: sshd's MaxSessions (10) never limits the job."""
 
-    def __init__(self, host: str, client: paramiko.SSHClient, python: str) -> None:
+    def __init__(self, host: str, client: paramiko.SSHClient, pythons: list[str]) -> None:
         self.host = host
         self._client = client
         transport = client.get_transport()
@@ -32,7 +31,7 @@ class SshLink:
         self._channel = transport.open_session()
         source = agent_source()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.
-        self._channel.exec_command(shlex.join(bootstrap_argv(python, source)))
+        self._channel.exec_command(remote_command(pythons, source))
         self._channel.sendall(source)
         self._stderr = bytearray()
 
