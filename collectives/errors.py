@@ -1,0 +1,42 @@
+"""Exceptions raised by collectives; all derive from :class:`CollectivesError`."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CollectivesError",
+    "EnvironmentContractError",
+    "GradientSyncError",
+    "MetricKeysMismatchError",
+    "NotInitializedError",
+    "ShardingError",
+]
+
+
+class CollectivesError(RuntimeError):
+    """Base class of every error collectives raises on purpose."""
+
+
+class NotInitializedError(CollectivesError):
+    """An operation needs the process group, but ``collectives.init()`` has not been called."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"collectives.{what}() needs the process group, but collectives.init() has not been called "
+            "(call collectives.init() once at the start of the training script)"
+        )
+
+
+class EnvironmentContractError(CollectivesError):
+    """The worker environment (RANK, WORLD_SIZE, MASTER_ADDR, ...) is missing values or inconsistent."""
+
+
+class GradientSyncError(CollectivesError):
+    """DistributedOptimizer's gradient synchronisation was used in a way that would give wrong gradients."""
+
+
+class MetricKeysMismatchError(CollectivesError):
+    """average_metrics() was called with different metric names on different ranks."""
+
+
+class ShardingError(CollectivesError):
+    """A data set cannot be sharded as asked (for example fewer samples than ranks)."""

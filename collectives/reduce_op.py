@@ -1,0 +1,27 @@
+"""Reduction operations, Horovod-style (``collectives.Average``, ``collectives.Sum``, ...).
+
+Kept free of torch so that ``import collectives`` stays cheap for the launcher.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Average", "Max", "Min", "Product", "ReduceOp", "Sum"]
+
+
+class ReduceOp(enum.Enum):
+    """How allreduce-like collectives combine the ranks' tensors."""
+
+    AVERAGE = "average"
+    SUM = "sum"
+    MIN = "min"
+    MAX = "max"
+    PRODUCT = "product"
+
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT

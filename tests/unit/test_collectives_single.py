@@ -1,0 +1,169 @@
+"""collectives as a plain single process (world size 1): a real gloo group, no launcher."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import collectives as hvd  # noqa: E402
+
+CONTRACT_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.fixture
+def single(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in CONTRACT_VARS:
+        monkeypatch.delenv(name, raising=False)
+    hvd.init(backend="gloo")
+    try:
+        yield
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.usefixtures("single")
+def test_topology_and_idempotent_init() -> None:
+    assert (
+        hvd.rank(),
+        hvd.size(),
+        hvd.local_rank(),
+        hvd.local_size(),
+        hvd.cross_rank(),
+        hvd.cross_size(),
+    ) == (
+        0,
+        1,
+        0,
+        1,
+        0,
+        1,
+    )
+    assert hvd.is_coordinator()
+    assert hvd.backend() == "gloo"
+    assert hvd.init() == hvd.init()
+    hvd.barrier()
+
+
+def test_shutdown_then_reinit(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in CONTRACT_VARS:
+        monkeypatch.delenv(name, raising=False)
+    hvd.init()
+    hvd.shutdown()
+    with pytest.raises(hvd.NotInitializedError):
+        hvd.size()
+    hvd.init()
+    assert hvd.size() == 1
+    hvd.shutdown()
+
+
+@pytest.mark.usefixtures("single")
+def test_collectives_are_identities() -> None:
+    t = torch.arange(6.0).view(3, 2)
+    for op in (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product):
+        assert torch.equal(hvd.allreduce(t, op=op), t)
+    assert torch.equal(hvd.allreduce_async(t).wait(), t)
+    assert torch.equal(hvd.allgather(t), t)
+    assert torch.equal(hvd.allgather(torch.tensor(3.0)), torch.tensor([3.0]))
+    assert torch.equal(hvd.broadcast(t), t)
+    assert hvd.broadcast_object({"a": [1]}) == {"a": [1]}
+    assert hvd.allgather_object("x") == ["x"]
+    assert torch.equal(hvd.alltoall(t), t)
+    assert torch.equal(hvd.reduce_scatter(t), t)
+    grouped = hvd.grouped_allreduce([t, torch.ones(2, dtype=torch.float64)])
+    assert torch.equal(grouped[0], t) and grouped[1].dtype == torch.float64
+    assert hvd.average_metrics({"loss": 0.5, "acc": torch.tensor(0.25)}) == {"loss": 0.5, "acc": 0.25}
+
+
+@pytest.mark.usefixtures("single")
+def test_bad_arguments_raise_collectives_errors() -> None:
+    with pytest.raises(hvd.CollectivesError, match=r"Average of a torch\.int64 tensor"):
+        hvd.allreduce(torch.ones(2, dtype=torch.int64))
+    with pytest.raises(hvd.CollectivesError, match="splits"):
+        hvd.alltoall(torch.ones(3), splits=[2])
+    with pytest.raises(hvd.CollectivesError, match="scalar"):
+        hvd.average_metrics({"v": torch.ones(2)})
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(hvd.CollectivesError, match="op=Average or op=Sum"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Max)
+    with pytest.raises(hvd.CollectivesError, match="missing from named_parameters"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), [("w", model.weight)])
+
+
+@pytest.mark.usefixtures("single")
+def test_distributed_optimizer_behaves_like_the_wrapped_one() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    reference = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.Adam(model.parameters(), lr=0.01), model.named_parameters(), backward_passes_per_step=2
+    )
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
+    assert opt.param_groups is opt.optimizer.param_groups
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(x[:4]).pow(2).mean().backward()
+        model(x[4:]).pow(2).mean().backward()
+        opt.step()
+        ref_opt.zero_grad()
+        reference(x).pow(2).mean().backward()
+        ref_opt.step()
+    for a, b in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a, b)
+    assert opt.state_dict()["state"].keys() == ref_opt.state_dict()["state"].keys()
+    assert "DistributedOptimizer(Adam" in repr(opt)
+
+
+@pytest.mark.usefixtures("single")
+def test_synchronize_then_clip_then_step() -> None:
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters())
+    model(torch.full((2, 3), 100.0)).sum().backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    before = model.weight.detach().clone()
+    with opt.skip_synchronize():
+        opt.step()
+    assert float((before - model.weight.detach()).norm()) <= 1.0 + 1e-5
+    with pytest.raises(hvd.GradientSyncError, match="closure"):
+        opt.step(lambda: 0.0)
+    with pytest.raises(hvd.GradientSyncError, match="synchronize"), opt.skip_synchronize():
+        opt.step()
+
+
+@pytest.mark.usefixtures("single")
+def test_unused_parameters_get_zero_gradients() -> None:
+    used, unused = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    params = [*used.parameters(), *unused.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1))
+    used(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert unused.weight.grad is not None and torch.equal(unused.weight.grad, torch.zeros_like(unused.weight))
+
+
+@pytest.mark.usefixtures("single")
+def test_checkpoint_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "ckpt.pt"
+    assert hvd.save_checkpoint({"w": torch.ones(2), "step": 7}, path) == path
+    loaded = hvd.load_checkpoint(path)
+    assert loaded is not None and loaded["step"] == 7 and torch.equal(loaded["w"], torch.ones(2))
+    assert hvd.load_checkpoint(tmp_path / "missing.pt") is None
+    assert [p.name for p in path.parent.iterdir()] == ["ckpt.pt"]
