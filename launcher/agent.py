@@ -272,40 +272,33 @@ class Agent:
         self.kill_at = time.monotonic()
         self._signal_all(signal.SIGKILL, leftovers=True)
 
-    def _read_pipe(self, fd: int) -> None:
+    def _read_pipe(self, fd: int) -> bool:
+        """Relay one chunk of a rank's output; False when nothing more is there now (or ever)."""
         entry = self.by_fd[fd]
         try:
             data = os.read(fd, READ_SIZE)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if data:
             self.send(encode(entry.fds[fd], entry.rank, data))
-        else:
-            self.sel.unregister(fd)
-            del self.by_fd[fd]
-            os.close(fd)
+            return True
+        self._close_pipe(fd)
+        return False
+
+    def _close_pipe(self, fd: int) -> None:
+        self.sel.unregister(fd)
+        del self.by_fd[fd]
+        os.close(fd)
 
     def _drain(self, entry: _Rank) -> None:
         """Relay what the rank wrote before it exited, so EXIT follows its last output."""
-        for fd in list(entry.fds):
-            if fd not in self.by_fd:
-                continue
-            os.set_blocking(fd, False)
-            while fd in self.by_fd:
-                try:
-                    data = os.read(fd, READ_SIZE)
-                except BlockingIOError:
-                    break
-                except OSError:
-                    data = b""
-                if data:
-                    self.send(encode(entry.fds[fd], entry.rank, data))
-                else:
-                    self.sel.unregister(fd)
-                    del self.by_fd[fd]
-                    os.close(fd)
+        for fd in entry.fds:
+            if fd in self.by_fd:
+                os.set_blocking(fd, False)
+                while fd in self.by_fd and self._read_pipe(fd):
+                    pass
 
     def _reap(self) -> None:
         for entry in self.ranks.values():
@@ -394,9 +387,7 @@ class Agent:
                 elif now >= leftovers_at:
                     self._signal_all(signal.SIGKILL, leftovers=True)
                     for fd in list(self.by_fd):
-                        self.sel.unregister(fd)
-                        os.close(fd)
-                    self.by_fd.clear()
+                        self._close_pipe(fd)
                     break
         self._signal_all(signal.SIGKILL, leftovers=True)
         self.send(encode(DONE))
@@ -442,7 +433,7 @@ def remote_command(pythons: list[str], source: bytes) -> str:
     tries = " ".join(shlex.quote(p) for p in pythons)
     missing = shlex.quote(f"distrun: no Python interpreter found here (tried {', '.join(pythons)})")
     return (
-        f"for p in {tries}; do command -v \"$p\" >/dev/null 2>&1 && exec \"$p\" {tail}; done; "
+        f'for p in {tries}; do command -v "$p" >/dev/null 2>&1 && exec "$p" {tail}; done; '
         f"echo {missing} >&2; exit 127"
     )
 
