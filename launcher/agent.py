@@ -236,7 +236,7 @@ class Agent:
                 proc = subprocess.Popen(
                     r["argv"],
                     env=env,
-                    cwd=r.get("cwd") or None,
+                    cwd=spec.get("cwd") or None,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,

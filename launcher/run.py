@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from launcher import agent as proto
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.env import worker_env
-from launcher.errors import EXIT_SIGINT, HostError
+from launcher.errors import EXIT_SIGINT, EXIT_SIGTERM, HostError
 from launcher.facts import HostFacts, Rendezvous
 from launcher.locality import is_local_host, is_obviously_local
 from launcher.logs import LogOptions, LogRelay
@@ -57,16 +58,24 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             answers = probe(conns, requests, PROBE_TIMEOUT)
             facts = [HostFacts.from_json(a) for a in answers]
             _preflight(plan, facts, cwd, config.python)
-            if _pending(wake_fd):
-                return EXIT_SIGINT  # Ctrl-C during preflight: nothing was started
+            interrupted = _pending_signal(wake_fd)
+            if interrupted is not None:
+                return interrupted  # stopped during preflight: nothing was started
             rdzv = _rendezvous(config, plan, facts, master_addr, local)
-            _start(
-                conns, config=config, plan=plan, facts=facts, rdzv=rdzv, run_id=run_id, cwd=cwd, local=local
-            )
+            heartbeat = min(HEARTBEAT, config.ssh.keepalive_interval)
+            dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
+            spec = {
+                "cwd": cwd,
+                "grace": config.grace_period,
+                "heartbeat": heartbeat,
+                "dead_after": dead_after,
+            }
+            _start(conns, spec, config=config, plan=plan, facts=facts, rdzv=rdzv, run_id=run_id, local=local)
+            rank_hosts = {s.rank: s.host.name for s in plan.slots}
             relay = LogRelay(
                 out or sys.stdout.buffer,
                 err or sys.stderr.buffer,
-                {s.rank: s.host.name for s in plan.slots},
+                rank_hosts,
                 LogOptions(
                     prefix=config.prefix,
                     timestamp=config.timestamp,
@@ -75,14 +84,13 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
                     output_dir=config.output_dir,
                 ),
             )
-            dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
             result = Supervisor(
                 conns,
-                {s.rank: s.host.name for s in plan.slots},
+                rank_hosts,
                 relay,
                 timeout=config.timeout,
                 grace=config.grace_period,
-                heartbeat=min(HEARTBEAT, config.ssh.keepalive_interval),
+                heartbeat=heartbeat,
                 dead_after=dead_after,
                 wake_fd=wake_fd,
             ).run()
@@ -180,13 +188,13 @@ def _rendezvous(
 
 def _start(
     conns: Sequence[AgentConn],
+    spec: dict[str, Any],
     *,
     config: LaunchConfig,
     plan: Plan,
     facts: Sequence[HostFacts],
     rdzv: Rendezvous,
     run_id: str,
-    cwd: str,
     local: Sequence[bool],
 ) -> None:
     exports = dict(config.exports)
@@ -204,22 +212,18 @@ def _start(
                 "env": worker_env(
                     slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname
                 ),
-                "cwd": cwd,
             }
             for slot in plan.node_slots(node)
         ]
-        spec = {
-            "ranks": ranks,
-            "grace": config.grace_period,
-            "heartbeat": min(HEARTBEAT, config.ssh.keepalive_interval),
-            "dead_after": config.ssh.keepalive_interval * config.ssh.keepalive_count,
-        }
-        conn.send(proto.encode_json(proto.START, spec))
+        conn.send(proto.encode_json(proto.START, {**spec, "ranks": ranks}))
     log.debug("started %d ranks on %d hosts at %.3f", plan.world_size, plan.node_count, time.monotonic())
 
 
-def _pending(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
+def _pending_signal(fd: int) -> int | None:
+    """The exit code for a SIGINT/SIGTERM that arrived while we were not yet supervising, if any."""
+    if not select.select([fd], [], [], 0)[0]:
+        return None
+    return EXIT_SIGTERM if signal.SIGTERM in os.read(fd, 64) else EXIT_SIGINT
 
 
 def _use_color(config: LaunchConfig) -> bool:

@@ -44,7 +44,9 @@ def test_all_remote_gloo_all_reduce_with_host_prefixes(cluster: Cluster) -> None
 def test_env_contract_is_consistent_across_hosts(cluster: Cluster, tmp_path: Path) -> None:
     result = distrun_on(cluster, "-H", "h1:2,h2:1,h3:1", SCRIPTS / "envdump.py", tmp_path)
     assert result.returncode == 0, result.stderr.decode()
-    envs = [json.loads((tmp_path / f"{r}.json").read_text())["env"] for r in range(4)]
+    dumps = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(4)]
+    assert all(d["cwd"] == str(REPO) for d in dumps), "remote ranks run in the launching directory"
+    envs = [d["env"] for d in dumps]
     expected = [("h1", 0, 0, 2), ("h1", 1, 0, 2), ("h2", 0, 1, 1), ("h3", 0, 2, 1)]
     master = envs[0]["MASTER_ADDR"]
     assert master == cluster.addr("h1"), "rank 0 is on h1: MASTER_ADDR must be h1's address"
