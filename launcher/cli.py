@@ -6,6 +6,7 @@ Errors only become exit codes and the one-line `distrun: error: ...` message in 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import shlex
@@ -55,6 +56,7 @@ class Request:
 
     config: LaunchConfig
     dry_run: bool
+    verbose: int = 0
 
 
 # Where a value came from, for "CLI > DISTRUN_* env > config file > defaults".
@@ -120,6 +122,7 @@ def _level(source: ParameterSource | None) -> int:
 )
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
+@_option("-v", "--verbose", count=True, help="Say more about what distrun does (-vv: SSH details too).")
 @click.version_option(__version__, "--version", prog_name="distrun", message="%(prog)s %(version)s")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=False)
 @click.pass_context
@@ -261,7 +264,7 @@ def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Requ
             keepalive_interval=_seconds(values["ssh_keepalive"], "--ssh-keepalive"),
         ),
     )
-    return Request(config=config, dry_run=values["dry_run"])
+    return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
 
 def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
@@ -313,6 +316,7 @@ def _run(argv: Sequence[str]) -> int:
         request = _parse(argv)
         if isinstance(request, int):
             return request
+        _configure_logging(request.verbose)
         if request.dry_run:
             click.echo(format_dry_run(request.config, os.environ))
             return EXIT_OK
@@ -327,6 +331,11 @@ def _run(argv: Sequence[str]) -> int:
         return err.exit_code
     except (KeyboardInterrupt, click.exceptions.Abort):
         return EXIT_SIGINT
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+    logging.basicConfig(format="distrun: %(message)s", level=level, stream=sys.stderr)
 
 
 def _error(message: str) -> None:

@@ -7,6 +7,8 @@ relays millions of lines per second.
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import time
 from collections import deque
@@ -14,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
+from launcher.errors import UsageError
+
 Stream = Literal["stdout", "stderr"]
+log = logging.getLogger(__name__)
 
 TAIL_BYTES = 8192
 # A carriage return followed by more text starts a progress-bar redraw: it gets the prefix again.
@@ -78,11 +83,15 @@ class LogRelay:
         self._tail_sizes: dict[int, int] = dict.fromkeys(hosts, 0)
         self._files: dict[tuple[int, str], BinaryIO] = {}
         if options.output_dir is not None:
-            for rank in hosts:
-                rank_dir = options.output_dir / f"rank.{rank}"
-                rank_dir.mkdir(parents=True, exist_ok=True)
-                for stream in ("stdout", "stderr"):
-                    self._files[(rank, stream)] = open(rank_dir / stream, "wb")  # noqa: SIM115
+            try:
+                for rank in hosts:
+                    rank_dir = options.output_dir / f"rank.{rank}"
+                    rank_dir.mkdir(parents=True, exist_ok=True)
+                    for stream in ("stdout", "stderr"):
+                        self._files[(rank, stream)] = open(rank_dir / stream, "wb")  # noqa: SIM115
+            except OSError as exc:
+                self._close_files()
+                raise UsageError(f"--output-dir {options.output_dir}: {exc.strerror or exc}") from None
 
     def _make_prefix(self, rank: int, host: str) -> bytes:
         mode = self._options.prefix
@@ -116,7 +125,28 @@ class LogRelay:
             now = time.time()
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(now)) + f".{int(now % 1 * 1000):03d} "
             prefix = stamp.encode() + prefix
-        self._sinks[stream].write(prefix_lines(whole, prefix))
+        self._write(stream, prefix_lines(whole, prefix))
+
+    def _write(self, stream: str, data: bytes) -> None:
+        sink = self._sinks.get(stream)
+        if sink is None:
+            return
+        try:
+            sink.write(data)
+        except BrokenPipeError:
+            self._console_closed(stream)
+
+    def _console_closed(self, stream: str) -> None:
+        """The reader of our stdout/stderr went away (`distrun ... | head`): the job goes on unseen.
+
+        Stopping hours of training because a pager was closed would be worse than losing the rest of the
+        view; --output-dir files still get everything.
+        """
+        sink = self._sinks.pop(stream)
+        # Python would otherwise complain about the unflushable stream at exit.
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), sink.fileno())
+        log.warning("console %s closed; the job continues and its %s is no longer shown", stream, stream)
 
     def _remember(self, rank: int, data: bytes) -> None:
         tail = self._tails.setdefault(rank, deque())
@@ -134,19 +164,28 @@ class LogRelay:
     def note(self, lines: list[str]) -> None:
         """distrun's own closing words (the failure summary) on the console's stderr."""
         if lines:
-            self._sinks["stderr"].write("".join(f"distrun: {line}\n" for line in lines).encode())
-            self._sinks["stderr"].flush()
+            self._write("stderr", "".join(f"distrun: {line}\n" for line in lines).encode())
+        self.flush()
 
     def flush(self) -> None:
-        for sink in self._sinks.values():
-            sink.flush()
+        for stream, sink in list(self._sinks.items()):
+            try:
+                sink.flush()
+            except BrokenPipeError:
+                self._console_closed(stream)
 
-    def close(self) -> None:
-        """End every unfinished last line and close the per-rank files."""
+    def finish(self) -> None:
+        """End every unfinished last line (the job is over, nothing can complete them)."""
         for (rank, stream), buf in self._buffers.items():
             rest = buf.flush()
             if rest:
                 self._emit(rank, stream, rest)
         self.flush()
+
+    def close(self) -> None:
+        self.finish()
+        self._close_files()
+
+    def _close_files(self) -> None:
         for file in self._files.values():
             file.close()

@@ -10,7 +10,6 @@ import os
 import select
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, BinaryIO
 
@@ -38,10 +37,25 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = make_plan(config.hosts, config.num_proc)
     run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
-    local = _locality(plan, config)
-    links = _open_links(plan, local, config)
-    conns = [AgentConn(link) for link in links]
+    rank_hosts = {s.rank: s.host.name for s in plan.slots}
+    # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
+    relay = LogRelay(
+        out or sys.stdout.buffer,
+        err or sys.stderr.buffer,
+        rank_hosts,
+        LogOptions(
+            prefix=config.prefix,
+            timestamp=config.timestamp,
+            color=_use_color(config),
+            console_ranks=config.console_ranks,
+            output_dir=config.output_dir,
+        ),
+    )
+    links: list[Link] = []
     try:
+        local = _locality(plan, config)
+        links = _open_links(plan, local, config)
+        conns = [AgentConn(link) for link in links]
         with signal_pipe() as wake_fd:
             master_addr = _master_addr(config, links, local)
             python = config.python or sys.executable
@@ -57,6 +71,8 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             ]
             answers = probe(conns, requests, PROBE_TIMEOUT)
             facts = [HostFacts.from_json(a) for a in answers]
+            for host, fact in zip(plan.nodes, facts, strict=True):
+                log.debug("host %s: %s", host.name, fact)
             _preflight(plan, facts, cwd, config.python)
             interrupted = _pending_signal(wake_fd)
             if interrupted is not None:
@@ -71,19 +87,6 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
                 "dead_after": dead_after,
             }
             _start(conns, spec, config=config, plan=plan, facts=facts, rdzv=rdzv, run_id=run_id, local=local)
-            rank_hosts = {s.rank: s.host.name for s in plan.slots}
-            relay = LogRelay(
-                out or sys.stdout.buffer,
-                err or sys.stderr.buffer,
-                rank_hosts,
-                LogOptions(
-                    prefix=config.prefix,
-                    timestamp=config.timestamp,
-                    color=_use_color(config),
-                    console_ranks=config.console_ranks,
-                    output_dir=config.output_dir,
-                ),
-            )
             result = Supervisor(
                 conns,
                 rank_hosts,
@@ -97,6 +100,7 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             relay.note(summarize(result, relay.stderr_tail))
             return result.exit_code
     finally:
+        relay.close()
         for link in links:
             link.close()
 
@@ -216,7 +220,10 @@ def _start(
             for slot in plan.node_slots(node)
         ]
         conn.send(proto.encode_json(proto.START, {**spec, "ranks": ranks}))
-    log.debug("started %d ranks on %d hosts at %.3f", plan.world_size, plan.node_count, time.monotonic())
+    log.info(
+        "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
+        rdzv.master_addr, rdzv.master_port,
+    )  # fmt: skip
 
 
 def _pending_signal(fd: int) -> int | None:

@@ -42,7 +42,11 @@ def summarize(result: RunResult, stderr_tail: Callable[[int], list[str]]) -> lis
         others = [r for r in stopped if r != failed.rank]
         lines = [
             f"rank {failed.rank} (host {failed.host}) {describe_exit(failed)}"
-            + (f"; stopped ranks {format_ranks(others)}" if others else "")
+            + (
+                f"; stopped {'rank' if len(others) == 1 else 'ranks'} {format_ranks(others)}"
+                if others
+                else ""
+            )
         ]
         tail = stderr_tail(failed.rank)
         if tail:

@@ -182,7 +182,7 @@ class Supervisor:
             return
         self.reason = reason
         self.stop_at = time.monotonic()
-        log.debug("stopping the job: %s", reason)
+        log.info("stopping every rank: %s", reason)
         for conn in self.conns:
             conn.send(proto.encode(proto.STOP))
 
@@ -263,7 +263,7 @@ class Supervisor:
                 if now >= next_beat:
                     next_beat = now + self.heartbeat
                     self._beat(now)
-        self.relay.close()
+        self.relay.finish()
         return self._result(time.monotonic() - started)
 
     def _drain_signals(self) -> None:

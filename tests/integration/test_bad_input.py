@@ -122,6 +122,11 @@ CASES = {
     "config-missing": Case(
         ("--config", "{tmp}/none.yaml"), "cannot read config file {tmp}/none.yaml: No such file or directory"
     ),
+    "output-dir-cannot-be-made": Case(
+        ("--output-dir", "{tmp}/log.txt/sub"),
+        "--output-dir {tmp}/log.txt/sub: Not a directory",
+        files={"log.txt": ""},
+    ),
     "output-dir-is-a-file": Case(
         ("--output-dir", "{tmp}/log.txt"),
         "--output-dir {tmp}/log.txt: {tmp}/log.txt is a file",

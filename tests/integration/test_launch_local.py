@@ -226,6 +226,20 @@ def test_log_integrity_under_load(tmp_path: Path) -> None:
         assert (out_dir / f"rank.{rank}" / "stderr").read_bytes() == b""
 
 
+def test_closed_console_does_not_stop_the_job(tmp_path: Path) -> None:
+    done = tmp_path / "done"
+    script = f"for i in range(200000): print(i)\nopen({str(done)!r}, 'w').close()"
+    proc = start_distrun("-np", "1", "--output-dir", tmp_path / "logs", "python", "-c", script)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"[0] 0\n"
+    proc.stdout.close()  # like `distrun ... | head -1`
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "console stdout closed; the job continues" in err and "Traceback" not in err
+    assert done.exists()
+    assert (tmp_path / "logs" / "rank.0" / "stdout").read_bytes().count(b"\n") == 200000
+
+
 def test_output_dir_works_for_a_single_process(tmp_path: Path) -> None:
     result = run_distrun(
         "-np",
