@@ -122,10 +122,9 @@ CASES = {
     "config-missing": Case(
         ("--config", "{tmp}/none.yaml"), "cannot read config file {tmp}/none.yaml: No such file or directory"
     ),
+    # Even root cannot make directories in /proc: found only when distrun creates it, still before any start.
     "output-dir-cannot-be-made": Case(
-        ("--output-dir", "{tmp}/log.txt/sub"),
-        "--output-dir {tmp}/log.txt/sub: Not a directory",
-        files={"log.txt": ""},
+        ("--output-dir", "/proc/distrun-test/logs"), "--output-dir /proc/distrun-test/logs: No such file"
     ),
     "output-dir-is-a-file": Case(
         ("--output-dir", "{tmp}/log.txt"),
