@@ -4,14 +4,19 @@
 
 Needs root, iproute2 and openssh-server (it builds the simulated cluster of tests/multihost/cluster.py).
 OpenSSH's side is `ssh host true &` for every host, then `wait`; distrun's is `distrun -H h1:1,...,hN:1 true`.
+Besides wall time it reports the CPU time of the clients themselves (all `ssh` processes, or the distrun
+process): every simulated host's sshd and login shell run on this same machine, so on a small machine the wall
+time grows with the host count for reasons that are not the client's.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -19,6 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import REPO, distrun, interleaved
 
 from tests.multihost.cluster import Cluster, unavailable_reason
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def openssh_all(cluster: Cluster) -> float:
@@ -55,12 +65,36 @@ def main() -> None:
     rows = []
     for n in args.hosts:
         with Cluster(n) as cluster:
-            cases = {"openssh": lambda c=cluster: openssh_all(c), "distrun": lambda c=cluster: distrun_all(c)}
-            t = interleaved(cases, args.repeat)
-        rows.append((n, t["openssh"], t["distrun"]))
-    print(f"{'hosts':>5}{'OpenSSH parallel':>18}{'distrun':>10}{'distrun/OpenSSH':>17}{'distrun growth':>16}")
-    for n, ssh, dr in rows:
-        print(f"{n:>5}{ssh:>17.3f}s{dr:>9.3f}s{dr / ssh:>16.2f}x{dr / rows[0][2]:>15.2f}x")
+            cpu = {"openssh": 0.0, "distrun": 0.0}
+
+            def measured(
+                name: str, run: Callable[[Cluster], float], c: Cluster = cluster, cpu: dict[str, float] = cpu
+            ) -> float:
+                before = children_cpu()
+                wall = run(c)
+                cpu[name] += children_cpu() - before
+                return wall
+
+            t = interleaved(
+                {
+                    "openssh": lambda: measured("openssh", openssh_all),
+                    "distrun": lambda: measured("distrun", distrun_all),
+                },
+                args.repeat,
+            )
+        rows.append(
+            (n, t["openssh"], t["distrun"], cpu["openssh"] / args.repeat, cpu["distrun"] / args.repeat)
+        )
+    print(
+        f"{'hosts':>5}{'OpenSSH wall':>14}{'distrun wall':>14}{'ratio':>8}{'growth':>8}"
+        f"{'OpenSSH cpu':>13}{'distrun cpu':>13}{'cpu growth':>12}"
+    )
+    first = rows[0]
+    for n, ssh, dr, ssh_cpu, dr_cpu in rows:
+        print(
+            f"{n:>5}{ssh:>13.3f}s{dr:>13.3f}s{dr / ssh:>7.2f}x{dr / first[2]:>7.2f}x"
+            f"{ssh_cpu:>12.2f}s{dr_cpu:>12.2f}s{dr_cpu / first[4]:>11.2f}x"
+        )
 
 
 if __name__ == "__main__":
