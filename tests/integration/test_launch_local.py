@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import pty
 import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,6 +17,7 @@ from tests.support import (
     SCRIPTS,
     assert_all_gone,
     clean_env,
+    distrun_argv,
     recorded_pids,
     run_distrun,
     start_distrun,
@@ -272,3 +277,22 @@ def test_colours_only_when_asked_or_on_a_tty() -> None:
     cmd = ("python", "-c", "print('x')")
     assert b"\x1b[" not in run_distrun("-np", "1", *cmd).stdout  # a pipe is not a TTY
     assert run_distrun("-np", "1", "--color", *cmd).stdout.startswith(b"\x1b[31m[0]\x1b[0m x")
+
+
+def test_colours_switch_on_by_themselves_on_a_terminal() -> None:
+    parent, child = pty.openpty()
+    proc = subprocess.Popen(
+        distrun_argv("-np", "2", "python", "-c", "print('x')"),
+        stdout=child,
+        stderr=child,
+        env=clean_env(),
+        cwd=REPO,
+    )
+    os.close(child)
+    seen = b""
+    with contextlib.suppress(OSError):  # EIO once the last writer has closed the terminal
+        while chunk := os.read(parent, 4096):
+            seen += chunk
+    os.close(parent)
+    assert proc.wait(timeout=60) == 0
+    assert b"\x1b[31m[0]\x1b[0m x" in seen and b"\x1b[32m[1]\x1b[0m x" in seen

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +78,22 @@ def test_more_ranks_on_one_host_than_sshd_max_sessions(cluster: Cluster) -> None
     result = distrun_on(cluster, "-H", "h1:12", "python3", "-c", "import os; print(os.environ['RANK'])")
     assert result.returncode == 0, result.stderr.decode()
     assert sorted(result.stdout.decode().splitlines()) == sorted(f"[{r}] {r}" for r in range(12))
+
+
+def test_python_option_picks_the_remote_interpreter(cluster: Cluster, tmp_path: Path) -> None:
+    python = sys.executable  # exists on the simulated hosts too: they share this file system
+    result = distrun_on(cluster, "-H", "h1:1,h2:1", "--python", python, SCRIPTS / "envdump.py", tmp_path)
+    assert result.returncode == 0, result.stderr.decode()
+    for rank in range(2):
+        assert json.loads((tmp_path / f"{rank}.json").read_text())["executable"] == python
+
+
+def test_missing_remote_interpreter_exits_3_naming_the_host(cluster: Cluster) -> None:
+    result = distrun_on(cluster, "-H", "h2:1", "--python", "/no/such/python3", "train.py")
+    err = result.stderr.decode()
+    assert result.returncode == 3, err
+    assert err.count("\n") == 1 and "h2" in err and "/no/such/python3" in err
+    assert_clean(cluster)
 
 
 def test_arguments_and_exports_arrive_byte_for_byte(cluster: Cluster, tmp_path: Path) -> None:
