@@ -24,13 +24,13 @@ import contextlib
 import errno
 import getpass
 import logging
+import queue
 import random
 import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -531,38 +531,46 @@ def _connect_parallel(
     max_parallel: int,
 ) -> dict[str, paramiko.SSHClient]:
     abort = threading.Event()
-    clients: dict[str, paramiko.SSHClient] = {}
-    started = time.monotonic()
-    pool = ThreadPoolExecutor(
-        max_workers=max(1, min(max_parallel, len(names))), thread_name_prefix="ssh-connect"
+    todo: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for name in names:
+        todo.put(name)
+    outcomes: queue.SimpleQueue[tuple[str, paramiko.SSHClient | None, BaseException | None]] = (
+        queue.SimpleQueue()
     )
-    futures: dict[Future[paramiko.SSHClient], str] = {}
+    started = time.monotonic()
+
+    def worker() -> None:
+        while True:
+            try:
+                name = todo.get_nowait()
+            except queue.Empty:
+                return
+            if abort.is_set():
+                outcomes.put((name, None, None))  # another host failed first: never started
+                continue
+            try:
+                outcomes.put((name, connect(name, abort), None))
+            except BaseException as exc:
+                abort.set()  # fail fast: hosts not started yet are skipped, retry loops give up
+                outcomes.put((name, None, exc))
+
+    # Daemon threads, so Ctrl-C need not wait for a handshake with a dead host to time out.
+    for i in range(max(1, min(max_parallel, len(names)))):
+        threading.Thread(target=worker, name=f"ssh-connect-{i}", daemon=True).start()
+    clients: dict[str, paramiko.SSHClient] = {}
+    errors: dict[str, BaseException] = {}
     try:
-        futures = {pool.submit(connect, name, abort): name for name in names}
-        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        if pending:
-            # Fail fast: stop queued hosts and retry loops, then let the handshakes in flight finish.
-            abort.set()
-            for future in pending:
-                future.cancel()
-            wait(pending)
+        for _ in names:
+            name, client, exc = outcomes.get()
+            if client is not None:
+                clients[name] = client
+            elif exc is not None:
+                errors[name] = exc
     except BaseException:
         abort.set()
-        for future in futures:
-            future.cancel()
-        pool.shutdown(wait=True)
-        _close_finished(futures)
+        for client in clients.values():
+            client.close()
         raise
-    pool.shutdown(wait=True)
-    errors: dict[str, BaseException] = {}
-    for future, name in futures.items():
-        if future.cancelled():
-            continue
-        exc = future.exception()
-        if exc is None:
-            clients[name] = future.result()
-        else:
-            errors[name] = exc
     if errors:
         for client in clients.values():
             client.close()
@@ -573,9 +581,3 @@ def _connect_parallel(
         raise exc
     log.debug("connected to %d host(s) in %.2fs", len(clients), time.monotonic() - started)
     return {name: clients[name] for name in names}
-
-
-def _close_finished(futures: dict[Future[paramiko.SSHClient], str]) -> None:
-    for future in futures:
-        if future.done() and not future.cancelled() and future.exception() is None:
-            future.result().close()

@@ -221,3 +221,19 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
             raise AssertionError("condition not met in time")
         time.sleep(0.05)
     return True
+
+
+def test_ctrl_c_while_connecting_exits_at_once(make_cluster: Callable[..., Cluster]) -> None:
+    lab = make_cluster(2)
+    lab.link_down("h2")  # the handshake with h2 hangs until its 30 s connect timeout
+    proc = start_distrun(
+        "-H", "h1:1,h2:1", "--ssh-connect-timeout", "30", "sleep", "60", env=lab.env(PYTHONPATH=str(REPO))
+    )
+    time.sleep(1.5)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert time.monotonic() - sent < 3.0
+    assert "Traceback" not in err.decode()
+    assert_clean(lab)
