@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import json
 import os
+import select
 import selectors
 import signal
 import socket
@@ -26,6 +27,8 @@ import time
 from typing import Any
 
 HEADER = struct.Struct("!BiI")  # kind, rank (-1: agent itself), payload length
+# The agent's first bytes. Whatever a remote login shell prints before it (a .bashrc that echoes) is skipped.
+HELLO = b"\x00distrun-agent-1\x00"
 
 # launcher -> agent
 PROBE, START, STOP, KILL = 1, 2, 3, 4
@@ -40,6 +43,12 @@ ORPHAN_GRACE_CAP = 2.0
 SIOCGIFADDR = 0x8915
 
 
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def encode(kind: int, rank: int = -1, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, rank, len(payload)) + payload
 
@@ -49,13 +58,25 @@ def encode_json(kind: int, obj: Any, rank: int = -1) -> bytes:
 
 
 class FrameReader:
-    """Splits a byte stream into (kind, rank, payload) frames."""
+    """Splits a byte stream into (kind, rank, payload) frames.
 
-    def __init__(self) -> None:
+    With `after_hello`, bytes before the agent's HELLO are set aside in `preamble` instead of being parsed.
+    """
+
+    def __init__(self, after_hello: bool = False) -> None:
         self._buf = bytearray()
+        self._waiting_for_hello = after_hello
+        self.preamble = b""
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
         self._buf += data
+        if self._waiting_for_hello:
+            at = self._buf.find(HELLO)
+            if at < 0:
+                return []
+            self.preamble = bytes(self._buf[:at])
+            del self._buf[: at + len(HELLO)]
+            self._waiting_for_hello = False
         frames = []
         pos = 0
         buf = self._buf
@@ -136,6 +157,10 @@ def _route(target: str) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
 def _gpu_count() -> int:
     try:
         return len(os.listdir("/proc/driver/nvidia/gpus"))
@@ -176,6 +201,26 @@ def host_facts(request: dict[str, Any]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------- the agent
 
 
+def _die_with_agent() -> Any:
+    """A pre-exec hook asking Linux to SIGKILL the rank if the agent dies, even by SIGKILL (None elsewhere).
+
+    The agent normally stops its ranks itself; this covers the agent being killed outright (OOM killer,
+    kill -9), which would otherwise leave the rank running unsupervised.
+    """
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return hook
+
+
 class _Rank:
     def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.rank = rank
@@ -184,6 +229,7 @@ class _Rank:
         self.returncode: int | None = None
         assert proc.stdout is not None and proc.stderr is not None
         self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
+        self.files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
 
 
 class Agent:
@@ -208,10 +254,8 @@ class Agent:
     def send(self, frame: bytes) -> None:
         if self.launcher_gone:
             return
-        view = memoryview(frame)
         try:
-            while view:
-                view = view[os.write(self.out_fd, view) :]
+            write_all(self.out_fd, frame)
         except OSError:
             self._lost_launcher()
 
@@ -228,9 +272,12 @@ class Agent:
         self.beat_every = float(spec.get("heartbeat", 0.0))
         self.dead_after = float(spec.get("dead_after", 0.0))
         base = dict(os.environ)
+        die_with_agent = _die_with_agent()
         for r in spec["ranks"]:
             env = dict(base)
             env.update(r["env"])
+            for name, value in r.get("defaults", {}).items():
+                env.setdefault(name, value)
             rank = int(r["rank"])
             try:
                 proc = subprocess.Popen(
@@ -241,6 +288,7 @@ class Agent:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
+                    preexec_fn=die_with_agent,  # noqa: PLW1509 - the agent has a single thread
                 )
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -289,8 +337,7 @@ class Agent:
 
     def _close_pipe(self, fd: int) -> None:
         self.sel.unregister(fd)
-        del self.by_fd[fd]
-        os.close(fd)
+        self.by_fd.pop(fd).files[fd].close()
 
     def _drain(self, entry: _Rank) -> None:
         """Relay what the rank wrote before it exited, so EXIT follows its last output."""
@@ -352,7 +399,9 @@ class Agent:
                 if now >= self.next_beat:
                     self.send(encode(BEAT))
                     self.next_beat = now + self.beat_every
-                if self.dead_after and now - self.last_heard > self.dead_after and control_open:
+                silent = now - self.last_heard > self.dead_after
+                # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
+                if self.dead_after and silent and control_open and not _readable(self.in_fd):
                     self._lost_launcher()
             for deadline in (self.kill_at, leftovers_at, self.next_beat or None):
                 if deadline is not None:
@@ -398,6 +447,7 @@ def main() -> int:
     # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
     out_fd = os.dup(1)
     os.dup2(2, 1)
+    write_all(out_fd, HELLO)
     return Agent(0, out_fd).run()
 
 

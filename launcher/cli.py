@@ -22,10 +22,11 @@ from click.core import ParameterSource
 from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
-from launcher.env import join_host_port, parse_exports, parse_rank_filter, redact, tf_config, worker_env
+from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
 from launcher.facts import Rendezvous
 from launcher.hosts import Host, parse_host_list, parse_hostfile
+from launcher.locality import is_obviously_local
 from launcher.plan import make_plan, plural
 
 ENV_PREFIX = "DISTRUN"
@@ -272,7 +273,7 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     plan = make_plan(config.hosts, config.num_proc)
     python = config.python or sys.executable
     master_port = "auto" if config.master_port is None else str(config.master_port)
-    # Ports are probed on the hosts at launch; distinct stand-ins satisfy worker_env, then show as "auto".
+    # Ports are probed on the hosts at launch; distinct stand-ins satisfy rank_env, then show as "auto".
     rdzv = Rendezvous(
         master_addr=config.master_addr or plan.nodes[0].name,
         master_port=0,
@@ -286,19 +287,24 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         f"command: {shlex.join(resolve_command(config.command, python))}",
     ]
     for slot in plan.slots:
-        env = worker_env(
+        env, defaults = rank_env(
             slot,
             plan,
             rdzv,
             run_id="auto",
-            user_env=environ,
             exports=dict(config.exports),
             ifname=config.network_interface,
+            launcher_env=environ if is_obviously_local(slot.host.name) else None,
+            workers=workers,
         )
-        env.update(MASTER_PORT=master_port, TF_CONFIG=tf_config(workers, slot.rank))
+        env.update(MASTER_PORT=master_port)
         host = slot.host.name if slot.host.user is None else f"{slot.host.user}@{slot.host.name}"
         lines.append(f"rank {slot.rank}: host={host} local_rank={slot.local_rank} node_rank={slot.node_rank}")
         lines.extend(f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(env).items()))
+        lines.extend(
+            f"    {name}={shlex.quote(value)}  # unless the host sets it"
+            for name, value in sorted(redact(defaults).items())
+        )
     return "\n".join(lines)
 
 

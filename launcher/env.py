@@ -35,6 +35,17 @@ OWNED_NAMES = frozenset(
 OWNED_PREFIXES = ("TORCHELASTIC_", "DISTRUN_")
 _OPTION_FOR = {"MASTER_ADDR": "--master-addr", "MASTER_PORT": "--master-port"}
 
+# Set "unless set": the host's own environment wins over these, so they travel apart (see split_defaults).
+DEFAULTED_NAMES = frozenset(
+    {
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
+        "OMP_NUM_THREADS",
+        "PYTHONUNBUFFERED",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    }
+)
+
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 REDACTED = "<redacted>"
 
@@ -97,11 +108,13 @@ def worker_env(
     ifname: str | None,
     restart_count: int = 0,
     max_restarts: int = 0,
+    workers: Sequence[str] | None = None,
 ) -> dict[str, str]:
     """The variables distrun sets for one rank, to be applied over that host's own environment.
 
     `user_env` is the environment the rank would otherwise get; a default is only added where neither it
     nor `exports` already names the variable. `exports` win over defaults, never over rank identity.
+    `workers` is `tf_workers(plan, rdzv)`, passed in by callers that build many ranks' env at once.
     """
     local_size = plan.local_size(slot.node_rank)
     env: dict[str, str] = {}
@@ -136,7 +149,7 @@ def worker_env(
             "LOCAL_SIZE": str(local_size),
             "CROSS_RANK": str(slot.node_rank),
             "CROSS_SIZE": str(plan.node_count),
-            "TF_CONFIG": tf_config(tf_workers(plan, rdzv), slot.rank),
+            "TF_CONFIG": tf_config(tf_workers(plan, rdzv) if workers is None else workers, slot.rank),
             "TORCHELASTIC_RUN_ID": run_id,
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
@@ -148,16 +161,51 @@ def worker_env(
     return env
 
 
+def split_defaults(
+    env: Mapping[str, str], exports: Mapping[str, str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(what the rank must get, what it gets only where its host does not already set it).
+
+    A remote host's own NCCL_SOCKET_IFNAME or OMP_NUM_THREADS is invisible to the launcher, so those defaults
+    are applied on the host itself; `-x` values are the user's word and always win.
+    """
+    defaults = {k: v for k, v in env.items() if k in DEFAULTED_NAMES and k not in exports}
+    return {k: v for k, v in env.items() if k not in defaults}, defaults
+
+
+def rank_env(
+    slot: Slot,
+    plan: Plan,
+    rdzv: Rendezvous,
+    *,
+    run_id: str,
+    exports: Mapping[str, str],
+    ifname: str | None,
+    launcher_env: Mapping[str, str] | None,
+    workers: Sequence[str],
+) -> tuple[dict[str, str], dict[str, str]]:
+    """One rank's (forced, defaults), as `split_defaults` gives them, for launches and dry runs alike.
+
+    `launcher_env` is the environment the rank inherits when it runs on this machine, None on a remote host.
+    """
+    user_env = {**launcher_env, **exports} if launcher_env is not None else exports
+    env = worker_env(
+        slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname, workers=workers
+    )
+    return split_defaults(env, exports)
+
+
 def parse_exports(values: Sequence[str], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """Parse `-x VAR=VALUE` and `-x VAR` (VAR's value taken from `environ`) into (name, value) pairs."""
     exports: dict[str, str] = {}
     for item in values:
         name, equals, value = item.partition("=")
+        # Messages name the variable, never its value: it may be a secret.
         if not _NAME_RE.match(name):
-            raise UsageError(f"-x {item!r}: {name!r} is not a valid environment variable name")
+            raise UsageError(f"-x: {name!r} is not a valid environment variable name")
         if is_owned(name):
             hint = f"use {_OPTION_FOR[name]}" if name in _OPTION_FOR else "it is part of each rank's identity"
-            raise UsageError(f"-x {item!r}: distrun sets {name} for every rank; {hint}")
+            raise UsageError(f"-x {name}: distrun sets {name} for every rank; {hint}")
         if not equals:
             if name not in environ:
                 raise UsageError(f"-x {name}: {name} is not set here; give its value as -x {name}=VALUE")

@@ -12,6 +12,8 @@ Exit codes (documented in README):
 
 from __future__ import annotations
 
+import signal
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -43,6 +45,21 @@ class HostfileError(UsageError):
 
 class PlanError(UsageError):
     """The hosts cannot hold the requested processes."""
+
+
+class Interrupted(DistrunError):
+    """SIGINT/SIGTERM arrived before any rank started."""
+
+    def __init__(self, signal_name: str, exit_code: int) -> None:
+        super().__init__(f"interrupted by {signal_name} before any rank started")
+        self.exit_code = exit_code
+
+    @classmethod
+    def from_signals(cls, received: bytes) -> Interrupted:
+        """From the bytes of a signal wake-up pipe: SIGTERM if it is among them, else SIGINT."""
+        if signal.SIGTERM in received:
+            return cls("SIGTERM", EXIT_SIGTERM)
+        return cls("SIGINT", EXIT_SIGINT)
 
 
 class HostError(DistrunError):

@@ -87,12 +87,16 @@ def _parse_token(token: str) -> _Token:
     return _Token(user, name, slots)
 
 
-def _host_key(host: Host) -> tuple[str | None, str]:
-    """Two entries naming the same account on the same host (DNS names are case-insensitive)."""
+def _host_key(host: Host) -> str:
+    """Two entries naming the same host (DNS names are case-insensitive), whatever the user.
+
+    One host is one node: one agent, one connection, one set of local ranks. The same host under two
+    users would be two nodes fighting over the same GPUs and ports.
+    """
     try:
-        return host.user, ipaddress.ip_address(host.name).compressed
+        return ipaddress.ip_address(host.name).compressed
     except ValueError:
-        return host.user, host.name.lower()
+        return host.name.lower()
 
 
 def parse_host_list(spec: str) -> tuple[Host, ...]:
@@ -100,7 +104,7 @@ def parse_host_list(spec: str) -> tuple[Host, ...]:
     if not spec.strip():
         raise HostSpecError("-H is empty: expected hosts such as host1:4,host2:4")
     hosts: list[Host] = []
-    seen: dict[tuple[str | None, str], str] = {}
+    seen: dict[str, str] = {}
     for raw in spec.split(","):
         token = raw.strip()
         if not token:
@@ -150,7 +154,7 @@ def parse_hostfile(path: Path) -> tuple[Host, ...]:
     except UnicodeDecodeError:
         raise HostfileError(f"cannot read hostfile {path}: it is not UTF-8 text") from None
     hosts: list[Host] = []
-    seen: dict[tuple[str | None, str], str] = {}
+    seen: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:

@@ -7,6 +7,7 @@ relays millions of lines per second.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -105,7 +106,16 @@ class LogRelay:
     def feed(self, rank: int, stream: Stream, data: bytes) -> None:
         file = self._files.get((rank, stream))
         if file is not None:
-            file.write(data)
+            try:
+                file.write(data)
+            except OSError as exc:
+                # A full disk must not take the job down; the console still shows everything.
+                log.warning(
+                    "cannot write rank %d's %s to --output-dir (%s); no longer writing it", rank, stream, exc
+                )
+                del self._files[(rank, stream)]
+                with contextlib.suppress(OSError):
+                    file.close()
         if stream == "stderr":
             self._remember(rank, data)
         key = (rank, stream)
@@ -188,4 +198,5 @@ class LogRelay:
 
     def _close_files(self) -> None:
         for file in self._files.values():
-            file.close()
+            with contextlib.suppress(OSError):  # a full disk: already said when writing failed
+                file.close()

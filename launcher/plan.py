@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,11 +35,19 @@ class Plan:
     def node_count(self) -> int:
         return len(self.nodes)
 
+    @functools.cached_property
+    def _by_node(self) -> tuple[tuple[Slot, ...], ...]:
+        # Grouped once: building every rank's env asks for these per rank, which must not be quadratic.
+        groups: list[list[Slot]] = [[] for _ in self.nodes]
+        for slot in self.slots:
+            groups[slot.node_rank].append(slot)
+        return tuple(tuple(group) for group in groups)
+
     def node_slots(self, node_rank: int) -> tuple[Slot, ...]:
-        return tuple(s for s in self.slots if s.node_rank == node_rank)
+        return self._by_node[node_rank]
 
     def local_size(self, node_rank: int) -> int:
-        return len(self.node_slots(node_rank))
+        return len(self._by_node[node_rank])
 
 
 def plural(count: int, noun: str, nouns: str) -> str:

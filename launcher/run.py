@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, BinaryIO
@@ -16,8 +14,8 @@ from typing import Any, BinaryIO
 from launcher import agent as proto
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
-from launcher.env import worker_env
-from launcher.errors import EXIT_SIGINT, EXIT_SIGTERM, HostError
+from launcher.env import rank_env, tf_workers
+from launcher.errors import HostError
 from launcher.facts import HostFacts, Rendezvous
 from launcher.locality import is_local_host, is_obviously_local
 from launcher.logs import LogOptions, LogRelay
@@ -69,14 +67,11 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
                 }
                 for i in range(plan.node_count)
             ]
-            answers = probe(conns, requests, PROBE_TIMEOUT)
+            answers = probe(conns, requests, PROBE_TIMEOUT, wake_fd)
             facts = [HostFacts.from_json(a) for a in answers]
             for host, fact in zip(plan.nodes, facts, strict=True):
                 log.debug("host %s: %s", host.name, fact)
             _preflight(plan, facts, cwd, config.python)
-            interrupted = _pending_signal(wake_fd)
-            if interrupted is not None:
-                return interrupted  # stopped during preflight: nothing was started
             rdzv = _rendezvous(config, plan, facts, master_addr, local)
             heartbeat = min(HEARTBEAT, config.ssh.keepalive_interval)
             dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
@@ -100,9 +95,12 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             relay.note(summarize(result, relay.stderr_tail))
             return result.exit_code
     finally:
-        relay.close()
-        for link in links:
-            link.close()
+        # Links first: whatever happens to the console or the log files, the agents must hear EOF.
+        try:
+            for link in links:
+                link.close()
+        finally:
+            relay.close()
 
 
 def _locality(plan: Plan, config: LaunchConfig) -> list[bool]:
@@ -202,35 +200,30 @@ def _start(
     local: Sequence[bool],
 ) -> None:
     exports = dict(config.exports)
+    workers = tf_workers(plan, rdzv)
     for node, conn in enumerate(conns):
         fact = facts[node]
-        ifname = config.network_interface or fact.route_ifname
-        # Locally the workers inherit our environment, so "unless the user set it" looks there too.
-        user_env = {**os.environ, **exports} if local[node] else exports
         # `.py` commands: --python, else this interpreter's path where it exists on that host, else python3.
-        python = config.python or (sys.executable if fact.python_found else "python3")
-        ranks = [
-            {
-                "rank": slot.rank,
-                "argv": list(resolve_command(config.command, python)),
-                "env": worker_env(
-                    slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname
-                ),
-            }
-            for slot in plan.node_slots(node)
-        ]
-        conn.send(proto.encode_json(proto.START, {**spec, "ranks": ranks}))
+        argv = list(
+            resolve_command(
+                config.command, config.python or (sys.executable if fact.python_found else "python3")
+            )
+        )
+        ranks = []
+        for slot in plan.node_slots(node):
+            env, defaults = rank_env(
+                slot, plan, rdzv, run_id=run_id, exports=exports,
+                ifname=config.network_interface or fact.route_ifname,
+                launcher_env=os.environ if local[node] else None, workers=workers,
+            )  # fmt: skip
+            ranks.append({"rank": slot.rank, "argv": argv, "env": env, "defaults": defaults})
+        # A local agent needs no heartbeats: its pipe closing says all (see Supervisor._check_hosts).
+        node_spec = {**spec, "heartbeat": 0.0, "dead_after": 0.0} if local[node] else spec
+        conn.send(proto.encode_json(proto.START, {**node_spec, "ranks": ranks}))
     log.info(
         "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
         rdzv.master_addr, rdzv.master_port,
     )  # fmt: skip
-
-
-def _pending_signal(fd: int) -> int | None:
-    """The exit code for a SIGINT/SIGTERM that arrived while we were not yet supervising, if any."""
-    if not select.select([fd], [], [], 0)[0]:
-        return None
-    return EXIT_SIGTERM if signal.SIGTERM in os.read(fd, 64) else EXIT_SIGINT
 
 
 def _use_color(config: LaunchConfig) -> bool:

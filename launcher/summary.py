@@ -57,7 +57,9 @@ def summarize(result: RunResult, stderr_tail: Callable[[int], list[str]]) -> lis
         running = format_ranks(result.still_running) or "none"
         return [f"timed out after {result.timeout:g}s; ranks still running were stopped: {running}"]
     if result.reason == "signal":
-        return [f"stopped by {result.signal_name}; {len(result.exits)} ranks ended"]
+        return [
+            f"stopped by {result.signal_name}; ranks stopped: {format_ranks(result.still_running) or 'none'}"
+        ]
     if result.reason == "host-lost":
         return [f"lost host {result.lost_host} ({result.lost_detail}); stopped every other host"]
     return []

@@ -1,6 +1,7 @@
 """Watch every host's agent until the job ends; the first failure, a signal or the timeout stops all of them.
 
-One thread and one selector serve every host, local or remote: log relay, exit statuses, heartbeats, signals.
+One selector loop serves every host, local or remote: log relay, exit statuses, signals, lost hosts. A small
+thread sends heartbeats to remote agents, so a console that blocks the loop cannot make them think we died.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 import selectors
 import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,7 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from launcher import agent as proto
-from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, EXIT_SIGTERM, EXIT_TIMEOUT, HostError
+from launcher.errors import (
+    EXIT_HOST,
+    EXIT_OK,
+    EXIT_SIGINT,
+    EXIT_SIGTERM,
+    EXIT_TIMEOUT,
+    HostError,
+    Interrupted,
+)
 from launcher.logs import LogRelay
 from launcher.transport.link import Link
 
@@ -60,25 +70,35 @@ class AgentConn:
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self.reader = proto.FrameReader()
+        self.reader = proto.FrameReader(after_hello=True)
         self.finished = False
         self.last_heard = time.monotonic()
+        # Frames must not interleave: the heartbeat thread and the main loop both send.
+        self._send_lock = threading.Lock()
 
     @property
     def host(self) -> str:
         return self.link.host
 
     def send(self, frame: bytes) -> None:
-        if not self.finished:
-            self.link.send(frame)
+        with self._send_lock:
+            if not self.finished:
+                self.link.send(frame)
 
     def read(self) -> list[tuple[int, int, bytes]] | None:
         """Frames now available; None when the link closed."""
         data = self.link.recv()
+        if data is None:
+            return []
         if not data:
             return None
         self.last_heard = time.monotonic()
         return self.reader.feed(data)
+
+    def diagnostics(self) -> str:
+        """What the agent (or the host's login shell before it) said besides frames, for error messages."""
+        said = (self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()).strip()
+        return said.splitlines()[-1] if said else ""
 
 
 @dataclass
@@ -112,14 +132,18 @@ def signal_pipe(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Ite
 
 
 def probe(
-    conns: Sequence[AgentConn], payloads: Sequence[dict[str, Any]], timeout: float
+    conns: Sequence[AgentConn], payloads: Sequence[dict[str, Any]], timeout: float, wake_fd: int
 ) -> list[dict[str, Any]]:
-    """Send each agent its preflight question and collect every host's facts (one round-trip, in parallel)."""
+    """Send each agent its preflight question and collect every host's facts (one round-trip, in parallel).
+
+    A SIGINT/SIGTERM meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
+    """
     for conn, payload in zip(conns, payloads, strict=True):
         conn.send(proto.encode_json(proto.PROBE, payload))
     answers: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
+        sel.register(wake_fd, selectors.EVENT_READ, None)
         for i, conn in enumerate(conns):
             sel.register(conn.link, selectors.EVENT_READ, i)
         while len(answers) < len(conns):
@@ -129,11 +153,13 @@ def probe(
                 raise HostError(f"host {missing[0]}: no answer from the distrun agent within {timeout:.0f}s")
             for key, _ in sel.select(remaining):
                 i = key.data
+                if i is None:
+                    raise Interrupted.from_signals(os.read(wake_fd, 64))
                 conn = conns[i]
                 frames = conn.read()
                 if frames is None:
-                    detail = conn.link.diagnostics()
-                    detail = f": {detail.splitlines()[-1]}" if detail else ""
+                    detail = conn.diagnostics()
+                    detail = f": {detail}" if detail else ""
                     raise HostError(f"host {conn.host}: the distrun agent exited before answering{detail}")
                 for fkind, _, payload in frames:
                     if fkind == proto.FACTS:
@@ -182,6 +208,7 @@ class Supervisor:
             return
         self.reason = reason
         self.stop_at = time.monotonic()
+        self.still_running = tuple(sorted(r for r in self.rank_hosts if r not in self.exits))
         log.info("stopping every rank: %s", reason)
         for conn in self.conns:
             conn.send(proto.encode(proto.STOP))
@@ -229,17 +256,27 @@ class Supervisor:
     def run(self) -> RunResult:
         started = time.monotonic()
         deadline = started + self.timeout if self.timeout else None
-        next_beat = started + self.heartbeat
+        next_check = started + self.heartbeat
+        done = threading.Event()
+        threading.Thread(target=self._send_beats, args=(done,), name="heartbeat", daemon=True).start()
+        try:
+            return self._loop(started, deadline, next_check)
+        finally:
+            done.set()
+
+    def _loop(self, started: float, deadline: float | None, next_check: float) -> RunResult:
         with selectors.DefaultSelector() as sel:
             sel.register(self.wake_fd, selectors.EVENT_READ, None)
             for conn in self.conns:
                 sel.register(conn.link, selectors.EVENT_READ, conn)
             while not all(c.finished for c in self.conns):
                 now = time.monotonic()
-                wait = next_beat - now
+                wait = next_check - now
                 if deadline is not None and self.reason is None:
                     wait = min(wait, deadline - now)
-                for key, _ in sel.select(max(0.0, wait)):
+                events = sel.select(max(0.0, wait))
+                selected = time.monotonic()
+                for key, _ in events:
                     conn = key.data
                     if conn is None:
                         self._drain_signals()
@@ -248,8 +285,7 @@ class Supervisor:
                     if frames is None:
                         sel.unregister(conn.link)
                         if not conn.finished:
-                            diag = conn.link.diagnostics()
-                            self._lose(conn, diag.splitlines()[-1] if diag else "connection closed")
+                            self._lose(conn, conn.diagnostics() or "connection closed")
                         continue
                     for kind, rank, payload in frames:
                         self._on_frame(conn, kind, rank, payload)
@@ -257,14 +293,24 @@ class Supervisor:
                         sel.unregister(conn.link)
                 self.relay.flush()
                 now = time.monotonic()
+                if now - selected > self.heartbeat:
+                    # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
+                    for conn in self.conns:
+                        conn.last_heard = max(conn.last_heard, now)
                 if deadline is not None and now >= deadline and self.reason is None:
-                    self.still_running = tuple(sorted(r for r in self.rank_hosts if r not in self.exits))
                     self._stop("timeout")
-                if now >= next_beat:
-                    next_beat = now + self.heartbeat
-                    self._beat(now)
+                if now >= next_check:
+                    next_check = now + self.heartbeat
+                    self._check_hosts(now)
         self.relay.finish()
         return self._result(time.monotonic() - started)
+
+    def _send_beats(self, done: threading.Event) -> None:
+        """Tell remote agents we are alive, even while the main loop is blocked writing to the console."""
+        while not done.wait(self.heartbeat):
+            for conn in self.conns:
+                if conn.link.remote:
+                    conn.send(proto.encode(proto.BEAT))
 
     def _drain_signals(self) -> None:
         try:
@@ -275,14 +321,11 @@ class Supervisor:
             if signum in (signal.SIGINT, signal.SIGTERM):
                 self._on_signal(signum)
 
-    def _beat(self, now: float) -> None:
+    def _check_hosts(self, now: float) -> None:
         for conn in self.conns:
-            if conn.finished:
-                continue
-            if now - conn.last_heard > self.dead_after:
+            # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
+            if not conn.finished and conn.link.remote and now - conn.last_heard > self.dead_after:
                 self._lose(conn, f"no word from it for {now - conn.last_heard:.0f}s")
-            else:
-                conn.send(proto.encode(proto.BEAT))
         if self.stop_at is not None and now - self.stop_at > self.grace + TEARDOWN_SLACK:
             for conn in self.conns:
                 if not conn.finished:

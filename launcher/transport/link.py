@@ -12,12 +12,15 @@ class Link(Protocol):
     """
 
     host: str
+    remote: bool
 
     def fileno(self) -> int: ...
 
     def send(self, data: bytes) -> None: ...
 
-    def recv(self) -> bytes: ...
+    def recv(self) -> bytes | None:
+        """Data, b"" once closed, or None when the wake-up brought nothing to read (yet)."""
+        ...
 
     def diagnostics(self) -> str:
         """What the agent wrote to its stderr, for messages when it dies unexpectedly."""

@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from launcher.agent import agent_source, bootstrap_argv
-
-READ_SIZE = 1 << 16
+from launcher.agent import ORPHAN_GRACE_CAP, READ_SIZE, agent_source, bootstrap_argv, write_all
 
 
 class LocalLink:
     """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
+
+    remote = False
 
     def __init__(self, host: str, python: str = sys.executable) -> None:
         self.host = host
@@ -35,12 +35,8 @@ class LocalLink:
         return self._out
 
     def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        try:
-            while view:
-                view = view[os.write(self._in, view) :]
-        except OSError:
-            pass  # the agent is gone; recv() reports it
+        with contextlib.suppress(OSError):  # the agent is gone; recv() reports it
+            write_all(self._in, data)
 
     def recv(self) -> bytes:
         try:
@@ -58,8 +54,9 @@ class LocalLink:
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
+        # After EOF the agent may still be stopping its ranks (SIGTERM, then SIGKILL): let it finish.
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=1.0)
+            self._proc.wait(timeout=ORPHAN_GRACE_CAP + 1.0)
         if self._proc.poll() is None:
             self.abort()
         for stream in (self._proc.stdout, self._proc.stderr):

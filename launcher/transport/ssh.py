@@ -6,16 +6,16 @@ import contextlib
 import socket
 from typing import TYPE_CHECKING
 
-from launcher.agent import agent_source, remote_command
+from launcher.agent import READ_SIZE, agent_source, remote_command
 
 if TYPE_CHECKING:
     import paramiko
 
-READ_SIZE = 1 << 16
-
 
 class SshLink:
     """One channel per host, whatever its rank count: sshd's MaxSessions (10) never limits the job."""
+
+    remote = True
 
     def __init__(self, host: str, client: paramiko.SSHClient, pythons: list[str]) -> None:
         self.host = host
@@ -42,18 +42,24 @@ class SshLink:
         with contextlib.suppress(OSError, EOFError):
             self._channel.sendall(data)
 
-    def recv(self) -> bytes:
-        while self._channel.recv_stderr_ready():
-            self._stderr += self._channel.recv_stderr(READ_SIZE)
+    def recv(self) -> bytes | None:
+        self._drain_stderr()
+        channel = self._channel
+        # paramiko wakes fileno() for stderr too; a bare recv() would then block until stdout has data.
+        if not (channel.recv_ready() or channel.eof_received or channel.closed):
+            return None
         try:
-            return self._channel.recv(READ_SIZE)
+            return channel.recv(READ_SIZE)
         except (OSError, EOFError):
             return b""
 
-    def diagnostics(self) -> str:
+    def _drain_stderr(self) -> None:
         with contextlib.suppress(OSError, EOFError):
             while self._channel.recv_stderr_ready():
                 self._stderr += self._channel.recv_stderr(READ_SIZE)
+
+    def diagnostics(self) -> str:
+        self._drain_stderr()
         return self._stderr.decode(errors="replace").strip()
 
     def close(self) -> None:

@@ -83,8 +83,10 @@ CASES = {
         ("-H", "a", *HOSTFILE), "use either -H/--hosts or --hostfile, not both", files={"hosts": "a\n"}
     ),
     "missing-command": Case(("-np", "2"), "missing command", command=False),
-    "x-bad-name": Case(("-x", "1A=2"), "-x '1A=2': '1A' is not a valid environment variable name"),
-    "x-rank": Case(("-x", "RANK=1"), "-x 'RANK=1': distrun sets RANK for every rank"),
+    "x-bad-name": Case(("-x", "1A=2"), "-x: '1A' is not a valid environment variable name"),
+    "x-rank": Case(("-x", "RANK=1"), "-x RANK: distrun sets RANK for every rank"),
+    # The value may be a secret: messages never repeat it.
+    "x-bad-name-hides-value": Case(("-x", "HF-TOKEN=hf_secret123"), "-x: 'HF-TOKEN' is not a valid"),
     "x-master-addr": Case(
         ("-x", "MASTER_ADDR=h"), "distrun sets MASTER_ADDR for every rank; use --master-addr"
     ),
@@ -156,5 +158,6 @@ def test_bad_input(case: Case, tmp_path: Path) -> None:
     assert stderr.count("\n") == 1 and stderr.endswith("\n"), stderr
     assert stderr.startswith("distrun: error: "), stderr
     assert fill(case.expected) in stderr
+    assert "hf_secret123" not in stderr, "a value given with -x must never be echoed"
     assert stdout == ""
     assert not marker.exists()

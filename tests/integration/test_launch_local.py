@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
+
 from tests.support import (
     REPO,
     SCRIPTS,
@@ -296,3 +298,26 @@ def test_colours_switch_on_by_themselves_on_a_terminal() -> None:
     os.close(parent)
     assert proc.wait(timeout=60) == 0
     assert b"\x1b[31m[0]\x1b[0m x" in seen and b"\x1b[32m[1]\x1b[0m x" in seen
+
+
+def test_a_console_that_stops_reading_does_not_fail_the_job() -> None:
+    # dead_after would be 5 s; the console is not read for 7 s while the job runs on.
+    proc = start_distrun("-np", "2", "--ssh-keepalive", "1", SCRIPTS / "chatty_then_quiet.py", "8")
+    time.sleep(7)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert out.count(b"finished") == 2
+
+
+def test_an_agent_killed_outright_takes_its_ranks_with_it(pid_dir: Path) -> None:
+    proc = start_distrun(
+        "-np", "2", "--grace-period", "30", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--ignore-term"
+    )
+    wait_for_files(pid_dir, "rank*.pid", 2)
+    agent = psutil.Process(proc.pid).children()[0]
+    agent.kill()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 3, err.decode()
+    assert "lost host localhost" in err.decode()
+    ranks = [int((pid_dir / f"rank{r}.pid").read_text()) for r in range(2)]
+    assert_all_gone(ranks, within=2.0)

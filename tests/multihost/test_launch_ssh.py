@@ -237,3 +237,16 @@ def test_ctrl_c_while_connecting_exits_at_once(make_cluster: Callable[..., Clust
     assert time.monotonic() - sent < 3.0
     assert "Traceback" not in err.decode()
     assert_clean(lab)
+
+
+def test_a_console_that_stops_reading_does_not_lose_remote_hosts(cluster: Cluster) -> None:
+    # h1's rank fills the console pipe; h2's rank is quiet. Unread for 7 s with hosts declared dead after 5 s.
+    proc = start_distrun(
+        "-H", "h1:1,h2:1", "--ssh-keepalive", "1", SCRIPTS / "chatty_then_quiet.py", "8",
+        env=cluster.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    time.sleep(7)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert out.count(b"finished") == 2
+    assert_clean(cluster)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import math
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import collectives
-from collectives.context import Topology, topology_from_env
+from collectives.context import Topology, _choose_device, _placement_from_hostnames, topology_from_env
 from collectives.data import ShardSampler, shard_indices
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError, ShardingError
 from collectives.lr import WarmupSchedule, scale_lr
@@ -34,6 +35,18 @@ def test_every_public_name_resolves() -> None:
         assert getattr(collectives, name) is not None, name
     with pytest.raises(AttributeError):
         _ = collectives.no_such_name
+
+
+def test_lazy_table_matches_every_module_all() -> None:
+    # __init__.pyi re-exports each module's __all__ for type checkers; the runtime table must agree with it.
+    modules = set(collectives._LAZY.values())
+    for module in modules:
+        exported = set(importlib.import_module(f"collectives.{module}").__all__)
+        assert exported == {n for n, m in collectives._LAZY.items() if m == module}, module
+    stub = (REPO / "collectives" / "__init__.pyi").read_text()
+    assert {
+        line.split()[1].removeprefix("collectives.") for line in stub.splitlines() if line.startswith("from ")
+    } == modules
 
 
 def test_ops_before_init_raise_a_clear_error() -> None:
@@ -100,6 +113,28 @@ def test_minimal_environment_derives_local_and_cross_values() -> None:
 def test_bad_environment_is_reported(env: dict[str, str], message: str) -> None:
     with pytest.raises(EnvironmentContractError, match=message):
         topology_from_env(env)
+
+
+def test_device_choice() -> None:
+    assert [_choose_device(local, 4) for local in range(4)] == [0, 1, 2, 3]
+    # CUDA_VISIBLE_DEVICES per rank: every rank sees its own GPU as device 0.
+    assert [_choose_device(local, 1) for local in range(4)] == [0, 0, 0, 0]
+    with pytest.raises(EnvironmentContractError, match="local rank 2 has no GPU: this host has 2"):
+        _choose_device(2, 2)
+    with pytest.raises(EnvironmentContractError, match="has no GPU"):
+        _choose_device(0, 0)
+
+
+def test_placement_from_host_names() -> None:
+    hosts = ["b", "a", "b", "a", "c"]
+    assert [_placement_from_hostnames(hosts, r) for r in range(5)] == [
+        (0, 2, 0, 3),
+        (0, 2, 1, 3),
+        (1, 2, 0, 3),
+        (1, 2, 1, 3),
+        (0, 1, 2, 3),
+    ]
+    assert _placement_from_hostnames(["h"] * 3, 2) == (2, 3, 0, 1)
 
 
 def test_scale_lr_rules() -> None:

@@ -145,8 +145,79 @@ def test_synchronize_then_clip_then_step() -> None:
     assert float((before - model.weight.detach()).norm()) <= 1.0 + 1e-5
     with pytest.raises(hvd.GradientSyncError, match="closure"):
         opt.step(lambda: 0.0)
-    with pytest.raises(hvd.GradientSyncError, match="synchronize"), opt.skip_synchronize():
+
+
+@pytest.mark.usefixtures("single")
+def test_synchronize_then_step_reduces_the_gradients_once() -> None:
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.ones_(model.weight)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters(), backward_passes_per_step=2
+    )
+    x = torch.ones(1, 2)
+    for _ in range(2):
+        model(x).sum().backward()
+    opt.synchronize()
+    # Two passes of gradient 1, averaged over the passes: 1. A second reduction would halve it.
+    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+    opt.synchronize()
+    opt.step()  # no skip_synchronize(): step() must see that the gradients are reduced already
+    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+    assert torch.equal(model.weight.detach(), torch.zeros(1, 2))
+    # The next backward passes are new gradients, reduced again by the next step().
+    opt.zero_grad()
+    for _ in range(2):
+        model(2 * x).sum().backward()
+    with opt.skip_synchronize():  # Horovod's idiom; without synchronize() first it still reduces
         opt.step()
+    assert torch.equal(model.weight.grad, torch.full((1, 2), 2.0))
+    assert torch.equal(model.weight.detach(), torch.full((1, 2), -2.0))
+
+
+@pytest.mark.usefixtures("single")
+def test_wrapping_the_same_model_again_replaces_the_old_hooks() -> None:
+    model = torch.nn.Linear(2, 1)
+    x = torch.ones(1, 2)
+
+    def train(opt: hvd.DistributedOptimizer) -> None:
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            assert torch.equal(model.weight.grad, torch.ones(1, 2)), model.weight.grad
+            assert torch.equal(model.bias.grad, torch.ones(1))
+
+    dropped = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    del dropped  # e.g. the optimizer rebuilt with other hyper-parameters
+    train(hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters()))
+    kept = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
+    train(hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters()))
+    assert "DistributedOptimizer" in repr(kept)
+
+
+@pytest.mark.usefixtures("single")
+def test_sparse_gradients_are_refused_clearly() -> None:
+    embedding = torch.nn.Embedding(4, 2, sparse=True)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(embedding.parameters(), lr=0.1), embedding.named_parameters()
+    )
+    with pytest.raises(hvd.CollectivesError, match=r"'weight' has a torch\.sparse_coo gradient"):
+        embedding(torch.tensor([1, 2])).sum().backward()
+    opt.remove_hooks()
+
+
+def test_world_of_one_with_an_address_but_no_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in CONTRACT_VARS:
+        monkeypatch.delenv(name, raising=False)
+    # A world of one that names its rank and an address, but no port: no rendezvous is needed.
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+        monkeypatch.setenv(name, value)
+    hvd.init(backend="gloo")
+    try:
+        assert hvd.size() == 1
+        assert torch.equal(hvd.allreduce(torch.ones(2)), torch.ones(2))
+    finally:
+        hvd.shutdown()
 
 
 @pytest.mark.usefixtures("single")
@@ -167,3 +238,8 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert loaded is not None and loaded["step"] == 7 and torch.equal(loaded["w"], torch.ones(2))
     assert hvd.load_checkpoint(tmp_path / "missing.pt") is None
     assert [p.name for p in path.parent.iterdir()] == ["ckpt.pt"]
+    with pytest.raises(hvd.CollectivesError, match="failed on rank 0") as raised:
+        hvd.save_checkpoint({"f": lambda: 1}, path)  # a lambda cannot be pickled
+    assert raised.value.__cause__ is not None
+    assert [p.name for p in path.parent.iterdir()] == ["ckpt.pt"]
+    assert hvd.load_checkpoint(path) is not None  # the previous checkpoint survived

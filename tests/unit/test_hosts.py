@@ -38,8 +38,9 @@ def test_host_list_keeps_order_and_trims_blanks() -> None:
     assert [(h.name, h.slots) for h in hosts] == [("b", 2), ("a", 4), ("c", 1)]
 
 
-def test_same_name_with_different_users_is_two_hosts() -> None:
-    assert len(parse_host_list("alice@a,bob@a")) == 2
+def test_same_name_with_different_users_is_one_host_listed_twice() -> None:
+    with pytest.raises(HostSpecError, match="names the same host twice: 'alice@a' and 'bob@a'"):
+        parse_host_list("alice@a,bob@a")
 
 
 @pytest.mark.parametrize(
