@@ -42,8 +42,9 @@ Every option can also be set as DISTRUN_<OPTION> (DISTRUN_NUM_PROC=4, DISTRUN_HO
 of the --config YAML file; the command line wins over the environment, which wins over the file.
 
 \b
-Exit codes: 0 every rank succeeded; 2 bad input; 3 a host failed preflight (nothing started);
-124 --timeout expired; 130 interrupted; otherwise the first failing rank's exit code.
+Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
+124 --timeout expired; 130/143 SIGINT/SIGTERM; 126/127 the command cannot run / is not found;
+otherwise the first failing rank's exit code (128+N for signal N).
 """
 
 

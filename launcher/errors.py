@@ -4,8 +4,8 @@ Exit codes (documented in README):
   0    every rank exited 0
   1    internal error in distrun itself
   2    bad input: options, hostfile, -H, config file
-  3    a host could not be reached or failed preflight; nothing was started anywhere
-  N    the first failing rank's exit code (128+S when it died of signal S)
+  3    a host could not be reached or failed preflight (nothing was started anywhere), or was lost mid-run
+  N    the first failing rank's exit code (128+S when it died of signal S; 126/127: it could not be started)
   124  --timeout expired
   130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM
 """

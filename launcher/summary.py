@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterable
 
-from launcher.supervise import RankExit, RunResult
+from launcher.result import RankExit, RunResult
 
 
 def format_ranks(ranks: Iterable[int]) -> str:

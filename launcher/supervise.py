@@ -15,8 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from launcher import agent as proto
 from launcher.errors import (
@@ -29,40 +28,13 @@ from launcher.errors import (
     Interrupted,
 )
 from launcher.logs import LogRelay
+from launcher.result import RankExit, RunResult, StopReason
 from launcher.transport.link import Link
 
 log = logging.getLogger(__name__)
 
-StopReason = Literal["failure", "signal", "timeout", "host-lost"]
-
 # After STOP, how long past the grace period we wait for agents before dropping them.
 TEARDOWN_SLACK = 5.0
-
-
-@dataclass(frozen=True)
-class RankExit:
-    rank: int
-    host: str
-    returncode: int
-
-    @property
-    def exit_code(self) -> int:
-        """The shell convention: a death by signal N is 128+N."""
-        return 128 - self.returncode if self.returncode < 0 else self.returncode
-
-
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int
-    reason: StopReason | None = None
-    first_failure: RankExit | None = None
-    signal_name: str | None = None
-    still_running: tuple[int, ...] = ()
-    lost_host: str | None = None
-    lost_detail: str = ""
-    exits: tuple[RankExit, ...] = ()
-    elapsed: float = 0.0
-    timeout: float | None = None
 
 
 class AgentConn:
@@ -101,34 +73,25 @@ class AgentConn:
         return said.splitlines()[-1] if said else ""
 
 
-@dataclass
-class _SignalPipe:
-    """Signals become bytes on a pipe the selector watches, so handlers never run job logic."""
-
-    read_fd: int = -1
-    write_fd: int = -1
-    previous: dict[int, Any] = field(default_factory=dict)
-    old_wakeup: int = -1
-
-
 @contextmanager
 def signal_pipe(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[int]:
-    """While active, the returned fd becomes readable with one byte per signal received."""
-    pipe = _SignalPipe()
-    pipe.read_fd, pipe.write_fd = os.pipe()
-    for fd in (pipe.read_fd, pipe.write_fd):
+    """While active, the returned fd becomes readable with one byte per signal received.
+
+    Signals become bytes on a pipe the selector watches, so handlers never run job logic.
+    """
+    read_fd, write_fd = os.pipe()
+    for fd in (read_fd, write_fd):
         os.set_blocking(fd, False)
-    pipe.old_wakeup = signal.set_wakeup_fd(pipe.write_fd, warn_on_full_buffer=False)
-    for signum in signums:
-        pipe.previous[signum] = signal.signal(signum, lambda *_: None)
+    old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in signums}
     try:
-        yield pipe.read_fd
+        yield read_fd
     finally:
-        for signum, handler in pipe.previous.items():
+        for signum, handler in previous.items():
             signal.signal(signum, handler)
-        signal.set_wakeup_fd(pipe.old_wakeup)
-        os.close(pipe.read_fd)
-        os.close(pipe.write_fd)
+        signal.set_wakeup_fd(old_wakeup)
+        os.close(read_fd)
+        os.close(write_fd)
 
 
 def probe(
