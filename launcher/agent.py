@@ -406,7 +406,11 @@ class Agent:
             for deadline in (self.kill_at, leftovers_at, self.next_beat or None):
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))
-            for key, _ in self.sel.select(timeout):
+            events = self.sel.select(timeout)
+            # Reaping looks at every rank, so only when a child may have exited: SIGCHLD, a pipe's EOF, or a
+            # quiet spell (a fallback should a SIGCHLD ever be missed). Busy output must not make it O(ranks).
+            reap = not events
+            for key, _ in events:
                 if key.data == "control":
                     control_open = self._read_control()
                 elif key.data == "wake":
@@ -414,11 +418,13 @@ class Agent:
                         signums = os.read(wake_r, 512)
                     except BlockingIOError:
                         signums = b""
+                    reap = reap or signal.SIGCHLD in signums
                     if any(s in signums for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
                         self.stop()
-                elif key.fileobj in self.by_fd:
-                    self._read_pipe(key.fd)
-            self._reap()
+                elif key.fd in self.by_fd and not self._read_pipe(key.fd):
+                    reap = reap or key.fd not in self.by_fd
+            if reap:
+                self._reap()
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at and not self._all_exited():
                 self._signal_all(signal.SIGKILL)
