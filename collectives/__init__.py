@@ -6,66 +6,16 @@
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
 Importing this package does not import torch (the launcher imports it); each name is loaded from its module
-on first use.
+on first use. ``__init__.pyi`` tells type checkers what the names are.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from collectives.errors import (
-    CollectivesError,
-    EnvironmentContractError,
-    GradientSyncError,
-    MetricKeysMismatchError,
-    NotInitializedError,
-    ShardingError,
-)
-from collectives.reduce_op import Average, Max, Min, Product, ReduceOp, Sum
-
-if TYPE_CHECKING:
-    from collectives.checkpoint import load_checkpoint, save_checkpoint
-    from collectives.compression import Compression, Compressor
-    from collectives.context import (
-        Topology,
-        backend,
-        barrier,
-        cross_rank,
-        cross_size,
-        device,
-        init,
-        is_coordinator,
-        is_initialized,
-        local_rank,
-        local_size,
-        rank,
-        shutdown,
-        size,
-        topology_from_env,
-    )
-    from collectives.data import ShardSampler, shard_indices
-    from collectives.lr import WarmupSchedule, scale_lr
-    from collectives.metrics import average_metrics, reduce_metrics
-    from collectives.ops import (
-        Handle,
-        allgather,
-        allgather_object,
-        allreduce,
-        allreduce_,
-        allreduce_async,
-        allreduce_async_,
-        alltoall,
-        broadcast,
-        broadcast_,
-        broadcast_object,
-        grouped_allreduce,
-        grouped_allreduce_,
-        grouped_allreduce_async_,
-        reduce_scatter,
-    )
-    from collectives.optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
-
+# Public name -> defining module. The single list of the package's names: __all__ is built from it, and
+# __init__.pyi re-exports each module's own __all__ (a unit test checks that the two agree).
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("load_checkpoint", "save_checkpoint"), "checkpoint"),
     **dict.fromkeys(("Compression", "Compressor"), "compression"),
@@ -90,7 +40,18 @@ _LAZY: dict[str, str] = {
         "context",
     ),
     **dict.fromkeys(("ShardSampler", "shard_indices"), "data"),
-    **dict.fromkeys(("WarmupSchedule", "scale_lr"), "lr"),
+    **dict.fromkeys(
+        (
+            "CollectivesError",
+            "EnvironmentContractError",
+            "GradientSyncError",
+            "MetricKeysMismatchError",
+            "NotInitializedError",
+            "ShardingError",
+        ),
+        "errors",
+    ),
+    **dict.fromkeys(("ScalingRule", "WarmupSchedule", "scale_lr"), "lr"),
     **dict.fromkeys(("average_metrics", "reduce_metrics"), "metrics"),
     **dict.fromkeys(
         (
@@ -115,65 +76,10 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(
         ("DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"), "optimizer"
     ),
+    **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "reduce_op"),
 }
 
-__all__ = [
-    "Average",
-    "CollectivesError",
-    "Compression",
-    "Compressor",
-    "DistributedOptimizer",
-    "EnvironmentContractError",
-    "GradientSyncError",
-    "Handle",
-    "Max",
-    "MetricKeysMismatchError",
-    "Min",
-    "NotInitializedError",
-    "Product",
-    "ReduceOp",
-    "ShardSampler",
-    "ShardingError",
-    "Sum",
-    "Topology",
-    "WarmupSchedule",
-    "allgather",
-    "allgather_object",
-    "allreduce",
-    "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
-    "alltoall",
-    "average_metrics",
-    "backend",
-    "barrier",
-    "broadcast",
-    "broadcast_",
-    "broadcast_object",
-    "broadcast_optimizer_state",
-    "broadcast_parameters",
-    "cross_rank",
-    "cross_size",
-    "device",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "grouped_allreduce_async_",
-    "init",
-    "is_coordinator",
-    "is_initialized",
-    "load_checkpoint",
-    "local_rank",
-    "local_size",
-    "rank",
-    "reduce_metrics",
-    "reduce_scatter",
-    "save_checkpoint",
-    "scale_lr",
-    "shard_indices",
-    "shutdown",
-    "size",
-    "topology_from_env",
-]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

@@ -12,8 +12,9 @@ import datetime
 import inspect
 import logging
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+import socket
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError
 
@@ -98,25 +99,7 @@ def topology_from_env(environ: Mapping[str, str]) -> Topology:
             "RANK and WORLD_SIZE must be set together (got RANK="
             f"{environ.get('RANK')!r}, WORLD_SIZE={environ.get('WORLD_SIZE')!r})"
         )
-    local_rank_ = _int_var(environ, "LOCAL_RANK")
-    local_size_ = _int_var(environ, "LOCAL_SIZE", "LOCAL_WORLD_SIZE")
-    cross_size_ = _int_var(environ, "CROSS_SIZE", "GROUP_WORLD_SIZE")
-    if local_size_ is None:
-        if cross_size_ not in (None, 1):
-            raise EnvironmentContractError(
-                f"LOCAL_SIZE (or LOCAL_WORLD_SIZE) must be set when the job spans {cross_size_} hosts"
-            )
-        local_size_ = size_
-    if local_rank_ is None:
-        # Without LOCAL_RANK the only safe reading is one host, where the local rank is the global one.
-        if local_size_ != size_:
-            raise EnvironmentContractError("LOCAL_RANK must be set when the job spans several hosts")
-        local_rank_ = rank_
-    cross_rank_ = _int_var(environ, "CROSS_RANK", "GROUP_RANK", "NODE_RANK")
-    if cross_rank_ is None:
-        cross_rank_ = rank_ // local_size_
-    if cross_size_ is None:
-        cross_size_ = -(-size_ // local_size_)
+    local_rank_, local_size_, cross_rank_, cross_size_ = _placement_from_env(environ, rank_, size_)
     master_addr = environ.get("MASTER_ADDR") or None
     master_port = _int_var(environ, "MASTER_PORT")
     if size_ > 1 and (master_addr is None or master_port is None):
@@ -136,6 +119,90 @@ def topology_from_env(environ: Mapping[str, str]) -> Topology:
     )
 
 
+def _placement_from_env(environ: Mapping[str, str], rank_: int, size_: int) -> tuple[int, int, int, int]:
+    """(local rank, local size, cross rank, cross size) from the environment, derived where unambiguous."""
+    local_rank_ = _int_var(environ, "LOCAL_RANK")
+    local_size_ = _int_var(environ, "LOCAL_SIZE", "LOCAL_WORLD_SIZE")
+    cross_size_ = _int_var(environ, "CROSS_SIZE", "GROUP_WORLD_SIZE")
+    if local_size_ is None:
+        if cross_size_ not in (None, 1):
+            raise EnvironmentContractError(
+                f"LOCAL_SIZE (or LOCAL_WORLD_SIZE) must be set when the job spans {cross_size_} hosts"
+            )
+        local_size_ = size_
+    if local_rank_ is None:
+        # Without LOCAL_RANK the only safe reading is one host, where the local rank is the global one.
+        if local_size_ != size_:
+            raise EnvironmentContractError("LOCAL_RANK must be set when the job spans several hosts")
+        local_rank_ = rank_
+    cross_rank_ = _int_var(environ, "CROSS_RANK", "GROUP_RANK", "NODE_RANK")
+    if cross_rank_ is None:
+        cross_rank_ = rank_ // local_size_
+    if cross_size_ is None:
+        cross_size_ = -(-size_ // local_size_)
+    return local_rank_, local_size_, cross_rank_, cross_size_
+
+
+def _placement_from_hostnames(hosts: Sequence[str], rank_: int) -> tuple[int, int, int, int]:
+    """(local rank, local size, cross rank, cross size) of ``rank_``, given every rank's host name.
+
+    Hosts are numbered in order of their lowest rank, and ranks within a host in rank order.
+    """
+    mine = hosts[rank_]
+    host_order = list(dict.fromkeys(hosts))
+    return hosts[:rank_].count(mine), hosts.count(mine), host_order.index(mine), len(host_order)
+
+
+def _adopted_topology(environ: Mapping[str, str], backend_name: str) -> Topology:
+    """The topology of a default process group that someone else created before :func:`init`.
+
+    The group's rank and size are the truth. The environment may describe another launch or nothing (a
+    script that spawned its workers itself), so it is used only where it provably describes this group;
+    otherwise the ranks exchange host names once to find their local and cross placement.
+    """
+    import torch.distributed as dist
+
+    rank_, size_ = dist.get_rank(), dist.get_world_size()
+    declared = {name: _int_var(environ, name) for name in ("RANK", "WORLD_SIZE")}
+    for name, actual in (("RANK", rank_), ("WORLD_SIZE", size_)):
+        if declared[name] is not None and declared[name] != actual:
+            raise EnvironmentContractError(
+                f"{name}={declared[name]} in the environment, but the process group created before "
+                f"collectives.init() says {actual}: the environment describes another job"
+            )
+    env_is_complete = (
+        None not in declared.values()
+        and _int_var(environ, "LOCAL_RANK") is not None
+        and _int_var(environ, "LOCAL_SIZE", "LOCAL_WORLD_SIZE") is not None
+    )
+    if env_is_complete:
+        placement = _placement_from_env(environ, rank_, size_)
+    else:
+        placement = _placement_from_hostnames(_gather_hostnames(size_, backend_name), rank_)
+    return Topology(
+        rank_,
+        size_,
+        *placement,
+        master_addr=environ.get("MASTER_ADDR") or None,
+        master_port=_int_var(environ, "MASTER_PORT"),
+    )
+
+
+def _gather_hostnames(size_: int, backend_name: str) -> list[str]:
+    if size_ == 1:
+        return [socket.gethostname()]
+    import torch.distributed as dist
+
+    # all_gather_object on an NCCL group runs on the current CUDA device, which is not pinned yet: every
+    # rank of a host would use cuda:0 and NCCL refuses that. A short-lived gloo group avoids the GPU.
+    group = dist.new_group(backend="gloo") if _device_type(backend_name) == "cuda" else None
+    hosts: list[Any] = [None] * size_
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if group is not None:
+        dist.destroy_process_group(group)
+    return [str(host) for host in hosts]
+
+
 @dataclasses.dataclass(frozen=True)
 class _Context:
     topology: Topology
@@ -144,6 +211,8 @@ class _Context:
     # then leave it alone.
     owns_group: bool
     device_type: str
+    # The CUDA device this rank computes on (None off the GPU): usually the local rank, see _choose_device.
+    device_index: int | None
 
 
 _context: _Context | None = None
@@ -180,37 +249,62 @@ def init(
     """Join the job's process group; call once at the start of the training script.
 
     ``backend`` defaults to ``"nccl"`` when CUDA is available and ``"gloo"`` otherwise. With nccl the current
-    CUDA device is pinned to the local rank, so ``torch.device("cuda")`` means "my GPU". ``timeout`` (seconds
-    or a timedelta) bounds every collective, so a dead peer turns into an error instead of a hang. Calling
-    ``init()`` again is a no-op that returns the same topology. A default group created earlier by the user
-    is adopted as is.
+    CUDA device is pinned to the local rank (or to the only visible device, when CUDA_VISIBLE_DEVICES gives
+    each rank one), so ``torch.device("cuda")`` means "my GPU". ``timeout`` (seconds or a timedelta) bounds
+    every collective, so a dead peer turns into an error instead of a hang. Calling ``init()`` again is a
+    no-op that returns the same topology. A default group created earlier by the user is adopted: its rank
+    and size must agree with RANK/WORLD_SIZE where those are set, and without LOCAL_RANK and LOCAL_SIZE the
+    local and cross placement come from the ranks' host names.
     """
     global _context
     if _context is not None:
         return _context.topology
-    import torch
     import torch.distributed as dist
 
     if not dist.is_available():
         raise CollectivesError("this torch build has no torch.distributed support")
-    topology = topology_from_env(os.environ if environ is None else environ)
+    environ_ = os.environ if environ is None else environ
     if dist.is_initialized():
-        # Another library got there first; trust the group over the environment for rank and size.
-        topology = dataclasses.replace(topology, rank=dist.get_rank(), size=dist.get_world_size())
+        # Another library got there first: adopt its group, and leave it alone in shutdown().
         chosen = str(dist.get_backend())
-        _context = _Context(topology, chosen, owns_group=False, device_type=_device_type(chosen))
-        _pin_device(_context)
-        return topology
+        device_type = _device_type(chosen)
+        topology = _adopted_topology(environ_, chosen)
+        device_index = _pin_device(device_type, topology)
+        context = _Context(
+            topology, chosen, owns_group=False, device_type=device_type, device_index=device_index
+        )
+    else:
+        context = _create_group(
+            topology_from_env(environ_), _resolve_backend(backend), _as_timedelta(timeout)
+        )
+    _context = context
+    topology = context.topology
+    _log.info(
+        "%s process group: rank %d/%d (local %d/%d, host %d/%d), backend %s",
+        "joined" if context.owns_group else "adopted the existing",
+        topology.rank,
+        topology.size,
+        topology.local_rank,
+        topology.local_size,
+        topology.cross_rank,
+        topology.cross_size,
+        context.backend,
+    )
+    return topology
 
-    chosen = _resolve_backend(backend)
+
+def _create_group(topology: Topology, chosen: str, timeout: datetime.timedelta) -> _Context:
+    import torch
+    import torch.distributed as dist
+
     device_type = _device_type(chosen)
-    context = _Context(topology, chosen, owns_group=True, device_type=device_type)
-    _pin_device(context)
-    kwargs: dict[str, object] = {"backend": chosen, "timeout": _as_timedelta(timeout)}
-    if device_type == "cuda" and "device_id" in inspect.signature(dist.init_process_group).parameters:
-        kwargs["device_id"] = torch.device("cuda", topology.local_rank)
-    if topology.size == 1 and topology.master_addr is None:
-        # A plain `python train.py`: an in-memory store needs no address or port.
+    device_index = _pin_device(device_type, topology)
+    kwargs: dict[str, object] = {"backend": chosen, "timeout": timeout}
+    if device_index is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        kwargs["device_id"] = torch.device("cuda", device_index)
+    if topology.size == 1 and (topology.master_addr is None or topology.master_port is None):
+        # A plain `python train.py` (or an environment with half an address): a world of one needs no
+        # rendezvous, and an in-memory store needs no address or port.
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(store=store, rank=0, world_size=1, **kwargs)  # type: ignore[arg-type]
     else:
@@ -220,37 +314,44 @@ def init(
             world_size=topology.size,
             **kwargs,  # type: ignore[arg-type]
         )
-    _context = context
-    _log.info(
-        "joined process group: rank %d/%d (local %d/%d, host %d/%d), backend %s",
-        topology.rank,
-        topology.size,
-        topology.local_rank,
-        topology.local_size,
-        topology.cross_rank,
-        topology.cross_size,
-        chosen,
-    )
-    return topology
+    return _Context(topology, chosen, owns_group=True, device_type=device_type, device_index=device_index)
 
 
 def _device_type(backend_name: str) -> str:
     return "cuda" if "nccl" in backend_name.lower() else "cpu"
 
 
-def _pin_device(context: _Context) -> None:
-    if context.device_type != "cuda":
-        return
+def _choose_device(local_rank_: int, device_count: int) -> int:
+    """The CUDA device index for a rank: its local rank, or 0 when it sees exactly one device.
+
+    One visible device means the launcher (or the user) gave each rank its own GPU through
+    CUDA_VISIBLE_DEVICES, which renumbers that GPU to 0 in every rank.
+    """
+    if device_count == 1:
+        return 0
+    if local_rank_ >= device_count:
+        raise EnvironmentContractError(
+            f"local rank {local_rank_} has no GPU: this host has {device_count} CUDA device(s); start at "
+            f"most {device_count} ranks per host, or give each rank one GPU with CUDA_VISIBLE_DEVICES"
+        )
+    return local_rank_
+
+
+def _pin_device(device_type: str, topology: Topology) -> int | None:
+    """Make this rank's GPU the current CUDA device; its index, or None off the GPU."""
+    if device_type != "cuda":
+        return None
     import torch
 
-    count = torch.cuda.device_count()
-    local = context.topology.local_rank
-    if local >= count:
-        raise EnvironmentContractError(
-            f"local rank {local} has no GPU: this host has {count} CUDA device(s) but "
-            f"{context.topology.local_size} ranks; start at most {count} ranks per host"
+    index = _choose_device(topology.local_rank, torch.cuda.device_count())
+    if index != topology.local_rank:
+        _log.info(
+            "local rank %d sees one CUDA device (CUDA_VISIBLE_DEVICES=%s) and uses it as cuda:0",
+            topology.local_rank,
+            os.environ.get("CUDA_VISIBLE_DEVICES"),
         )
-    torch.cuda.set_device(local)
+    torch.cuda.set_device(index)
+    return index
 
 
 def is_initialized() -> bool:
@@ -303,8 +404,8 @@ def device() -> torch.device:
     import torch
 
     context = _require("device")
-    if context.device_type == "cuda":
-        return torch.device("cuda", context.topology.local_rank)
+    if context.device_index is not None:
+        return torch.device("cuda", context.device_index)
     return torch.device("cpu")
 
 
@@ -313,8 +414,8 @@ def barrier() -> None:
     context = _require("barrier")
     import torch.distributed as dist
 
-    if context.device_type == "cuda":
-        dist.barrier(device_ids=[context.topology.local_rank])
+    if context.device_index is not None:
+        dist.barrier(device_ids=[context.device_index])
     else:
         dist.barrier()
 

@@ -24,6 +24,18 @@ def _permutation(num_samples: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
+def _check(num_samples: int, rank: int, size: int) -> None:
+    if size < 1 or not 0 <= rank < size:
+        raise ShardingError(f"rank {rank} is not in a job of size {size}")
+    if num_samples < size:
+        raise ShardingError(f"cannot shard {num_samples} samples over {size} ranks: every rank needs one")
+
+
+def _usable(num_samples: int, size: int, drop_last: bool) -> int:
+    """How many samples of an epoch are sharded: all, or with ``drop_last`` a multiple of ``size``."""
+    return num_samples - num_samples % size if drop_last else num_samples
+
+
 def shard_indices(
     num_samples: int,
     rank: int,
@@ -39,14 +51,9 @@ def shard_indices(
     Shards differ in length by at most one. With ``drop_last`` the last ``num_samples % size`` samples of the
     epoch's permutation are skipped so that every shard has the same length (a different few each epoch).
     """
-    if size < 1 or not 0 <= rank < size:
-        raise ShardingError(f"rank {rank} is not in a job of size {size}")
-    if num_samples < size:
-        raise ShardingError(f"cannot shard {num_samples} samples over {size} ranks: every rank needs one")
+    _check(num_samples, rank, size)
     order = _permutation(num_samples, seed, epoch) if shuffle else list(range(num_samples))
-    if drop_last:
-        order = order[: num_samples - num_samples % size]
-    return order[rank::size]
+    return order[: _usable(num_samples, size, drop_last)][rank::size]
 
 
 class ShardSampler:
@@ -79,8 +86,8 @@ class ShardSampler:
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.epoch = 0
-        # Validates rank/size/num_samples now rather than at the first iteration.
-        shard_indices(self.num_samples, rank, size, shuffle=False, drop_last=drop_last)
+        # Validated now rather than at the first iteration.
+        _check(self.num_samples, rank, size)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose permutation to use (same value on every rank)."""
@@ -102,13 +109,11 @@ class ShardSampler:
         return iter(self.indices())
 
     def __len__(self) -> int:
-        usable = self.num_samples - self.num_samples % self.size if self.drop_last else self.num_samples
-        return len(range(self.rank, usable, self.size))
+        return len(range(self.rank, _usable(self.num_samples, self.size, self.drop_last), self.size))
 
     def longest_shard(self) -> int:
         """Length of the longest shard (shards differ by at most one sample)."""
-        usable = self.num_samples - self.num_samples % self.size if self.drop_last else self.num_samples
-        return -(-usable // self.size)
+        return -(-_usable(self.num_samples, self.size, self.drop_last) // self.size)
 
     def num_batches(self, batch_size: int) -> int:
         """Number of batches :meth:`batches` yields; the same on every rank."""

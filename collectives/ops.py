@@ -6,7 +6,7 @@ call the same collectives in the same order. Under nccl the tensors must live on
 
 from __future__ import annotations
 
-import logging
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -34,8 +34,6 @@ __all__ = [
     "grouped_allreduce_async_",
     "reduce_scatter",
 ]
-
-_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -72,8 +70,8 @@ class Handle(Generic[T]):
 
 def _comm_device(context: _Context) -> torch.device:
     """Where small bookkeeping tensors (sizes, splits) must live for this backend."""
-    if context.device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
+    if context.device_index is not None:
+        return torch.device("cuda", context.device_index)
     return torch.device("cpu")
 
 
@@ -87,30 +85,32 @@ def _check_op(op: ReduceOp, tensor: torch.Tensor) -> None:
         )
 
 
+def _reduction(op: ReduceOp, tensor: torch.Tensor, context: _Context) -> tuple[Any, int]:
+    """The torch.distributed op for ``op``, and the divisor to apply afterwards (1: none).
+
+    NCCL averages in the transport itself, with no extra pass over the tensor; gloo has no AVG, so Average
+    there is a sum followed by one division.
+    """
+    _check_op(op, tensor)
+    if op is not ReduceOp.AVERAGE:
+        return _TORCH_OPS[op], 1
+    if context.device_type == "cuda":
+        return dist.ReduceOp.AVG, 1
+    return dist.ReduceOp.SUM, context.topology.size
+
+
 def _start_allreduce(
     tensor: torch.Tensor, op: ReduceOp, context: _Context
 ) -> tuple[dist.Work, Callable[[], None]]:
     """Start an in-place allreduce; the returned callable finishes it once the work is done."""
-    _check_op(op, tensor)
-    if op is ReduceOp.AVERAGE:
-        if context.device_type == "cuda":
-            # NCCL averages in the transport itself: no extra pass over the tensor.
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True)
-            return work, _noop
-        world = context.topology.size
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
-        return work, lambda: _divide(tensor, world)
-    work = dist.all_reduce(tensor, op=_TORCH_OPS[op], async_op=True)
-    return work, _noop
+    torch_op, divisor = _reduction(op, tensor, context)
+    work = dist.all_reduce(tensor, op=torch_op, async_op=True)
+    return work, lambda: _divide(tensor, divisor)
 
 
-def _noop() -> None:
-    return None
-
-
-def _divide(tensor: torch.Tensor, world: int) -> None:
-    if world != 1:
-        tensor.div_(world)
+def _divide(tensor: torch.Tensor, divisor: int) -> None:
+    if divisor != 1:
+        tensor.div_(divisor)
 
 
 def allreduce_async_(tensor: torch.Tensor, op: ReduceOp = ReduceOp.AVERAGE) -> Handle[torch.Tensor]:
@@ -133,14 +133,9 @@ def allreduce_async(tensor: torch.Tensor, op: ReduceOp = ReduceOp.AVERAGE) -> Ha
 
 def _allreduce_now(tensor: torch.Tensor, op: ReduceOp, context: _Context) -> torch.Tensor:
     # The blocking call, not async + wait: it skips a Work round trip through Python on every call.
-    _check_op(op, tensor)
-    if op is not ReduceOp.AVERAGE:
-        dist.all_reduce(tensor, op=_TORCH_OPS[op])
-    elif context.device_type == "cuda":
-        dist.all_reduce(tensor, op=dist.ReduceOp.AVG)
-    else:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        _divide(tensor, context.topology.size)
+    torch_op, divisor = _reduction(op, tensor, context)
+    dist.all_reduce(tensor, op=torch_op)
+    _divide(tensor, divisor)
     return tensor
 
 
@@ -154,39 +149,43 @@ def allreduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.AVERAGE) -> torch.Te
     return _allreduce_now(tensor.detach().clone(), op, _require("allreduce"))
 
 
-def _fusion_groups(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
-    """Indices of ``tensors`` grouped by (dtype, device), in first-seen order, so each group is one buffer."""
-    groups: dict[tuple[torch.dtype, torch.device], list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        groups.setdefault((tensor.dtype, tensor.device), []).append(index)
-    return list(groups.values())
+def _fuse(tensors: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
+    """``tensors`` grouped by (dtype, device) in first-seen order, each group with a flat copy of its values.
+
+    One collective per flat buffer instead of one per tensor: latency, not bandwidth, dominates small tensors.
+    """
+    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
+    return [(members, torch.cat([t.detach().reshape(-1) for t in members])) for members in groups.values()]
+
+
+def _unflatten_into(flat: torch.Tensor, members: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of ``flat`` back into ``members`` (the inverse of the concatenation)."""
+    offset = 0
+    for tensor in members:
+        count = tensor.numel()
+        tensor.copy_(flat[offset : offset + count].view_as(tensor))
+        offset += count
 
 
 def grouped_allreduce_async_(
     tensors: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.AVERAGE
 ) -> Handle[list[torch.Tensor]]:
-    """Start reducing ``tensors`` in place, fused into one flat buffer per dtype and device.
-
-    One collective per buffer instead of one per tensor: latency, not bandwidth, dominates small tensors.
-    """
+    """Start reducing ``tensors`` in place, fused into one flat buffer per dtype and device."""
     context = _require("grouped_allreduce_async_")
     targets = list(tensors)
-    pending: list[tuple[list[int], torch.Tensor, Callable[[], None]]] = []
+    pending: list[tuple[list[torch.Tensor], torch.Tensor, Callable[[], None]]] = []
     works: list[dist.Work] = []
-    for indices in _fusion_groups(targets):
-        flat = torch.cat([targets[i].detach().reshape(-1) for i in indices])
+    for members, flat in _fuse(targets):
         work, finish = _start_allreduce(flat, op, context)
         works.append(work)
-        pending.append((indices, flat, finish))
+        pending.append((members, flat, finish))
 
     def result() -> list[torch.Tensor]:
-        for indices, flat, finish in pending:
+        for members, flat, finish in pending:
             finish()
-            offset = 0
-            for i in indices:
-                count = targets[i].numel()
-                targets[i].copy_(flat[offset : offset + count].view_as(targets[i]))
-                offset += count
+            _unflatten_into(flat, members)
         return targets
 
     return Handle(works, result)
@@ -207,6 +206,13 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.A
 
 
 _MAX_GATHER_DIMS = 16
+# Row exchanged by allgather: [ndim, dtype code, dim 0, dim 1, ...], padded with -1.
+_ROW_LEN = _MAX_GATHER_DIMS + 2
+
+
+def _dtype_code(dtype: torch.dtype) -> int:
+    """A number naming ``dtype`` identically in every process (str(dtype) is stable, id() is not)."""
+    return zlib.crc32(str(dtype).encode())
 
 
 def _all_gather_into(output: torch.Tensor, local: torch.Tensor) -> None:
@@ -226,14 +232,21 @@ def allgather(tensor: torch.Tensor) -> torch.Tensor:
     local = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach()
     if local.dim() > _MAX_GATHER_DIMS:
         raise CollectivesError(f"allgather supports at most {_MAX_GATHER_DIMS} dimensions, got {local.dim()}")
-    # One small collective tells every rank every shape, so mismatches become errors rather than hangs.
-    shape_row = torch.full((_MAX_GATHER_DIMS + 1,), -1, dtype=torch.int64)
-    shape_row[0] = local.dim()
-    shape_row[1 : local.dim() + 1] = torch.tensor(local.shape, dtype=torch.int64)
-    shape_rows = torch.empty(world * (_MAX_GATHER_DIMS + 1), dtype=torch.int64, device=_comm_device(context))
-    _all_gather_into(shape_rows, shape_row.to(shape_rows.device))
-    rows = shape_rows.cpu().view(world, _MAX_GATHER_DIMS + 1)
-    shapes = [tuple(int(d) for d in row[1 : int(row[0]) + 1]) for row in rows]
+    # One small collective tells every rank every shape and dtype, so mismatches become errors on every rank
+    # rather than hangs (different sizes) or garbage (the same bytes read as another dtype).
+    row = torch.full((_ROW_LEN,), -1, dtype=torch.int64)
+    row[0] = local.dim()
+    row[1] = _dtype_code(local.dtype)
+    row[2 : local.dim() + 2] = torch.tensor(local.shape, dtype=torch.int64)
+    gathered_rows = torch.empty(world * _ROW_LEN, dtype=torch.int64, device=_comm_device(context))
+    _all_gather_into(gathered_rows, row.to(gathered_rows.device))
+    rows = gathered_rows.cpu().view(world, _ROW_LEN)
+    codes = [int(code) for code in rows[:, 1]]
+    if len(set(codes)) != 1:
+        names = {_dtype_code(d): str(d) for d in vars(torch).values() if isinstance(d, torch.dtype)}
+        dtypes = [names.get(code, f"unknown dtype {code}") for code in codes]
+        raise CollectivesError(f"allgather needs the same dtype on every rank; by rank: {dtypes}")
+    shapes = [tuple(int(d) for d in row[2 : int(row[0]) + 2]) for row in rows]
     trailing = {s[1:] for s in shapes}
     if len(trailing) != 1:
         raise CollectivesError(
@@ -326,7 +339,6 @@ def reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.AVERAGE) -> tor
     As in Horovod the rows are split as evenly as possible, the lower ranks getting one extra row.
     """
     context = _require("reduce_scatter")
-    _check_op(op, tensor)
     world = context.topology.size
     me = context.topology.rank
     rows = tensor.shape[0]
@@ -335,10 +347,9 @@ def reduce_scatter(tensor: torch.Tensor, op: ReduceOp = ReduceOp.AVERAGE) -> tor
     count = base + (1 if me < extra else 0)
     if extra == 0:
         out = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        torch_op = _TORCH_OPS.get(op, dist.ReduceOp.SUM)
+        torch_op, divisor = _reduction(op, tensor, context)
         _reduce_scatter_into(out, tensor.detach().contiguous(), torch_op)
-        if op is ReduceOp.AVERAGE:
-            _divide(out, world)
+        _divide(out, divisor)
         return out
     # Uneven rows: the collective wants equal slices, and padding costs as much as reducing it all.
     reduced = allreduce(tensor, op)

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
 
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.errors import CollectivesError, GradientSyncError
-from collectives.ops import broadcast_, broadcast_object
+from collectives.ops import _fuse, _unflatten_into, broadcast_, broadcast_object
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
@@ -28,6 +31,38 @@ __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_param
 _log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+
+# Parameter -> weakref to the DistributedOptimizer whose hooks it carries. Weak on both sides: it must keep
+# neither a model nor an optimizer alive; it exists so that wrapping the same parameters again can retire the
+# old hooks. Keyed by identity: tensors compare elementwise, so weakref.WeakKeyDictionary cannot hold them.
+_OWNERS = WeakIdKeyDictionary()
+
+
+def _owner_ref(param: torch.Tensor) -> weakref.ref[DistributedOptimizer] | None:
+    # torch.utils.weak is not annotated; this function gives its one lookup a type.
+    ref: weakref.ref[DistributedOptimizer] | None = _OWNERS.get(param)  # type: ignore[no-untyped-call]
+    return ref
+
+
+def _grad_hook(owner_ref: weakref.ref[DistributedOptimizer]) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook that forwards to the optimizer while it exists.
+
+    The hook holds the optimizer weakly: a bound method would keep a dropped optimizer alive through the
+    parameters, and its hooks would go on counting gradients (and, on several ranks, start allreduces that
+    nothing waits for).
+    """
+
+    def hook(param: torch.Tensor) -> None:
+        owner = owner_ref()
+        if owner is not None:
+            owner._on_grad_ready(param)
+
+    return hook
+
+
+def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 class _Bucket:
@@ -111,12 +146,19 @@ class DistributedOptimizer:
         self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
         self._pass_counts = {id(p): 0 for p in params}
         self._next_launch = 0
+        # True from synchronize() until the next gradient arrives: step() must not reduce the same
+        # gradients twice (that would divide by k twice, or multiply by the world size under op=Sum).
         self._synchronized = False
-        self._skip_sync = False
-        self._hook_handles = [
-            p.register_post_accumulate_grad_hook(self._on_grad_ready)  # type: ignore[no-untyped-call]
-            for p in params
-        ]
+        self._params = params
+        self._retire_previous_owners(params)
+        self._ref = weakref.ref(self)
+        for p in params:
+            _OWNERS[p] = self._ref
+        hook = _grad_hook(self._ref)
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in params]  # type: ignore[no-untyped-call]
+        # Unhooks the parameters when this optimizer is garbage-collected without remove_hooks().
+        self._unhook = weakref.finalize(self, _remove_handles, handles)
+        self._unhook.atexit = False
         _log.debug(
             "DistributedOptimizer: %d parameters in %d buckets, compression=%s, passes=%d",
             len(params),
@@ -124,6 +166,16 @@ class DistributedOptimizer:
             compression.name,
             self._passes,
         )
+
+    @staticmethod
+    def _retire_previous_owners(params: Sequence[torch.nn.Parameter]) -> None:
+        previous = {
+            owner for p in params if (ref := _owner_ref(p)) is not None and (owner := ref()) is not None
+        }
+        for owner in previous:
+            # Two sets of hooks on one parameter would count each gradient twice; the newest wrapper wins.
+            _log.info("parameters wrapped by a new DistributedOptimizer: removing the hooks of %r", owner)
+            owner.remove_hooks()
 
     @staticmethod
     def _parameter_names(
@@ -139,7 +191,7 @@ class DistributedOptimizer:
             }
         named = list(named_parameters)
         names = [name for name, _ in named]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
         if duplicates:
             raise CollectivesError(f"named_parameters has duplicate names: {duplicates}")
         by_param = {p: name for name, p in named}
@@ -154,6 +206,7 @@ class DistributedOptimizer:
 
     # The hook runs on autograd's thread once a parameter's .grad is final for this backward pass.
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        self._synchronized = False
         key = id(param)
         count = self._pass_counts[key] + 1
         if count > self._passes:
@@ -175,6 +228,13 @@ class DistributedOptimizer:
             self._next_launch += 1
 
     def _launch(self, bucket: _Bucket) -> None:
+        for p in bucket.params:
+            if p.grad is not None and p.grad.layout != torch.strided:
+                raise CollectivesError(
+                    f"parameter {self._name_by_id.get(id(p), '?')!r} has a {p.grad.layout} gradient "
+                    "(e.g. from nn.Embedding(sparse=True)); DistributedOptimizer reduces dense gradients "
+                    "only: use sparse=False"
+                )
         grads = [
             (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
             for p in bucket.params
@@ -182,7 +242,8 @@ class DistributedOptimizer:
         torch.cat(grads, out=bucket.buffer)
         wire: torch.Tensor
         if self._compression.wire_dtype is not None:
-            # Scale before the cast, as torch's fp16_compress_hook does: the sum then cannot overflow fp16.
+            # Scale before the cast, as torch's fp16_compress_hook does: with op=Average the sum on the wire
+            # is then the average itself, which overflows fp16 only if the result would (Sum is not scaled).
             if self._scale != 1.0:
                 bucket.buffer.mul_(self._scale)
             wire = self._compression.compress(bucket.buffer)
@@ -194,32 +255,32 @@ class DistributedOptimizer:
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
 
-        Call it yourself before modifying gradients (e.g. clipping), then call ``step()`` inside
-        ``with optimizer.skip_synchronize():``.
+        Call it yourself before reading or modifying the reduced gradients (clipping,
+        ``GradScaler.unscale_``); ``step()`` then does not reduce them again. Until the next backward pass,
+        further calls do nothing.
         """
+        if self._synchronized:
+            return
         for bucket in self._buckets[self._next_launch :]:
             # Parameters that got no gradient on this rank still take part, with zeros, because the other
             # ranks' buckets contain them.
             bucket.ready = len(bucket.params)
         self._launch_in_order()
-        compressed = self._compression.wire_dtype is not None
+        # Compressed buckets were scaled before the cast already (see _launch).
+        post_scale = 1.0 if self._compression.wire_dtype is not None else self._scale
         for bucket in self._buckets:
             if bucket.work is None or bucket.wire is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
             bucket.work.wait()
             flat = self._compression.decompress(bucket.wire, bucket.buffer.dtype)
-            post_scale = 1.0 if compressed else self._scale
-            offset = 0
+            if post_scale != 1.0:
+                flat.mul_(post_scale)
+            grads: list[torch.Tensor] = []
             for p in bucket.params:
-                count = p.numel()
-                reduced = flat[offset : offset + count].view_as(p)
-                offset += count
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
-                if post_scale == 1.0:
-                    p.grad.copy_(reduced)
-                else:
-                    torch.mul(reduced, post_scale, out=p.grad)
+                grads.append(p.grad)
+            _unflatten_into(flat, grads)
             bucket.work = None
             bucket.wire = None
             bucket.ready = 0
@@ -230,12 +291,12 @@ class DistributedOptimizer:
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
-        """Inside this block ``step()`` does not synchronize again (``synchronize()`` was called already)."""
-        self._skip_sync = True
-        try:
-            yield
-        finally:
-            self._skip_sync = False
+        """Horovod's block for ``step()`` after ``synchronize()``; kept for compatibility, it does nothing.
+
+        ``step()`` never reduces gradients that ``synchronize()`` has reduced already, inside this block or
+        not.
+        """
+        yield
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients across ranks (unless synchronized already); then step the optimizer."""
@@ -244,11 +305,7 @@ class DistributedOptimizer:
                 "DistributedOptimizer.step() does not take a closure: a closure's backward pass would start "
                 "allreduces that nothing waits for"
             )
-        if not self._skip_sync:
-            self.synchronize()
-        elif not self._synchronized:
-            raise GradientSyncError("step() inside skip_synchronize() needs a synchronize() call first")
-        self._synchronized = False
+        self.synchronize()
         return self._optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -259,6 +316,9 @@ class DistributedOptimizer:
                 "are in flight; call step() (or synchronize()) first"
             )
         self._optimizer.zero_grad(set_to_none=set_to_none)
+        # A new iteration: even if this rank's next backward reaches none of the parameters, its step() must
+        # take part in the reduction that the other ranks' step() starts.
+        self._synchronized = False
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -284,10 +344,14 @@ class DistributedOptimizer:
         self._optimizer.load_state_dict(state_dict)
 
     def remove_hooks(self) -> None:
-        """Detach the gradient hooks, leaving the parameters as they were before wrapping."""
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles = []
+        """Detach the gradient hooks, leaving the parameters as they were before wrapping.
+
+        ``step()`` still works afterwards, but reduces all buckets only when it is called, without overlap.
+        """
+        self._unhook()
+        for p in self._params:
+            if _owner_ref(p) is self._ref:
+                del _OWNERS[p]
 
     def __repr__(self) -> str:
         return (
@@ -319,19 +383,10 @@ def broadcast_parameters(params: ParameterSource, root_rank: int = 0) -> None:
     tensors. Tensors are fused per dtype and device into one broadcast each.
     """
     _require("broadcast_parameters")
-    tensors = _tensors_of(params)
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
     with torch.no_grad():
-        for members in groups.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in members])
+        for members, flat in _fuse(_tensors_of(params)):
             broadcast_(flat, root_rank)
-            offset = 0
-            for tensor in members:
-                count = tensor.numel()
-                tensor.copy_(flat[offset : offset + count].view_as(tensor))
-                offset += count
+            _unflatten_into(flat, members)
 
 
 def _to_cpu(value: Any) -> Any:

@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             f"lr {args.lr} -> {schedule.target_lr:g} ({args.lr_scaling}, warm-up {args.warmup_epochs} epochs)"
         )
     loss_fn = nn.CrossEntropyLoss()
-    summary: dict[str, float] = {}
+    summary: dict[str, float] = {"start_epoch": float(start_epoch)}
     rates: list[float] = []
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)
@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
             rates.append(rate)
         test_accuracy = evaluate(model, test_x, test_y, device)
         summary = {
+            "start_epoch": float(start_epoch),
             "epoch": float(epoch),
             "train_loss": totals["loss"] / totals["seen"],
             "train_accuracy": totals["correct"] / totals["seen"],

@@ -1,4 +1,8 @@
-"""collectives on GPUs with nccl. Skipped, with the reason, where CUDA is not available."""
+"""collectives on GPUs with nccl. Skipped, with the reason, where CUDA is not available.
+
+The 2-rank job runs the same worker as the gloo integration tests (it computes on hvd.device()), and the
+same test functions check its results, imported below so that they use this module's nccl ``job``.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +12,43 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+# Collected here by pytest, where they use this module's nccl `job` fixture instead of the gloo one.
+from tests.integration.test_collectives_multirank import (  # noqa: E402, F401
+    test_adopted_group_placement_from_host_names_and_env_consistency,
+    test_allreduce_ops,
+    test_averaged_gradients_equal_single_process_gradient_of_concatenated_batch,
+    test_backward_passes_per_step_equals_one_step_on_four_times_the_data,
+    test_broadcast_alltoall_reduce_scatter,
+    test_broadcast_parameters_and_optimizer_state_make_replicas_identical,
+    test_compressed_gradients_within_documented_tolerance,
+    test_compression_with_accumulation_averages_once,
+    test_failures_are_raised_on_every_rank_and_leave_ranks_in_step,
+    test_grouped_allreduce_fuses_mixed_dtypes,
+    test_in_place_and_async_variants,
+    test_metrics_checkpoint_and_topology,
+    test_ranks_using_different_parameters_get_identical_correct_gradients,
+    test_sharding_covers_every_sample_exactly_once_per_epoch,
+    test_sum_op_reduces_once_even_after_an_explicit_synchronize,
+    test_training_matches_single_process_on_combined_batches,
+    test_uneven_allgather_concatenates_in_rank_order,
+    test_wrapping_a_model_twice_reduces_with_the_new_optimizer_only,
+)
+
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (nccl backend, GPU pinning)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="tests/gpu: needs CUDA (nccl backend, GPU pinning)"
+    ),
 ]
 
 REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "tests" / "integration" / "workers" / "collectives_worker.py"
 
 SINGLE_RANK_SCRIPT = textwrap.dedent(
     """
@@ -47,6 +77,7 @@ SINGLE_RANK_SCRIPT = textwrap.dedent(
     hvd.broadcast_parameters(model.state_dict())
     hvd.broadcast_optimizer_state(opt)
     results["grad_device"] = str(model.weight.grad.device)
+    results["grads"] = [model.weight.grad.tolist(), model.bias.grad.tolist()]
     json.dump(results, open(sys.argv[1], "w"))
     hvd.shutdown()
     """
@@ -73,6 +104,24 @@ def test_nccl_world_size_one(tmp_path: Path) -> None:
     assert results["metrics"] == {"loss": 0.5}
     assert results["reduce_scatter"] == results["average"] == results["alltoall"]
     assert results["grad_device"].startswith("cuda")
+    # d/dw of sum(t @ w.T + b) is the column sums of t, d/db the row count; exact even through fp16.
+    assert results["grads"] == [[[6.0, 9.0]], [3.0]]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[Any], Path]:
+    """The collectives worker on 2 ranks, one GPU each, with nccl (the default backend under CUDA)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"the 2-rank nccl job needs 2 GPUs; this machine has {torch.cuda.device_count()}")
+    outdir = tmp_path_factory.mktemp("nccl2")
+    command = [sys.executable, "-m", "launcher", "-np", "2", str(WORKER), str(outdir)]
+    proc = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{' '.join(command)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
+    results = [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return 2, results, outdir
 
 
 def test_example_on_gpu(tmp_path: Path) -> None:

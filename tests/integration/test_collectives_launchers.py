@@ -93,7 +93,7 @@ def test_example_trains_on_two_ranks_and_resumes_from_rank0_checkpoint(tmp_path:
     assert epoch_lines and all(line.startswith("[0] ") for line in epoch_lines)
 
     resumed = tmp_path / "resumed.json"
-    _run(
+    proc = _run(
         [
             sys.executable,
             "-m",
@@ -110,5 +110,9 @@ def test_example_trains_on_two_ranks_and_resumes_from_rank0_checkpoint(tmp_path:
         ]
     )
     after = json.loads(resumed.read_text())
-    assert after["epoch"] == 4.0
+    # Resuming after epoch index 3 of 4 leaves exactly one epoch to train; a run that ignored the checkpoint
+    # would also end at epoch 4, but would have trained five.
+    assert after["start_epoch"] == 4.0 and after["epoch"] == 4.0, after
+    epoch_lines = [line for line in proc.stdout.splitlines() if " epoch " in f" {line}"]
+    assert len(epoch_lines) == 1 and "epoch   5/5" in epoch_lines[0], epoch_lines
     assert after["test_accuracy"] > 0.85, after

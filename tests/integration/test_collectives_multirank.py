@@ -89,6 +89,47 @@ def test_backward_passes_per_step_equals_one_step_on_four_times_the_data(job: An
         assert res["accumulation"]["too_many_raised"]
 
 
+def test_sum_op_reduces_once_even_after_an_explicit_synchronize(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["sum_op"]["dist"], res["sum_op"]["ref"])
+
+
+def test_compression_with_accumulation_averages_once(job: Any) -> None:
+    size, results, _ = job
+    for res in results:
+        for got, ref in zip(
+            res["compressed_accumulation"]["dist"], res["compressed_accumulation"]["ref"], strict=True
+        ):
+            relative = float((got - ref).norm() / ref.norm())
+            assert relative <= size * 2.0**-11, f"relative error {relative:.2e}"
+
+
+def test_ranks_using_different_parameters_get_identical_correct_gradients(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert all(g is not None for g in res["different_parameters"]["dist"])
+        assert_all_close(res["different_parameters"]["dist"], res["different_parameters"]["ref"])
+        assert_all_close(
+            res["different_parameters"]["dist"], results[0]["different_parameters"]["dist"], 0, 0
+        )
+
+
+def test_wrapping_a_model_twice_reduces_with_the_new_optimizer_only(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert res["rewrap"]["old_alive"]
+        assert_all_close(res["rewrap"]["dist"], res["rewrap"]["ref"], atol=1e-5)
+
+
+def test_adopted_group_placement_from_host_names_and_env_consistency(job: Any) -> None:
+    size, results, _ = job
+    for rank, res in enumerate(results):
+        assert res["env_mismatch_refused"]
+        # Every rank of this job runs on this host: local rank = rank, one host.
+        assert res["ops"]["topology"] == (rank, size, rank, size, 0, 1)
+
+
 def test_broadcast_parameters_and_optimizer_state_make_replicas_identical(job: Any) -> None:
     _, results, _ = job
     root_before = results[0]["broadcast_state"]["before"]
@@ -134,6 +175,41 @@ def test_grouped_allreduce_fuses_mixed_dtypes(job: Any) -> None:
         torch.testing.assert_close(sums, torch.full((2,), float(rank_sum)))
 
 
+def test_in_place_and_async_variants(job: Any) -> None:
+    size, results, _ = job
+    rank_sum = size * (size - 1) // 2
+    for res in results:
+        ops = res["async_inplace"]
+        value, same_object, completed, wait_again_same = ops["allreduce_async_"]
+        torch.testing.assert_close(value, torch.full((3,), (size - 1) / 2))
+        assert same_object and completed and wait_again_same
+        floats, ints, returned_inputs = ops["grouped_allreduce_"]
+        torch.testing.assert_close(floats, torch.full((2,), float(rank_sum)))
+        assert torch.equal(ints, torch.full((4,), rank_sum, dtype=torch.int64))
+        assert returned_inputs
+        (first, second), returned_inputs, completed = ops["grouped_allreduce_async_"]
+        torch.testing.assert_close(first, torch.full((2,), float(size)))
+        torch.testing.assert_close(second, torch.full((2, 2), 2.0 * (size - 1), dtype=torch.float64))
+        assert returned_inputs and completed
+        returned_input, broadcast = ops["broadcast_"]
+        assert returned_input and torch.equal(broadcast, torch.full((2,), float(size - 1)))
+
+
+def test_failures_are_raised_on_every_rank_and_leave_ranks_in_step(job: Any) -> None:
+    size, results, outdir = job
+    for rank, res in enumerate(results):
+        errors = res["errors_in_step"]
+        assert errors["allgather_dtype_raised"]
+        message, cause = errors["ckpt_failure"]
+        assert "failed on rank 0" in message and "pickle" in message
+        # The root chains the original exception; the others only have its description.
+        assert cause == ("AttributeError" if rank == 0 else None)
+        assert torch.equal(errors["in_step_after_failures"], torch.tensor([float(size * (size - 1) // 2)]))
+        # 0o666 less the umask 022 the worker set, as a plain open() would give; mkstemp alone gives 0600.
+        assert errors["ckpt_mode"] == (0o644 if rank == 0 else None)
+    assert not (outdir / "ckpt" / "bad.pt").exists()
+
+
 def test_uneven_allgather_concatenates_in_rank_order(job: Any) -> None:
     size, results, _ = job
     expected = torch.cat([torch.full((r + 1, 3), float(r)) for r in range(size)])
@@ -177,7 +253,8 @@ def test_metrics_checkpoint_and_topology(job: Any) -> None:
         assert ops["topology"] == (rank, size, rank, size, 0, 1)
         assert ops["is_coordinator"] == (rank == 0)
         assert res["zero_grad_guard"]
-    assert sorted(p.name for p in (outdir / "ckpt").iterdir()) == ["model.pt"]
+    # No temporary files left behind, and nothing where the failed save pointed.
+    assert sorted(p.name for p in (outdir / "ckpt").iterdir()) == ["mode.pt", "model.pt"]
 
 
 def test_sharding_covers_every_sample_exactly_once_per_epoch(job: Any) -> None:

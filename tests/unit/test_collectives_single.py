@@ -175,6 +175,21 @@ def test_synchronize_then_step_reduces_the_gradients_once() -> None:
 
 
 @pytest.mark.usefixtures("single")
+def test_grad_scaler_recipe_from_the_docs() -> None:
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.ones_(model.weight)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1.0), model.named_parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()
+    opt.synchronize()
+    scaler.unscale_(opt)
+    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(model.weight.detach(), torch.zeros(1, 2))
+
+
+@pytest.mark.usefixtures("single")
 def test_wrapping_the_same_model_again_replaces_the_old_hooks() -> None:
     model = torch.nn.Linear(2, 1)
     x = torch.ones(1, 2)

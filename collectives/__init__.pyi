@@ -1,0 +1,13 @@
+# For type checkers only. __init__.py loads its names lazily (so that importing the package does not import
+# torch) and so cannot import them where mypy would see them; each module's __all__ says what it exports.
+# ruff: noqa: F403
+from collectives.checkpoint import *
+from collectives.compression import *
+from collectives.context import *
+from collectives.data import *
+from collectives.errors import *
+from collectives.lr import *
+from collectives.metrics import *
+from collectives.ops import *
+from collectives.optimizer import *
+from collectives.reduce_op import *
