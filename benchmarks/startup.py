@@ -6,6 +6,7 @@ python benchmarks/startup.py [--repeat 7]
 from __future__ import annotations
 
 import argparse
+import compileall
 import shutil
 import socket
 import subprocess
@@ -13,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import WORKERS, distrun, env_with_repo, interleaved, timed_run
+from common import REPO, WORKERS, distrun, env_with_repo, interleaved, timed_run
 
 
 def free_port() -> int:
@@ -55,6 +56,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
+    # An installed distrun has its bytecode; a checkout run with PYTHONDONTWRITEBYTECODE=1 (this sandbox sets
+    # it) would recompile the launcher on every start and measure that instead.
+    compileall.compile_dir(REPO / "launcher", quiet=1)
     torchrun = shutil.which("torchrun")
     print(
         f"{'script':<14}{'by hand':>10}{'distrun':>10}{'torchrun':>10}{'distrun +s':>12}"
