@@ -200,7 +200,12 @@ def _start(
     local: Sequence[bool],
 ) -> None:
     exports = dict(config.exports)
-    workers = tf_workers(plan, rdzv)
+    try:
+        workers = tf_workers(plan, rdzv)
+    except ValueError:
+        # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
+        names = ", ".join(h.name for h, is_local in zip(plan.nodes, local, strict=True) if is_local)
+        raise HostError(f"{names} are this same machine and drew the same free port; list it once") from None
     for node, conn in enumerate(conns):
         fact = facts[node]
         # `.py` commands: --python, else this interpreter's path where it exists on that host, else python3.

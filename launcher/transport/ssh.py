@@ -23,11 +23,10 @@ class SshLink:
         transport = client.get_transport()
         assert transport is not None
         # Through a ProxyJump tunnel the socket is a channel, and neither address means anything here.
+        self.peer_addr: str | None = getattr(client, "peer_addr", None)
         self.local_addr: str | None = None
-        self.peer_addr: str | None = None
         if isinstance(transport.sock, socket.socket):
             self.local_addr = str(transport.sock.getsockname()[0])
-            self.peer_addr = str(transport.getpeername()[0])
         self._channel = transport.open_session()
         source = agent_source()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.

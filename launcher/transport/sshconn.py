@@ -330,12 +330,11 @@ def _files_with_key(target: SshTarget, name: str) -> list[Path]:
     return found
 
 
-def _key_candidates(target: SshTarget) -> tuple[list[str], bool, bool]:
-    """Key files to offer, and whether paramiko should also use the agent and ~/.ssh/id_*."""
+def _key_candidates(target: SshTarget) -> tuple[list[str], bool]:
+    """Key files to offer, and whether paramiko should also try ssh-agent and ~/.ssh/id_*."""
     files = [str(p) for p in target.identity_files if p.is_file()]
     # IdentitiesOnly restricts authentication to the configured files, as OpenSSH does.
-    use_defaults = not target.identities_only
-    return files, use_defaults, use_defaults
+    return files, not target.identities_only
 
 
 def _open_socket(target: SshTarget, timeout: float, via: paramiko.SSHClient | None) -> Any:
@@ -369,7 +368,7 @@ def _open_socket(target: SshTarget, timeout: float, via: paramiko.SSHClient | No
 
 def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClient | None) -> SshClient:
     timeout = options.connect_timeout
-    key_files, allow_agent, look_for_keys = _key_candidates(target)
+    key_files, use_defaults = _key_candidates(target)
     sock = _open_socket(target, timeout, via)
     client = SshClient()
     try:
@@ -388,8 +387,8 @@ def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClien
             username=target.user,
             # paramiko takes a list although its stubs say str.
             key_filename=key_files or None,  # type: ignore[arg-type]
-            allow_agent=allow_agent,
-            look_for_keys=look_for_keys,
+            allow_agent=use_defaults,
+            look_for_keys=use_defaults,
             sock=sock,
             timeout=timeout,
             banner_timeout=timeout,
