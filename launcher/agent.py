@@ -478,6 +478,16 @@ def bootstrap_argv(python: str, source: bytes) -> list[str]:
     return [python, "-S", "-u", "-c", BOOTSTRAP, str(len(source))]
 
 
+def local_argv(python: str) -> list[str]:
+    """The agent on this machine: imported from where the launcher lives, so its bytecode is reused.
+
+    Shipping and compiling the source, as for remote hosts, would add ~15 ms to every local start.
+    """
+    home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import sys; sys.path.insert(0, {home!r}); from launcher.agent import main; sys.exit(main())"
+    return [python, "-S", "-u", "-c", code]
+
+
 def remote_command(pythons: list[str], source: bytes) -> str:
     """A POSIX shell command running the agent with the first of `pythons` that exists on the host.
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from launcher.agent import ORPHAN_GRACE_CAP, READ_SIZE, agent_source, bootstrap_argv, write_all
+from launcher.agent import ORPHAN_GRACE_CAP, READ_SIZE, local_argv, write_all
 
 
 class LocalLink:
@@ -17,10 +17,9 @@ class LocalLink:
 
     def __init__(self, host: str, python: str = sys.executable) -> None:
         self.host = host
-        source = agent_source()
         # Own session: the terminal's Ctrl-C reaches only distrun, which then stops the job in order.
         self._proc = subprocess.Popen(
-            bootstrap_argv(python, source),
+            local_argv(python),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -29,7 +28,6 @@ class LocalLink:
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._in = self._proc.stdin.fileno()
         self._out = self._proc.stdout.fileno()
-        self.send(source)
 
     def fileno(self) -> int:
         return self._out
