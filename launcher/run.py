@@ -124,24 +124,25 @@ def _open_links(plan: Plan, local: Sequence[bool], config: LaunchConfig) -> list
         from launcher.transport.sshconn import connect_all  # paramiko is slow to import: only when needed
 
         clients = connect_all(remote_hosts, config.ssh)
-    links: list[Link] = []
+    local_links: dict[str, Link] = {}
     try:
-        for host, is_local in zip(plan.nodes, local, strict=True):
-            if is_local:
-                links.append(LocalLink(host.name))
-            else:
-                from launcher.transport.ssh import SshLink
+        for host in plan.nodes:
+            if host not in remote_hosts:
+                local_links[host.name] = LocalLink(host.name)
+        remote_links: dict[str, Link] = {}
+        if clients:
+            from launcher.transport.ssh import open_links
 
-                # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
-                pythons = [config.python] if config.python else [sys.executable, "python3"]
-                links.append(SshLink(host.name, clients.pop(host.name), pythons))
+            # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
+            pythons = [config.python] if config.python else [sys.executable, "python3"]
+            remote_links.update(open_links(clients, pythons))
     except BaseException:
-        for link in links:
+        for link in local_links.values():
             link.abort()
         for client in clients.values():
             client.close()
         raise
-    return links
+    return [local_links.get(h.name) or remote_links[h.name] for h in plan.nodes]
 
 
 def _master_addr(config: LaunchConfig, links: Sequence[Link], local: Sequence[bool]) -> str:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from launcher.agent import READ_SIZE, agent_source, remote_command
+from launcher.errors import HostError
 
 if TYPE_CHECKING:
     import paramiko
@@ -70,3 +73,33 @@ class SshLink:
     def abort(self) -> None:
         self._channel.close()
         self._client.close()
+
+
+def open_links(clients: Mapping[str, paramiko.SSHClient], pythons: list[str]) -> dict[str, SshLink]:
+    """Start the agent on every connected host at once (each exec waits for sshd to start a session).
+
+    All or nothing: if any host refuses, the links already made are dropped and HostError names that host.
+    """
+    links: dict[str, SshLink] = {}
+    failures: dict[str, BaseException] = {}
+
+    def start(name: str, client: paramiko.SSHClient) -> None:
+        try:
+            links[name] = SshLink(name, client, pythons)
+        except Exception as exc:  # paramiko raises several unrelated types; each becomes one line below
+            failures[name] = exc
+
+    threads = [
+        threading.Thread(target=start, args=item, name=f"agent-start-{item[0]}", daemon=True)
+        for item in clients.items()
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        for link in links.values():
+            link.abort()
+        name = next(n for n in clients if n in failures)
+        raise HostError(f"host {name}: cannot start the distrun agent: {failures[name] or 'channel refused'}")
+    return links
