@@ -65,25 +65,15 @@ def test_init_under_torchrun(tmp_path: Path) -> None:
     assert all(r["cross_size"] == 1 and r["cross_rank"] == 0 and r["rank_sum"] == 1.0 for r in records)
 
 
+def example_on_two_ranks(*args: str) -> list[str]:
+    return [sys.executable, "-m", "launcher", "-np", "2", str(EXAMPLE), *args]
+
+
 def test_example_trains_on_two_ranks_and_resumes_from_rank0_checkpoint(tmp_path: Path) -> None:
     checkpoint = tmp_path / "ckpt" / "digits.pt"
     first = tmp_path / "first.json"
     common = ["--batch-size", "32", "--warmup-epochs", "1", "--checkpoint", str(checkpoint)]
-    proc = _run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            "-np",
-            "2",
-            str(EXAMPLE),
-            "--epochs",
-            "4",
-            *common,
-            "--json-out",
-            str(first),
-        ]
-    )
+    proc = _run(example_on_two_ranks("--epochs", "4", *common, "--json-out", str(first)))
     summary = json.loads(first.read_text())
     assert summary["ranks"] == 2
     assert summary["test_accuracy"] > 0.85, summary
@@ -93,22 +83,7 @@ def test_example_trains_on_two_ranks_and_resumes_from_rank0_checkpoint(tmp_path:
     assert epoch_lines and all(line.startswith("[0] ") for line in epoch_lines)
 
     resumed = tmp_path / "resumed.json"
-    proc = _run(
-        [
-            sys.executable,
-            "-m",
-            "launcher",
-            "-np",
-            "2",
-            str(EXAMPLE),
-            "--epochs",
-            "5",
-            "--resume",
-            *common,
-            "--json-out",
-            str(resumed),
-        ]
-    )
+    proc = _run(example_on_two_ranks("--epochs", "5", "--resume", *common, "--json-out", str(resumed)))
     after = json.loads(resumed.read_text())
     # Resuming after epoch index 3 of 4 leaves exactly one epoch to train; a run that ignored the checkpoint
     # would also end at epoch 4, but would have trained five.

@@ -84,6 +84,28 @@ def shard(t: torch.Tensor, rank: int, block: int) -> torch.Tensor:
     return t[rank * block : (rank + 1) * block]
 
 
+def train_side_by_side(
+    model: nn.Module,
+    opt: Any,
+    reference: nn.Module,
+    ref_opt: torch.optim.Optimizer,
+    steps: int,
+    *,
+    seed: int,
+    rank: int,
+    size: int,
+) -> None:
+    """Each step: this rank trains on its shard of the batch, the reference on the whole (combined) batch."""
+    for step in range(steps):
+        x, y = make_data(size * BATCH, seed=seed + step)
+        opt.zero_grad()
+        loss_fn(model, shard(x, rank, BATCH), shard(y, rank, BATCH)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        loss_fn(reference, x, y).backward()
+        ref_opt.step()
+
+
 def scenario_gradients(rank: int, size: int, compression: hvd.Compressor) -> dict[str, Any]:
     x, y = make_data(size * BATCH, seed=1)
     model = make_model(0)
@@ -109,14 +131,7 @@ def scenario_training(rank: int, size: int, steps: int = 5) -> dict[str, Any]:
 
     opt = hvd.DistributedOptimizer(sgd(model), model.named_parameters())
     ref_opt = sgd(reference)
-    for step in range(steps):
-        x, y = make_data(size * BATCH, seed=100 + step)
-        opt.zero_grad()
-        loss_fn(model, shard(x, rank, BATCH), shard(y, rank, BATCH)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_fn(reference, x, y).backward()
-        ref_opt.step()
+    train_side_by_side(model, opt, reference, ref_opt, steps, seed=100, rank=rank, size=size)
     return {"dist": params_of(model), "ref": params_of(reference)}
 
 
@@ -225,14 +240,7 @@ def scenario_rewrap(rank: int, size: int, steps: int = 3) -> dict[str, Any]:
     old = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
-    for step in range(steps):
-        x, y = make_data(size * BATCH, seed=300 + step)
-        opt.zero_grad()
-        loss_fn(model, shard(x, rank, BATCH), shard(y, rank, BATCH)).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        loss_fn(reference, x, y).backward()
-        ref_opt.step()
+    train_side_by_side(model, opt, reference, ref_opt, steps, seed=300, rank=rank, size=size)
     opt.remove_hooks()
     return {"dist": params_of(model), "ref": params_of(reference), "old_alive": old is not None}
 
