@@ -421,12 +421,19 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
-    """Leave the process group; :func:`init` may be called again afterwards."""
+    """Leave the process group, all ranks together; :func:`init` may be called again afterwards.
+
+    Every rank must call it (it waits for the others), as every rank calls :func:`init`.
+    """
     global _context
     if _context is None:
         return
     import torch.distributed as dist
 
     if _context.owns_group and dist.is_initialized():
+        # Leave together: a rank that tears down its connections while a peer's transport is still flushing
+        # the last collective (a broadcast's sends, say) makes gloo abort that peer with std::terminate.
+        if _context.topology.size > 1:
+            barrier()
         dist.destroy_process_group()
     _context = None
