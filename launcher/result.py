@@ -31,6 +31,4 @@ class RunResult:
     still_running: tuple[int, ...] = ()
     lost_host: str | None = None
     lost_detail: str = ""
-    exits: tuple[RankExit, ...] = ()
-    elapsed: float = 0.0
     timeout: float | None = None

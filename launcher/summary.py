@@ -34,12 +34,10 @@ def describe_exit(ended: RankExit) -> str:
 
 def summarize(result: RunResult, stderr_tail: Callable[[int], list[str]]) -> list[str]:
     """Lines for the console when the job did not simply succeed; [] when it did."""
-    stopped = [
-        e.rank for e in result.exits if result.first_failure is None or e.rank != result.first_failure.rank
-    ]
     if result.reason == "failure" and result.first_failure is not None:
         failed = result.first_failure
-        others = [r for r in stopped if r != failed.rank]
+        # Only ranks that were still running were stopped; one that had already exited 0 was not.
+        others = list(result.still_running)
         lines = [
             f"rank {failed.rank} (host {failed.host}) {describe_exit(failed)}"
             + (

@@ -223,11 +223,11 @@ class Supervisor:
         done = threading.Event()
         threading.Thread(target=self._send_beats, args=(done,), name="heartbeat", daemon=True).start()
         try:
-            return self._loop(started, deadline, next_check)
+            return self._loop(deadline, next_check)
         finally:
             done.set()
 
-    def _loop(self, started: float, deadline: float | None, next_check: float) -> RunResult:
+    def _loop(self, deadline: float | None, next_check: float) -> RunResult:
         with selectors.DefaultSelector() as sel:
             sel.register(self.wake_fd, selectors.EVENT_READ, None)
             for conn in self.conns:
@@ -266,7 +266,7 @@ class Supervisor:
                     next_check = now + self.heartbeat
                     self._check_hosts(now)
         self.relay.finish()
-        return self._result(time.monotonic() - started)
+        return self._result()
 
     def _send_beats(self, done: threading.Event) -> None:
         """Tell remote agents we are alive, even while the main loop is blocked writing to the console."""
@@ -296,7 +296,7 @@ class Supervisor:
                     conn.finished = True
                     conn.link.abort()
 
-    def _result(self, elapsed: float) -> RunResult:
+    def _result(self) -> RunResult:
         code = EXIT_OK
         if self.reason == "failure" and self.first_failure is not None:
             code = self.first_failure.exit_code
@@ -314,7 +314,5 @@ class Supervisor:
             still_running=self.still_running,
             lost_host=self.lost_host,
             lost_detail=self.lost_detail,
-            exits=tuple(self.exits[r] for r in sorted(self.exits)),
-            elapsed=elapsed,
             timeout=self.timeout,
         )

@@ -103,6 +103,15 @@ def test_failing_rank_stops_everything_with_its_exit_code(pid_dir: Path) -> None
     assert_all_gone(pids, within=1.0)
 
 
+def test_summary_names_only_the_ranks_it_stopped(pid_dir: Path) -> None:
+    result = run_distrun(
+        "-np", "4", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--exit-early-rank", "0", "--fail-rank", "2",
+    )  # fmt: skip
+    assert result.returncode == 5
+    # Rank 0 had already exited 0, so it was not stopped.
+    assert "rank 2 (host localhost) exited with code 5; stopped ranks 1,3\n" in result.stderr.decode()
+
+
 def test_rank_killed_by_signal_gives_128_plus_n(pid_dir: Path) -> None:
     result = run_distrun("-np", "2", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--kill-rank", "1")
     assert result.returncode == 137
