@@ -1,20 +1,22 @@
 """The per-host agent: owns one host's ranks for the launcher.
 
-It is stdlib-only and self-contained because it is shipped as source over its own stdin (see
-`bootstrap_argv`), so worker hosts need a Python interpreter and nothing else. The launcher talks to it with
-length-prefixed frames on stdin/stdout; everything the agent must know (the ranks' env included) comes over
-that channel, never on a command line, so secrets stay out of `ps` and nothing passes through a shell.
+It is stdlib-only and self-contained (with `launcher.protocol`, shipped alongside it: see
+`launcher.transport.bootstrap`), so worker hosts need a Python interpreter and nothing else. The launcher
+talks to it with the frames of `launcher.protocol` on stdin/stdout; everything the agent must know (the ranks'
+env included) comes over that channel, never on a command line, so secrets stay out of `ps` and nothing
+passes through a shell.
 
-Lifecycle: PROBE -> FACTS (preflight), START -> OUT/ERR/EXIT frames while ranks run, DONE when all are gone.
-STOP (or stdin EOF, or SIGTERM/SIGHUP to the agent) sends SIGTERM to every rank's process group and SIGKILL
-after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
+One agent serves every attempt of a job: PROBE -> FACTS, START -> OUT/ERR/EXIT frames while ranks run, DONE
+when all are gone; then it waits for the next PROBE. STOP (or stdin EOF, or SIGTERM/SIGHUP to the agent, or
+the launcher's heartbeats stopping) sends SIGTERM to every rank's process group and SIGKILL after the grace
+period, so a launcher that dies, even by SIGKILL, leaves no rank behind. The agent exits at stdin EOF once its
+ranks are gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import select
 import selectors
@@ -26,75 +28,36 @@ import sys
 import time
 from typing import Any
 
-HEADER = struct.Struct("!BiI")  # kind, rank (-1: agent itself), payload length
-# The agent's first bytes. Whatever a remote login shell prints before it (a .bashrc that echoes) is skipped.
-HELLO = b"\x00distrun-agent-1\x00"
+from launcher.protocol import (
+    BEAT,
+    DONE,
+    ERR,
+    EXIT,
+    FACTS,
+    HELLO,
+    KILL,
+    MAGIC,
+    OUT,
+    PROBE,
+    READ_SIZE,
+    START,
+    STOP,
+    VERSION,
+    Facts,
+    FrameReader,
+    Hello,
+    ProbeRequest,
+    RankExited,
+    StartRequest,
+    decode_message,
+    encode,
+    encode_message,
+    write_all,
+)
 
-# launcher -> agent
-PROBE, START, STOP, KILL = 1, 2, 3, 4
-# agent -> launcher
-FACTS, OUT, ERR, EXIT, DONE = 10, 11, 12, 13, 14
-# both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
-BEAT = 20
-
-READ_SIZE = 1 << 16
 # When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
 ORPHAN_GRACE_CAP = 2.0
 SIOCGIFADDR = 0x8915
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def encode(kind: int, rank: int = -1, payload: bytes = b"") -> bytes:
-    return HEADER.pack(kind, rank, len(payload)) + payload
-
-
-def encode_json(kind: int, obj: Any, rank: int = -1) -> bytes:
-    return encode(kind, rank, json.dumps(obj).encode())
-
-
-class FrameReader:
-    """Splits a byte stream into (kind, rank, payload) frames.
-
-    With `after_hello`, bytes before the agent's HELLO are set aside in `preamble` instead of being parsed.
-    """
-
-    def __init__(self, after_hello: bool = False) -> None:
-        self._buf = bytearray()
-        self._waiting_for_hello = after_hello
-        self.preamble = b""
-
-    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        self._buf += data
-        if self._waiting_for_hello:
-            at = self._buf.find(HELLO)
-            if at < 0:
-                return []
-            self.preamble = bytes(self._buf[:at])
-            del self._buf[: at + len(HELLO)]
-            self._waiting_for_hello = False
-        frames = []
-        pos = 0
-        buf = self._buf
-        size = HEADER.size
-        while len(buf) - pos >= size:
-            kind, rank, length = HEADER.unpack_from(buf, pos)
-            end = pos + size + length
-            if end > len(buf):
-                break
-            frames.append((kind, rank, bytes(buf[pos + size : end])))
-            pos = end
-        if pos:
-            del buf[:pos]
-        return frames
-
-    @property
-    def pending(self) -> int:
-        return len(self._buf)
 
 
 # ------------------------------------------------------------------------------------------------ host facts
@@ -182,20 +145,18 @@ def _which(program: str) -> bool:
     )
 
 
-def host_facts(request: dict[str, Any]) -> dict[str, Any]:
-    route_to = request.get("route_to")
-    route_addr, route_ifname = _route(route_to) if route_to else (None, None)
-    python = request.get("python")
-    return {
-        "hostname": socket.gethostname(),
-        "python": sys.executable,
-        "python_found": _which(python) if python else True,
-        "cwd_exists": os.path.isdir(request.get("cwd") or "."),
-        "gpu_count": _gpu_count(),
-        "free_ports": _free_ports(int(request.get("ports", 0))),
-        "route_addr": route_addr,
-        "route_ifname": route_ifname,
-    }
+def host_facts(request: ProbeRequest) -> Facts:
+    route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
+    return Facts(
+        hostname=socket.gethostname(),
+        python=sys.executable,
+        python_found=_which(request.python) if request.python else True,
+        cwd_exists=os.path.isdir(request.cwd or "."),
+        gpu_count=_gpu_count(),
+        free_ports=_free_ports(request.ports),
+        route_addr=route_addr,
+        route_ifname=route_ifname,
+    )
 
 
 # ------------------------------------------------------------------------------------------------- the agent
@@ -237,17 +198,21 @@ class Agent:
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.sel = selectors.DefaultSelector()
-        self.ranks: dict[int, _Rank] = {}
-        self.by_fd: dict[int, _Rank] = {}
         self.reader = FrameReader()
-        self.grace = 5.0
-        self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
         self.launcher_gone = False
-        self.started = False
-        self.beat_every = 0.0  # 0: no heartbeats (until START asks for them)
+        self.beat_every = 0.0  # 0: no heartbeats (until a PROBE asks for them)
         self.dead_after = 0.0
         self.last_heard = time.monotonic()
         self.next_beat = 0.0
+        self._new_attempt()
+
+    def _new_attempt(self) -> None:
+        self.ranks: dict[int, _Rank] = {}
+        self.by_fd: dict[int, _Rank] = {}
+        self.grace = 5.0
+        self.started = False
+        self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
+        self.leftovers_at: float | None = None
 
     # -- output to the launcher
 
@@ -266,24 +231,27 @@ class Agent:
 
     # -- rank processes
 
-    def start(self, spec: dict[str, Any]) -> None:
+    def probe(self, request: ProbeRequest) -> None:
+        self.beat_every = request.heartbeat
+        self.dead_after = request.dead_after
+        self.send(encode_message(FACTS, host_facts(request)))
+
+    def start(self, spec: StartRequest) -> None:
+        self._new_attempt()
         self.started = True
-        self.grace = float(spec.get("grace", self.grace))
-        self.beat_every = float(spec.get("heartbeat", 0.0))
-        self.dead_after = float(spec.get("dead_after", 0.0))
+        self.grace = spec.grace
         base = dict(os.environ)
         die_with_agent = _die_with_agent()
-        for r in spec["ranks"]:
+        for r in spec.ranks:
             env = dict(base)
-            env.update(r["env"])
-            for name, value in r.get("defaults", {}).items():
+            env.update(r.env)
+            for name, value in r.defaults.items():
                 env.setdefault(name, value)
-            rank = int(r["rank"])
             try:
                 proc = subprocess.Popen(
-                    r["argv"],
+                    r.argv,
                     env=env,
-                    cwd=spec.get("cwd") or None,
+                    cwd=spec.cwd or None,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -292,17 +260,17 @@ class Agent:
                 )
             except OSError as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
-                msg = f"distrun: cannot start rank {rank} on {socket.gethostname()}: {exc}\n"
-                self.send(encode(ERR, rank, msg.encode()))
-                self.send(encode_json(EXIT, {"returncode": code}, rank))
+                msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {exc}\n"
+                self.send(encode(ERR, r.rank, msg.encode()))
+                self.send(encode_message(EXIT, RankExited(code), r.rank))
                 continue
-            entry = _Rank(rank, proc)
-            self.ranks[rank] = entry
+            entry = _Rank(r.rank, proc)
+            self.ranks[r.rank] = entry
             for fd in entry.fds:
                 self.by_fd[fd] = entry
                 self.sel.register(fd, selectors.EVENT_READ, "pipe")
-        if self.kill_at is not None:  # a STOP raced the START
-            self._signal_all(signal.SIGTERM)
+        if self.launcher_gone:  # the launcher vanished while we were starting
+            self.stop(ORPHAN_GRACE_CAP)
 
     def _signal_all(self, sig: int, leftovers: bool = False) -> None:
         for entry in self.ranks.values():
@@ -311,12 +279,16 @@ class Agent:
                     os.killpg(entry.pgid, sig)
 
     def stop(self, grace: float | None = None) -> None:
+        if not self.started:
+            return  # between attempts there is nothing to stop (a late STOP of the last attempt, say)
         deadline = time.monotonic() + (self.grace if grace is None else grace)
         if self.kill_at is None or deadline < self.kill_at:
             self.kill_at = deadline
         self._signal_all(signal.SIGTERM, leftovers=True)
 
     def kill(self) -> None:
+        if not self.started:
+            return
         self.kill_at = time.monotonic()
         self._signal_all(signal.SIGKILL, leftovers=True)
 
@@ -352,7 +324,7 @@ class Agent:
             if entry.returncode is None and entry.proc.poll() is not None:
                 entry.returncode = entry.proc.returncode
                 self._drain(entry)
-                self.send(encode_json(EXIT, {"returncode": entry.returncode}, entry.rank))
+                self.send(encode_message(EXIT, RankExited(entry.returncode), entry.rank))
 
     # -- control from the launcher
 
@@ -369,9 +341,9 @@ class Agent:
         self.last_heard = time.monotonic()
         for kind, _, payload in self.reader.feed(data):
             if kind == PROBE:
-                self.send(encode_json(FACTS, host_facts(json.loads(payload))))
+                self.probe(decode_message(ProbeRequest, payload))
             elif kind == START:
-                self.start(json.loads(payload))
+                self.start(decode_message(StartRequest, payload))
             elif kind == STOP:
                 self.stop()
             elif kind == KILL:
@@ -380,6 +352,25 @@ class Agent:
 
     def _all_exited(self) -> bool:
         return all(e.returncode is not None for e in self.ranks.values())
+
+    def _finish_attempt(self, now: float) -> bool:
+        """Once every rank and its process group is gone: DONE. True when the attempt is over."""
+        if not self._all_exited():
+            return False
+        if self.by_fd:
+            # Leaders are gone but something in their groups (a DataLoader worker, say) holds the pipes.
+            if self.leftovers_at is None:
+                self._signal_all(signal.SIGTERM, leftovers=True)
+                self.leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
+                return False
+            if now < self.leftovers_at:
+                return False
+            for fd in list(self.by_fd):
+                self._close_pipe(fd)
+        self._signal_all(signal.SIGKILL, leftovers=True)
+        self.send(encode(DONE))
+        self._new_attempt()
+        return True
 
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
@@ -391,7 +382,7 @@ class Agent:
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
         control_open = True
-        leftovers_at: float | None = None
+        exiting = False
         while True:
             timeout = 0.5
             now = time.monotonic()
@@ -403,7 +394,7 @@ class Agent:
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
                 if self.dead_after and silent and control_open and not _readable(self.in_fd):
                     self._lost_launcher()
-            for deadline in (self.kill_at, leftovers_at, self.next_beat or None):
+            for deadline in (self.kill_at, self.leftovers_at, self.next_beat or None):
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))
             events = self.sel.select(timeout)
@@ -420,7 +411,9 @@ class Agent:
                         signums = b""
                     reap = reap or signal.SIGCHLD in signums
                     if any(s in signums for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
+                        # Whoever signals the agent itself wants the host cleared, then the agent gone.
                         self.stop()
+                        exiting = True
                 elif key.fd in self.by_fd and not self._read_pipe(key.fd):
                     reap = reap or key.fd not in self.by_fd
             if reap:
@@ -428,80 +421,18 @@ class Agent:
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at and not self._all_exited():
                 self._signal_all(signal.SIGKILL)
-            if not self.started:
-                if not control_open:
-                    break
-                continue
-            if self._all_exited():
-                if not self.by_fd:
-                    break
-                # Leaders are gone but something in their groups (a DataLoader worker, say) holds the pipes.
-                if leftovers_at is None:
-                    self._signal_all(signal.SIGTERM, leftovers=True)
-                    leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
-                elif now >= leftovers_at:
-                    self._signal_all(signal.SIGKILL, leftovers=True)
-                    for fd in list(self.by_fd):
-                        self._close_pipe(fd)
-                    break
-        self._signal_all(signal.SIGKILL, leftovers=True)
-        self.send(encode(DONE))
-        return 0
+            if self.started:
+                self._finish_attempt(now)
+            if not self.started and (exiting or self.launcher_gone or not control_open):
+                return 0
 
 
 def main() -> int:
     # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    write_all(out_fd, HELLO)
+    write_all(out_fd, MAGIC + encode_message(HELLO, Hello(VERSION, os.getpid())))
     return Agent(0, out_fd).run()
-
-
-def agent_source() -> bytes:
-    with open(__file__, "rb") as f:
-        return f.read()
-
-
-# Reads exactly N bytes of agent source from stdin, then the rest of stdin is the frame stream.
-BOOTSTRAP = (
-    "import os,sys\n"
-    "n=int(sys.argv[1]);b=b''\n"
-    "while len(b)<n:\n"
-    " c=os.read(0,n-len(b))\n"
-    " if not c:sys.exit(3)\n"
-    " b+=c\n"
-    "g={'__name__':'distrun_agent'};exec(compile(b,'distrun-agent','exec'),g);sys.exit(g['main']())\n"
-)
-
-
-def bootstrap_argv(python: str, source: bytes) -> list[str]:
-    return [python, "-S", "-u", "-c", BOOTSTRAP, str(len(source))]
-
-
-def local_argv(python: str) -> list[str]:
-    """The agent on this machine: imported from where the launcher lives, so its bytecode is reused.
-
-    Shipping and compiling the source, as for remote hosts, would add ~15 ms to every local start.
-    """
-    home = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = f"import sys; sys.path.insert(0, {home!r}); from launcher.agent import main; sys.exit(main())"
-    return [python, "-S", "-u", "-c", code]
-
-
-def remote_command(pythons: list[str], source: bytes) -> str:
-    """A POSIX shell command running the agent with the first of `pythons` that exists on the host.
-
-    Everything in it is ours (interpreter paths and the bootstrap), quoted; user data never passes a shell.
-    """
-    import shlex
-
-    tail = shlex.join(bootstrap_argv("", source)[1:])
-    tries = " ".join(shlex.quote(p) for p in pythons)
-    missing = shlex.quote(f"distrun: no Python interpreter found here (tried {', '.join(pythons)})")
-    return (
-        f'for p in {tries}; do command -v "$p" >/dev/null 2>&1 && exec "$p" {tail}; done; '
-        f"echo {missing} >&2; exit 127"
-    )
 
 
 if __name__ == "__main__":

@@ -63,6 +63,13 @@ class Interrupted(DistrunError):
 
 
 class HostError(DistrunError):
-    """A host was unreachable, refused us, or failed preflight; the message names the host."""
+    """A host was unreachable, refused us, or failed preflight; the message names the host.
+
+    `host`: that host's name where one host is to blame (a restart may then go on without it).
+    """
 
     exit_code = EXIT_HOST
+
+    def __init__(self, message: str, host: str | None = None) -> None:
+        super().__init__(message)
+        self.host = host

@@ -1,11 +1,13 @@
-"""How a job ended: plain data shared by the supervisor, which fills it, and the summary, which reads it."""
+"""How an attempt ended: one small type per kind of ending, each knowing its exit code and whether a restart
+may help. Plain data shared by the supervisor, which makes them, the attempt loop and the summary."""
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
-StopReason = Literal["failure", "signal", "timeout", "host-lost"]
+from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -21,14 +23,56 @@ class RankExit:
 
 
 @dataclass(frozen=True)
-class RunResult:
-    """`still_running`: the ranks that had not exited when the job began to stop (for any reason)."""
+class Succeeded:
+    retryable: ClassVar[bool] = False
+    exit_code: ClassVar[int] = EXIT_OK
 
-    exit_code: int
-    reason: StopReason | None = None
-    first_failure: RankExit | None = None
-    signal_name: str | None = None
-    still_running: tuple[int, ...] = ()
-    lost_host: str | None = None
-    lost_detail: str = ""
-    timeout: float | None = None
+
+@dataclass(frozen=True)
+class RankFailed:
+    """`stopped`: the ranks that were still running when the job began to stop (and so were stopped)."""
+
+    failure: RankExit
+    stopped: tuple[int, ...] = ()
+    retryable: ClassVar[bool] = True
+
+    @property
+    def exit_code(self) -> int:
+        return self.failure.exit_code
+
+
+@dataclass(frozen=True)
+class HostLost:
+    host: str
+    detail: str
+    stopped: tuple[int, ...] = ()
+    retryable: ClassVar[bool] = True
+    exit_code: ClassVar[int] = EXIT_HOST
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """The user (or the system) stopped the job: never restarted."""
+
+    signum: int
+    stopped: tuple[int, ...] = ()
+    retryable: ClassVar[bool] = False
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+@dataclass(frozen=True)
+class TimedOut:
+    timeout: float
+    stopped: tuple[int, ...] = ()
+    retryable: ClassVar[bool] = False
+    exit_code: ClassVar[int] = EXIT_TIMEOUT
+
+
+Outcome = Succeeded | RankFailed | HostLost | Signalled | TimedOut

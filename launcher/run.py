@@ -1,6 +1,8 @@
-"""Launch a planned job: start one agent per host, preflight, rendezvous, start the ranks, supervise.
+"""Launch a planned job: connect to every host once, then run attempts until one ends the job.
 
-This is the one place where planning (pure) meets side effects (processes, SSH).
+Each attempt: probe every agent (host facts, free ports), rendezvous (a fresh MASTER_PORT), start the ranks,
+supervise them to the attempt's outcome. This is the one place where planning (pure) meets side effects
+(processes, SSH); the steps are methods so that a test can replace any of them.
 """
 
 from __future__ import annotations
@@ -8,22 +10,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from launcher import agent as proto
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.env import rank_env, tf_workers
 from launcher.errors import HostError
-from launcher.facts import HostFacts, Rendezvous
-from launcher.locality import is_local_host, is_obviously_local
+from launcher.facts import Rendezvous
 from launcher.logs import LogOptions, LogRelay
-from launcher.plan import Plan, make_plan
+from launcher.node import Heartbeat, Node, close_all, connect
+from launcher.plan import Plan, Slot, make_plan
+from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
+from launcher.result import Outcome
 from launcher.summary import summarize
-from launcher.supervise import AgentConn, Supervisor, probe, signal_pipe
-from launcher.transport.link import Link
-from launcher.transport.local import LocalLink
+from launcher.supervise import Supervisor, probe, signal_pipe, supervise
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +36,11 @@ HEARTBEAT = 1.0
 def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = make_plan(config.hosts, config.num_proc)
-    run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
-    rank_hosts = {s.rank: s.host.name for s in plan.slots}
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
         out or sys.stdout.buffer,
         err or sys.stderr.buffer,
-        rank_hosts,
+        {s.rank: s.host.name for s in plan.slots},
         LogOptions(
             prefix=config.prefix,
             timestamp=config.timestamp,
@@ -49,187 +49,158 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             output_dir=config.output_dir,
         ),
     )
-    links: list[Link] = []
+    nodes: list[Node] = []
     try:
-        local = _locality(plan, config)
-        links = _open_links(plan, local, config)
-        conns = [AgentConn(link) for link in links]
+        # Connecting happens before signals are redirected: Ctrl-C then interrupts the handshakes at once.
+        nodes = connect(plan.nodes, config)
         with signal_pipe() as wake_fd:
-            master_addr = _master_addr(config, links, local)
-            python = config.python or sys.executable
-            cwd = os.getcwd()
-            requests = [
-                {
-                    "ports": plan.local_size(i) + (1 if i == 0 else 0),
-                    "route_to": master_addr,
-                    "cwd": cwd,
-                    "python": python,
-                }
-                for i in range(plan.node_count)
-            ]
-            answers = probe(conns, requests, PROBE_TIMEOUT, wake_fd)
-            facts = [HostFacts.from_json(a) for a in answers]
-            for host, fact in zip(plan.nodes, facts, strict=True):
-                log.debug("host %s: %s", host.name, fact)
-            _preflight(plan, facts, cwd, config.python)
-            rdzv = _rendezvous(config, plan, facts, master_addr, local)
-            heartbeat = min(HEARTBEAT, config.ssh.keepalive_interval)
-            dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
-            spec = {
-                "cwd": cwd,
-                "grace": config.grace_period,
-                "heartbeat": heartbeat,
-                "dead_after": dead_after,
-            }
-            _start(conns, spec, config=config, plan=plan, facts=facts, rdzv=rdzv, run_id=run_id, local=local)
-            result = Supervisor(
-                conns,
-                rank_hosts,
-                relay,
-                timeout=config.timeout,
-                grace=config.grace_period,
-                heartbeat=heartbeat,
-                dead_after=dead_after,
-                wake_fd=wake_fd,
-            ).run()
-            relay.note(summarize(result, relay.stderr_tail))
-            return result.exit_code
+            with Heartbeat(nodes, min(HEARTBEAT, config.ssh.keepalive_interval)):
+                outcome = Job(config, relay, wake_fd).run(plan, nodes)
+            relay.note(summarize(outcome, relay.stderr_tail))
+            return outcome.exit_code
     finally:
         # Links first: whatever happens to the console or the log files, the agents must hear EOF.
         try:
-            for link in links:
-                link.close()
+            close_all(nodes)
         finally:
             relay.close()
 
 
-def _locality(plan: Plan, config: LaunchConfig) -> list[bool]:
-    local = [is_obviously_local(h.name) for h in plan.nodes]
-    if all(local):
-        return local
-    from launcher.transport.sshconn import load_ssh_config, resolve_target
+class Job:
+    """The attempt loop over connected nodes: initialize, monitor, (later) restart."""
 
-    # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
-    ssh_config = load_ssh_config(config.ssh.config_file)
-    return [
-        is_local or is_local_host(resolve_target(h, config.ssh, ssh_config).hostname)
-        for h, is_local in zip(plan.nodes, local, strict=True)
-    ]
+    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int) -> None:
+        self.config = config
+        self.relay = relay
+        self.wake_fd = wake_fd
+        self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
+        self.cwd = os.getcwd()
+        self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
 
+    def run(self, plan: Plan, nodes: Sequence[Node]) -> Outcome:
+        return self.run_attempt(0, plan, nodes)
 
-def _open_links(plan: Plan, local: Sequence[bool], config: LaunchConfig) -> list[Link]:
-    remote_hosts = [h for h, is_local in zip(plan.nodes, local, strict=True) if not is_local]
-    clients: dict[str, Any] = {}
-    if remote_hosts:
-        from launcher.transport.sshconn import connect_all  # paramiko is slow to import: only when needed
+    # -- one attempt, step by step
 
-        clients = connect_all(remote_hosts, config.ssh)
-    local_links: dict[str, Link] = {}
-    try:
-        for host in plan.nodes:
-            if host not in remote_hosts:
-                local_links[host.name] = LocalLink(host.name)
-        remote_links: dict[str, Link] = {}
-        if clients:
-            from launcher.transport.ssh import open_links
-
-            # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
-            pythons = [config.python] if config.python else [sys.executable, "python3"]
-            remote_links.update(open_links(clients, pythons))
-    except BaseException:
-        for link in local_links.values():
-            link.abort()
-        for client in clients.values():
-            client.close()
-        raise
-    return [local_links.get(h.name) or remote_links[h.name] for h in plan.nodes]
-
-
-def _master_addr(config: LaunchConfig, links: Sequence[Link], local: Sequence[bool]) -> str:
-    """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
-    if config.master_addr:
-        return config.master_addr
-    if all(local):
-        return "127.0.0.1"
-    if not local[0]:
-        addr = getattr(links[0], "peer_addr", None)
-        if addr:
-            return str(addr)
-        raise HostError(
-            f"host {links[0].host}: reached through a proxy, so its address is unknown; give --master-addr"
+    def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
+        for node, slots in zip(nodes, _slots_by_node(plan), strict=True):
+            node.slots = slots
+            node.finished = False
+        master_addr = self.master_addr(nodes)
+        self.probe(nodes, master_addr)
+        rdzv = self.rendezvous(plan, nodes, master_addr)
+        self.start(attempt, plan, nodes, rdzv)
+        sup = Supervisor(
+            nodes,
+            self.relay,
+            timeout=self.config.timeout,
+            grace=self.config.grace_period,
+            dead_after=self.dead_after,
+            now=time.monotonic(),
         )
-    for link, is_local in zip(links, local, strict=True):
-        addr = None if is_local else getattr(link, "local_addr", None)
-        if addr:
-            return str(addr)  # the address the remote hosts see this machine by
-    raise HostError("every remote host is reached through a proxy; give --master-addr")
+        outcome = supervise(sup, self.wake_fd, min(HEARTBEAT, self.config.ssh.keepalive_interval))
+        self.relay.finish()
+        return outcome
 
-
-def _preflight(plan: Plan, facts: Sequence[HostFacts], cwd: str, python: str | None) -> None:
-    for host, fact in zip(plan.nodes, facts, strict=True):
-        if not fact.cwd_exists:
-            raise HostError(f"host {host.name}: working directory {cwd} does not exist there")
-        if python and not fact.python_found:
-            raise HostError(f"host {host.name}: interpreter {python} not found there (see --python)")
-
-
-def _rendezvous(
-    config: LaunchConfig, plan: Plan, facts: Sequence[HostFacts], master_addr: str, local: Sequence[bool]
-) -> Rendezvous:
-    all_local = all(local)
-    node_addrs = tuple(
-        master_addr if i == 0 or all_local else (fact.route_addr or host.name)
-        for i, (host, fact) in enumerate(zip(plan.nodes, facts, strict=True))
-    )
-    master_port = config.master_port or facts[0].free_ports[0]
-    tf_ports = tuple(
-        tuple(fact.free_ports[1:] if i == 0 else fact.free_ports)[: plan.local_size(i)]
-        for i, fact in enumerate(facts)
-    )
-    return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
-
-
-def _start(
-    conns: Sequence[AgentConn],
-    spec: dict[str, Any],
-    *,
-    config: LaunchConfig,
-    plan: Plan,
-    facts: Sequence[HostFacts],
-    rdzv: Rendezvous,
-    run_id: str,
-    local: Sequence[bool],
-) -> None:
-    exports = dict(config.exports)
-    try:
-        workers = tf_workers(plan, rdzv)
-    except ValueError:
-        # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
-        names = ", ".join(h.name for h, is_local in zip(plan.nodes, local, strict=True) if is_local)
-        raise HostError(f"{names} are this same machine and drew the same free port; list it once") from None
-    for node, conn in enumerate(conns):
-        fact = facts[node]
-        # `.py` commands: --python, else this interpreter's path where it exists on that host, else python3.
-        argv = list(
-            resolve_command(
-                config.command, config.python or (sys.executable if fact.python_found else "python3")
+    def master_addr(self, nodes: Sequence[Node]) -> str:
+        """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
+        if self.config.master_addr:
+            return self.config.master_addr
+        if all(n.local for n in nodes):
+            return "127.0.0.1"
+        rank0 = nodes[0]
+        if not rank0.local:
+            if rank0.link.peer_addr:
+                return rank0.link.peer_addr
+            raise HostError(
+                f"host {rank0.name}: reached through a proxy, so its address is unknown; give --master-addr"
             )
+        for node in nodes:
+            if not node.local and node.link.local_addr:
+                return node.link.local_addr  # the address the remote hosts see this machine by
+        raise HostError("every remote host is reached through a proxy; give --master-addr")
+
+    def probe(self, nodes: Sequence[Node], master_addr: str) -> None:
+        heartbeat = min(HEARTBEAT, self.config.ssh.keepalive_interval)
+        python = self.config.python or sys.executable
+        requests = [
+            ProbeRequest(
+                # Rank 0's host also probes the rendezvous port.
+                ports=len(node.slots) + (1 if i == 0 else 0),
+                cwd=self.cwd,
+                route_to=master_addr,
+                python=python,
+                # A local agent needs no heartbeats: its pipe closing says all.
+                heartbeat=heartbeat if node.link.heartbeat else 0.0,
+                dead_after=self.dead_after if node.link.heartbeat else 0.0,
+            )
+            for i, node in enumerate(nodes)
+        ]
+        probe(nodes, requests, PROBE_TIMEOUT, self.wake_fd)
+        for node in nodes:
+            log.debug("host %s: %s", node.name, node.facts)
+            facts = _facts(node)
+            if not facts.cwd_exists:
+                raise HostError(
+                    f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
+                )
+            if self.config.python and not facts.python_found:
+                raise HostError(
+                    f"host {node.name}: interpreter {self.config.python} not found there (see --python)",
+                    host=node.name,
+                )
+
+    def rendezvous(self, plan: Plan, nodes: Sequence[Node], master_addr: str) -> Rendezvous:
+        all_local = all(n.local for n in nodes)
+        node_addrs = tuple(
+            master_addr if i == 0 or all_local else (_facts(node).route_addr or node.name)
+            for i, node in enumerate(nodes)
         )
-        ranks = []
-        for slot in plan.node_slots(node):
-            env, defaults = rank_env(
-                slot, plan, rdzv, run_id=run_id, exports=exports,
-                ifname=config.network_interface or fact.route_ifname,
-                launcher_env=os.environ if local[node] else None, workers=workers,
-            )  # fmt: skip
-            ranks.append({"rank": slot.rank, "argv": argv, "env": env, "defaults": defaults})
-        # A local agent needs no heartbeats: its pipe closing says all (see Supervisor._check_hosts).
-        node_spec = {**spec, "heartbeat": 0.0, "dead_after": 0.0} if local[node] else spec
-        conn.send(proto.encode_json(proto.START, {**node_spec, "ranks": ranks}))
-    log.info(
-        "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
-        rdzv.master_addr, rdzv.master_port,
-    )  # fmt: skip
+        master_port = self.config.master_port or _facts(nodes[0]).free_ports[0]
+        tf_ports = tuple(
+            tuple(_facts(node).free_ports[1:] if i == 0 else _facts(node).free_ports)[: len(node.slots)]
+            for i, node in enumerate(nodes)
+        )
+        return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
+
+    def start(self, attempt: int, plan: Plan, nodes: Sequence[Node], rdzv: Rendezvous) -> None:
+        config = self.config
+        exports = dict(config.exports)
+        try:
+            workers = tf_workers(plan, rdzv)
+        except ValueError:
+            # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
+            names = ", ".join(n.name for n in nodes if n.local)
+            raise HostError(
+                f"{names} are this same machine and drew the same free port; list it once"
+            ) from None
+        for node in nodes:
+            facts = _facts(node)
+            # `.py` commands: --python, else this interpreter's path where that host has it, else python3.
+            python = config.python or (sys.executable if facts.python_found else "python3")
+            argv = list(resolve_command(config.command, python))
+            ranks = []
+            for slot in node.slots:
+                env, defaults = rank_env(
+                    slot, plan, rdzv, run_id=self.run_id, exports=exports,
+                    ifname=config.network_interface or facts.route_ifname,
+                    launcher_env=os.environ if node.local else None, workers=workers,
+                )  # fmt: skip
+                ranks.append(RankSpec(slot.rank, argv, env, defaults))
+            node.send(encode_message(START, StartRequest(self.cwd, config.grace_period, ranks)))
+        log.info(
+            "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
+            rdzv.master_addr, rdzv.master_port,
+        )  # fmt: skip
+
+
+def _facts(node: Node) -> Facts:
+    assert node.facts is not None, "probe() sets every node's facts"
+    return node.facts
+
+
+def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
+    return [plan.node_slots(i) for i in range(plan.node_count)]
 
 
 def _use_color(config: LaunchConfig) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterable
 
-from launcher.result import RankExit, RunResult
+from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, TimedOut
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -32,12 +32,12 @@ def describe_exit(ended: RankExit) -> str:
     return f"exited with code {ended.returncode}"
 
 
-def summarize(result: RunResult, stderr_tail: Callable[[int], list[str]]) -> list[str]:
-    """Lines for the console when the job did not simply succeed; [] when it did."""
-    if result.reason == "failure" and result.first_failure is not None:
-        failed = result.first_failure
+def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list[str]:
+    """Lines for the console when the attempt did not simply succeed; [] when it did."""
+    if isinstance(outcome, RankFailed):
+        failed = outcome.failure
         # Only ranks that were still running were stopped; one that had already exited 0 was not.
-        others = list(result.still_running)
+        others = list(outcome.stopped)
         lines = [
             f"rank {failed.rank} (host {failed.host}) {describe_exit(failed)}"
             + (
@@ -51,13 +51,11 @@ def summarize(result: RunResult, stderr_tail: Callable[[int], list[str]]) -> lis
             lines.append(f"last stderr lines of rank {failed.rank}:")
             lines.extend(f"  {line}" for line in tail)
         return lines
-    if result.reason == "timeout":
-        running = format_ranks(result.still_running) or "none"
-        return [f"timed out after {result.timeout:g}s; ranks still running were stopped: {running}"]
-    if result.reason == "signal":
-        return [
-            f"stopped by {result.signal_name}; ranks stopped: {format_ranks(result.still_running) or 'none'}"
-        ]
-    if result.reason == "host-lost":
-        return [f"lost host {result.lost_host} ({result.lost_detail}); stopped every other host"]
+    if isinstance(outcome, TimedOut):
+        running = format_ranks(outcome.stopped) or "none"
+        return [f"timed out after {outcome.timeout:g}s; ranks still running were stopped: {running}"]
+    if isinstance(outcome, Signalled):
+        return [f"stopped by {outcome.signal_name}; ranks stopped: {format_ranks(outcome.stopped) or 'none'}"]
+    if isinstance(outcome, HostLost):
+        return [f"lost host {outcome.host} ({outcome.detail}); stopped every other host"]
     return []

@@ -1,80 +1,50 @@
-"""Watch every host's agent until the job ends; the first failure, a signal or the timeout stops all of them.
+"""Watch one attempt of the job: the preflight probe, then every host's agent until the attempt ends.
 
-One selector loop serves every host, local or remote: log relay, exit statuses, signals, lost hosts. A small
-thread sends heartbeats to remote agents, so a console that blocks the loop cannot make them think we died.
+`Supervisor` is the attempt's state, fed events (frames, a closed link, a signal, the clock) and deciding what
+to send; `supervise` is the thin selector loop that feeds it. Tests drive a Supervisor directly with fake
+links. The first failure, a signal, the timeout or a lost host stops every host.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
 import signal
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
-from launcher import agent as proto
-from launcher.errors import (
-    EXIT_HOST,
-    EXIT_OK,
-    EXIT_SIGINT,
-    EXIT_SIGTERM,
-    EXIT_TIMEOUT,
-    HostError,
-    Interrupted,
-)
+from launcher.errors import HostError, Interrupted
 from launcher.logs import LogRelay
-from launcher.result import RankExit, RunResult, StopReason
-from launcher.transport.link import Link
+from launcher.node import Node
+from launcher.protocol import (
+    DONE,
+    ERR,
+    EXIT,
+    FACTS,
+    KILL,
+    OUT,
+    PROBE,
+    STOP,
+    Facts,
+    ProbeRequest,
+    RankExited,
+    decode_message,
+    encode,
+    encode_message,
+)
+from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 
 log = logging.getLogger(__name__)
 
 # After STOP, how long past the grace period we wait for agents before dropping them.
 TEARDOWN_SLACK = 5.0
-
-
-class AgentConn:
-    """A link plus the frame decoder for what comes back on it."""
-
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        self.reader = proto.FrameReader(after_hello=True)
-        self.finished = False
-        self.last_heard = time.monotonic()
-        # Frames must not interleave: the heartbeat thread and the main loop both send.
-        self._send_lock = threading.Lock()
-
-    @property
-    def host(self) -> str:
-        return self.link.host
-
-    def send(self, frame: bytes) -> None:
-        with self._send_lock:
-            if not self.finished:
-                self.link.send(frame)
-
-    def read(self) -> list[tuple[int, int, bytes]] | None:
-        """Frames now available; None when the link closed."""
-        data = self.link.recv()
-        if data is None:
-            return []
-        if not data:
-            return None
-        self.last_heard = time.monotonic()
-        return self.reader.feed(data)
-
-    def diagnostics(self) -> str:
-        """What the agent (or the host's login shell before it) said besides frames, for error messages."""
-        said = (self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()).strip()
-        return said.splitlines()[-1] if said else ""
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextmanager
-def signal_pipe(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[int]:
+def signal_pipe(signums: Sequence[int] = STOP_SIGNALS) -> Iterator[int]:
     """While active, the returned fd becomes readable with one byte per signal received.
 
     Signals become bytes on a pipe the selector watches, so handlers never run job logic.
@@ -94,225 +64,199 @@ def signal_pipe(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Ite
         os.close(write_fd)
 
 
-def probe(
-    conns: Sequence[AgentConn], payloads: Sequence[dict[str, Any]], timeout: float, wake_fd: int
-) -> list[dict[str, Any]]:
-    """Send each agent its preflight question and collect every host's facts (one round-trip, in parallel).
+def read_signals(wake_fd: int) -> bytes:
+    try:
+        return os.read(wake_fd, 64)
+    except BlockingIOError:
+        return b""
+
+
+def probe(nodes: Sequence[Node], requests: Sequence[ProbeRequest], timeout: float, wake_fd: int) -> None:
+    """Send each agent its preflight question and set every node's `facts` (one round-trip, in parallel).
 
     A SIGINT/SIGTERM meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     """
-    for conn, payload in zip(conns, payloads, strict=True):
-        conn.send(proto.encode_json(proto.PROBE, payload))
-    answers: dict[int, dict[str, Any]] = {}
+    for node, request in zip(nodes, requests, strict=True):
+        node.facts = None
+        node.send(encode_message(PROBE, request))
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
-        for i, conn in enumerate(conns):
-            sel.register(conn.link, selectors.EVENT_READ, i)
-        while len(answers) < len(conns):
+        for node in nodes:
+            sel.register(node.link, selectors.EVENT_READ, node)
+        waiting = len(nodes)
+        while waiting:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = [conns[i].host for i in range(len(conns)) if i not in answers]
-                raise HostError(f"host {missing[0]}: no answer from the distrun agent within {timeout:.0f}s")
+                missing = next(n for n in nodes if n.facts is None)
+                raise HostError(
+                    f"host {missing.name}: no answer from the distrun agent within {timeout:.0f}s",
+                    host=missing.name,
+                )
             for key, _ in sel.select(remaining):
-                i = key.data
-                if i is None:
-                    raise Interrupted.from_signals(os.read(wake_fd, 64))
-                conn = conns[i]
-                frames = conn.read()
+                node = key.data
+                if node is None:
+                    received = read_signals(wake_fd)
+                    if received:
+                        raise Interrupted.from_signals(received)
+                    continue
+                frames = node.read()
                 if frames is None:
-                    detail = conn.diagnostics()
+                    detail = node.diagnostics()
                     detail = f": {detail}" if detail else ""
-                    raise HostError(f"host {conn.host}: the distrun agent exited before answering{detail}")
-                for fkind, _, payload in frames:
-                    if fkind == proto.FACTS:
-                        answers[i] = json.loads(payload)
-                        sel.unregister(conn.link)
-    return [answers[i] for i in range(len(conns))]
+                    raise HostError(
+                        f"host {node.name}: the distrun agent exited before answering{detail}", host=node.name
+                    )
+                for kind, _, payload in frames:
+                    if kind == FACTS:
+                        node.facts = decode_message(Facts, payload)
+                        sel.unregister(node.link)
+                        waiting -= 1
 
 
 class Supervisor:
-    """Runs the started job to its end and says how it ended."""
+    """The state of one started attempt: what has exited, whether and why it is stopping."""
 
     def __init__(
         self,
-        conns: Sequence[AgentConn],
-        rank_hosts: dict[int, str],
+        nodes: Sequence[Node],
         relay: LogRelay,
         *,
         timeout: float | None,
         grace: float,
-        heartbeat: float,
         dead_after: float,
-        wake_fd: int,
+        now: float,
     ) -> None:
-        self.conns = list(conns)
-        self.rank_hosts = rank_hosts
+        self.nodes = list(nodes)
         self.relay = relay
+        self.rank_hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
         self.timeout = timeout
+        self.deadline = now + timeout if timeout else None
         self.grace = grace
-        self.heartbeat = heartbeat
         self.dead_after = dead_after
-        self.wake_fd = wake_fd
         self.exits: dict[int, RankExit] = {}
-        self.reason: StopReason | None = None
-        self.first_failure: RankExit | None = None
-        self.signal_name: str | None = None
-        self.still_running: tuple[int, ...] = ()
-        self.lost_host: str | None = None
-        self.lost_detail = ""
+        self.cause: Outcome | None = None  # why the attempt is stopping; None while it runs
         self.stop_at: float | None = None
         self.killed = False
 
+    @property
+    def done(self) -> bool:
+        return all(node.finished for node in self.nodes)
+
+    def outcome(self) -> Outcome:
+        return self.cause or Succeeded()
+
     # -- stopping
 
-    def _stop(self, reason: StopReason) -> None:
-        if self.reason is not None:
+    def _stop(self, cause: Callable[[tuple[int, ...]], Outcome], now: float) -> None:
+        """Stop every host once, for the first cause; `cause` gets the ranks still running."""
+        if self.cause is not None:
             return
-        self.reason = reason
-        self.stop_at = time.monotonic()
-        self.still_running = tuple(sorted(r for r in self.rank_hosts if r not in self.exits))
-        log.info("stopping every rank: %s", reason)
-        for conn in self.conns:
-            conn.send(proto.encode(proto.STOP))
+        self.cause = cause(tuple(sorted(r for r in self.rank_hosts if r not in self.exits)))
+        self.stop_at = now
+        log.info("stopping every rank: %s", type(self.cause).__name__)
+        for node in self.nodes:
+            if not node.finished:
+                node.send(encode(STOP))
 
     def _kill_now(self) -> None:
         self.killed = True
-        for conn in self.conns:
-            conn.send(proto.encode(proto.KILL))
+        for node in self.nodes:
+            if not node.finished:
+                node.send(encode(KILL))
 
-    def _on_signal(self, signum: int) -> None:
-        if self.reason is None:
-            self.signal_name = signal.Signals(signum).name
-            self._stop("signal")
+    # -- events
+
+    def on_signal(self, signum: int, now: float) -> None:
+        if self.cause is None:
+            self._stop(lambda stopped: Signalled(signum, stopped), now)
         elif signum == signal.SIGINT and not self.killed:
             # A second Ctrl-C means "now": no more grace period.
             self._kill_now()
 
-    def _lose(self, conn: AgentConn, detail: str) -> None:
-        conn.finished = True
-        conn.link.abort()
-        if self.reason is None:
-            self.lost_host = conn.host
-            self.lost_detail = detail
-            self._stop("host-lost")
-
-    # -- frames
-
-    def _on_frame(self, conn: AgentConn, kind: int, rank: int, payload: bytes) -> None:
-        if kind == proto.OUT:
+    def on_frame(self, node: Node, kind: int, rank: int, payload: bytes, now: float) -> None:
+        if kind == OUT:
             self.relay.feed(rank, "stdout", payload)
-        elif kind == proto.ERR:
+        elif kind == ERR:
             self.relay.feed(rank, "stderr", payload)
-        elif kind == proto.EXIT:
-            code = int(json.loads(payload)["returncode"])
-            ended = RankExit(rank, self.rank_hosts.get(rank, conn.host), code)
+        elif kind == EXIT:
+            code = decode_message(RankExited, payload).returncode
+            ended = RankExit(rank, self.rank_hosts.get(rank, node.name), code)
             self.exits[rank] = ended
-            if code != 0 and self.reason is None:
-                self.first_failure = ended
-                self._stop("failure")
-        elif kind == proto.DONE:
-            conn.finished = True
+            if code != 0:
+                self._stop(lambda stopped: RankFailed(ended, stopped), now)
+        elif kind == DONE:
+            node.finished = True
 
-    # -- the loop
+    def on_closed(self, node: Node, now: float) -> None:
+        if not node.finished:
+            self._lose(node, node.diagnostics() or "connection closed", now)
 
-    def run(self) -> RunResult:
-        started = time.monotonic()
-        deadline = started + self.timeout if self.timeout else None
-        next_check = started + self.heartbeat
-        done = threading.Event()
-        threading.Thread(target=self._send_beats, args=(done,), name="heartbeat", daemon=True).start()
-        try:
-            return self._loop(deadline, next_check)
-        finally:
-            done.set()
+    def _lose(self, node: Node, detail: str, now: float) -> None:
+        node.drop()
+        self._stop(lambda stopped: HostLost(node.name, detail, stopped), now)
 
-    def _loop(self, deadline: float | None, next_check: float) -> RunResult:
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.wake_fd, selectors.EVENT_READ, None)
-            for conn in self.conns:
-                sel.register(conn.link, selectors.EVENT_READ, conn)
-            while not all(c.finished for c in self.conns):
-                now = time.monotonic()
-                wait = next_check - now
-                if deadline is not None and self.reason is None:
-                    wait = min(wait, deadline - now)
-                events = sel.select(max(0.0, wait))
-                selected = time.monotonic()
-                for key, _ in events:
-                    conn = key.data
-                    if conn is None:
-                        self._drain_signals()
-                        continue
-                    frames = conn.read()
-                    if frames is None:
-                        sel.unregister(conn.link)
-                        if not conn.finished:
-                            self._lose(conn, conn.diagnostics() or "connection closed")
-                        continue
-                    for kind, rank, payload in frames:
-                        self._on_frame(conn, kind, rank, payload)
-                    if conn.finished:
-                        sel.unregister(conn.link)
-                self.relay.flush()
-                now = time.monotonic()
-                if now - selected > self.heartbeat:
-                    # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
-                    for conn in self.conns:
-                        conn.last_heard = max(conn.last_heard, now)
-                if deadline is not None and now >= deadline and self.reason is None:
-                    self._stop("timeout")
-                if now >= next_check:
-                    next_check = now + self.heartbeat
-                    self._check_hosts(now)
-        self.relay.finish()
-        return self._result()
-
-    def _send_beats(self, done: threading.Event) -> None:
-        """Tell remote agents we are alive, even while the main loop is blocked writing to the console."""
-        while not done.wait(self.heartbeat):
-            for conn in self.conns:
-                if conn.link.remote:
-                    conn.send(proto.encode(proto.BEAT))
-
-    def _drain_signals(self) -> None:
-        try:
-            data = os.read(self.wake_fd, 64)
-        except BlockingIOError:
-            return
-        for signum in data:
-            if signum in (signal.SIGINT, signal.SIGTERM):
-                self._on_signal(signum)
-
-    def _check_hosts(self, now: float) -> None:
-        for conn in self.conns:
+    def on_tick(self, now: float) -> None:
+        if self.deadline is not None and now >= self.deadline and self.cause is None:
+            timeout = self.timeout or 0.0
+            self._stop(lambda stopped: TimedOut(timeout, stopped), now)
+        for node in self.nodes:
             # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
-            if not conn.finished and conn.link.remote and now - conn.last_heard > self.dead_after:
-                self._lose(conn, f"no word from it for {now - conn.last_heard:.0f}s")
+            if not node.finished and node.link.heartbeat and now - node.last_heard > self.dead_after:
+                self._lose(node, f"no word from it for {now - node.last_heard:.0f}s", now)
         if self.stop_at is not None and now - self.stop_at > self.grace + TEARDOWN_SLACK:
-            for conn in self.conns:
-                if not conn.finished:
-                    log.warning("host %s: agent did not finish stopping its ranks; dropping it", conn.host)
-                    conn.finished = True
-                    conn.link.abort()
+            for node in self.nodes:
+                if not node.finished:
+                    log.warning("host %s: agent did not finish stopping its ranks; dropping it", node.name)
+                    node.drop()
 
-    def _result(self) -> RunResult:
-        code = EXIT_OK
-        if self.reason == "failure" and self.first_failure is not None:
-            code = self.first_failure.exit_code
-        elif self.reason == "signal":
-            code = EXIT_SIGINT if self.signal_name == "SIGINT" else EXIT_SIGTERM
-        elif self.reason == "timeout":
-            code = EXIT_TIMEOUT
-        elif self.reason == "host-lost":
-            code = EXIT_HOST
-        return RunResult(
-            exit_code=code,
-            reason=self.reason,
-            first_failure=self.first_failure,
-            signal_name=self.signal_name,
-            still_running=self.still_running,
-            lost_host=self.lost_host,
-            lost_detail=self.lost_detail,
-            timeout=self.timeout,
-        )
+    def until_deadline(self, now: float) -> float | None:
+        """Seconds until the timeout fires (None: no timeout pending)."""
+        if self.deadline is None or self.cause is not None:
+            return None
+        return max(0.0, self.deadline - now)
+
+
+def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
+    """Run the started attempt to its end: wait for events and hand them to `sup`."""
+    now = time.monotonic()
+    next_check = now + check_every
+    for node in sup.nodes:
+        node.last_heard = max(node.last_heard, now)  # we were not listening before the attempt started
+    with selectors.DefaultSelector() as sel:
+        sel.register(wake_fd, selectors.EVENT_READ, None)
+        for node in sup.nodes:
+            if not node.finished:
+                sel.register(node.link, selectors.EVENT_READ, node)
+        while not sup.done:
+            wait = next_check - now
+            until = sup.until_deadline(now)
+            if until is not None:
+                wait = min(wait, until)
+            events = sel.select(max(0.0, wait))
+            selected = time.monotonic()
+            for key, _ in events:
+                node = key.data
+                if node is None:
+                    for signum in read_signals(wake_fd):
+                        sup.on_signal(signum, selected)
+                    continue
+                frames = node.read()
+                if frames is None:
+                    sel.unregister(node.link)
+                    sup.on_closed(node, selected)
+                    continue
+                for kind, rank, payload in frames:
+                    sup.on_frame(node, kind, rank, payload, selected)
+                if node.finished:
+                    sel.unregister(node.link)
+            sup.relay.flush()
+            now = time.monotonic()
+            if now - selected > check_every:
+                # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
+                for node in sup.nodes:
+                    node.last_heard = max(node.last_heard, now)
+            if now >= next_check or (sup.deadline is not None and now >= sup.deadline):
+                next_check = now + check_every
+                sup.on_tick(now)
+    return sup.outcome()

@@ -1,18 +1,26 @@
-"""The launcher's side of one agent connection, whatever carries it."""
+"""The seam between the launch loop and whatever carries an agent's bytes: `Link` and `Transport`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
+
+from launcher.hosts import Host
 
 
 class Link(Protocol):
     """A byte pipe to one host's agent.
 
     `fileno()` is selectable: readable when `recv()` has data or the link closed (`recv()` then returns b"").
+    `heartbeat`: the link can go silent without closing (a network between us), so both ends exchange BEATs;
+    a local pipe says everything by closing. `peer_addr`: the address this machine reached the host by;
+    `local_addr`: this machine's address on the way there (both None when unknown, e.g. through a proxy).
     """
 
     host: str
-    remote: bool
+    heartbeat: bool
+    peer_addr: str | None
+    local_addr: str | None
 
     def fileno(self) -> int: ...
 
@@ -32,4 +40,15 @@ class Link(Protocol):
 
     def abort(self) -> None:
         """Last resort when the agent does not finish: drop the connection / kill the agent process."""
+        ...
+
+
+class Transport(Protocol):
+    """Starts one agent per host (local pipe, SSH, srun, ...)."""
+
+    def open(self, hosts: Sequence[Host]) -> dict[str, Link]:
+        """A link per host name, each with a running agent; all or nothing.
+
+        On any failure every link already made is dropped and HostError names the failing host.
+        """
         ...

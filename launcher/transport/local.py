@@ -6,14 +6,21 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 
-from launcher.agent import ORPHAN_GRACE_CAP, READ_SIZE, local_argv, write_all
+from launcher.agent import ORPHAN_GRACE_CAP
+from launcher.hosts import Host
+from launcher.protocol import READ_SIZE, write_all
+from launcher.transport.bootstrap import local_argv
+from launcher.transport.link import Link
 
 
 class LocalLink:
     """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
 
-    remote = False
+    heartbeat = False
+    peer_addr: str | None = None
+    local_addr: str | None = None
 
     def __init__(self, host: str, python: str = sys.executable) -> None:
         self.host = host
@@ -65,3 +72,18 @@ class LocalLink:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+
+
+class LocalTransport:
+    """Hosts that are this machine: one agent process each, started with this interpreter."""
+
+    def open(self, hosts: Sequence[Host]) -> dict[str, Link]:
+        links: dict[str, Link] = {}
+        try:
+            for host in hosts:
+                links[host.name] = LocalLink(host.name)
+        except BaseException:
+            for link in links.values():
+                link.abort()
+            raise
+        return links

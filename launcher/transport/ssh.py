@@ -5,11 +5,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from launcher.agent import READ_SIZE, agent_source, remote_command
+from launcher.config import SshOptions
 from launcher.errors import HostError
+from launcher.hosts import Host
+from launcher.protocol import READ_SIZE
+from launcher.transport.bootstrap import remote_command, shipped_sources
+from launcher.transport.link import Link
 
 if TYPE_CHECKING:
     import paramiko
@@ -18,9 +22,11 @@ if TYPE_CHECKING:
 class SshLink:
     """One channel per host, whatever its rank count: sshd's MaxSessions (10) never limits the job."""
 
-    remote = True
+    heartbeat = True
 
-    def __init__(self, host: str, client: paramiko.SSHClient, pythons: list[str]) -> None:
+    def __init__(
+        self, host: str, client: paramiko.SSHClient, pythons: Sequence[str], sources: Sequence[bytes]
+    ) -> None:
         self.host = host
         self._client = client
         transport = client.get_transport()
@@ -31,10 +37,10 @@ class SshLink:
         if isinstance(transport.sock, socket.socket):
             self.local_addr = str(transport.sock.getsockname()[0])
         self._channel = transport.open_session()
-        source = agent_source()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.
-        self._channel.exec_command(remote_command(pythons, source))
-        self._channel.sendall(source)
+        self._channel.exec_command(remote_command(pythons, sources))
+        for source in sources:
+            self._channel.sendall(source)
         self._stderr = bytearray()
 
     def fileno(self) -> int:
@@ -75,17 +81,18 @@ class SshLink:
         self._client.close()
 
 
-def open_links(clients: Mapping[str, paramiko.SSHClient], pythons: list[str]) -> dict[str, SshLink]:
+def open_links(clients: Mapping[str, paramiko.SSHClient], pythons: Sequence[str]) -> dict[str, SshLink]:
     """Start the agent on every connected host at once (each exec waits for sshd to start a session).
 
     All or nothing: if any host refuses, the links already made are dropped and HostError names that host.
     """
     links: dict[str, SshLink] = {}
     failures: dict[str, BaseException] = {}
+    sources = shipped_sources()
 
     def start(name: str, client: paramiko.SSHClient) -> None:
         try:
-            links[name] = SshLink(name, client, pythons)
+            links[name] = SshLink(name, client, pythons, sources)
         except Exception as exc:  # paramiko raises several unrelated types; each becomes one line below
             failures[name] = exc
 
@@ -103,3 +110,25 @@ def open_links(clients: Mapping[str, paramiko.SSHClient], pythons: list[str]) ->
         name = next(n for n in clients if n in failures)
         raise HostError(f"host {name}: cannot start the distrun agent: {failures[name] or 'channel refused'}")
     return links
+
+
+class SshTransport:
+    """Remote hosts over SSH: connect to all in parallel, then one agent channel each.
+
+    `pythons`: the interpreters to try for the agent, in order (see `remote_command`).
+    """
+
+    def __init__(self, options: SshOptions, pythons: Sequence[str]) -> None:
+        self._options = options
+        self._pythons = list(pythons)
+
+    def open(self, hosts: Sequence[Host]) -> dict[str, Link]:
+        from launcher.transport.sshconn import connect_all  # paramiko is slow to import: only when needed
+
+        clients = connect_all(hosts, self._options)
+        try:
+            return dict(open_links(clients, self._pythons))
+        except BaseException:
+            for client in clients.values():
+                client.close()
+            raise

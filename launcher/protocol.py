@@ -1,0 +1,170 @@
+"""The launcher <-> agent protocol: frames, message kinds and message bodies, in one place.
+
+Both sides import this module. It is stdlib-only and runs on Python 3.7, because it is shipped to remote hosts
+together with the agent (see `launcher.transport.bootstrap`).
+
+The agent first writes MAGIC (a remote login shell may print anything before it), then only frames:
+HEADER (kind, rank, payload length) followed by the payload. Message bodies are JSON objects built from the
+dataclasses below; a reader ignores keys it does not know and fills fields it does not get with their
+defaults, so a field can be added without breaking the other side. A change that cannot be read that way bumps
+VERSION: the agent announces its version in HELLO and the launcher refuses a mismatch.
+
+Lifecycle of one connection:
+  agent: HELLO
+  per attempt: launcher PROBE -> agent FACTS; launcher START -> agent OUT/ERR/EXIT ... DONE
+  any time: launcher STOP / KILL; both ways BEAT (when PROBE asked for heartbeats)
+  launcher closes its end (EOF): the agent stops whatever still runs and exits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+VERSION = 2
+MAGIC = b"\x00distrun-agent\x00"
+HEADER = struct.Struct("!BiI")  # kind, rank (-1: the agent itself), payload length
+READ_SIZE = 1 << 16
+
+# launcher -> agent
+PROBE, START, STOP, KILL = 1, 2, 3, 4
+# agent -> launcher
+HELLO, FACTS, OUT, ERR, EXIT, DONE = 9, 10, 11, 12, 13, 14
+# both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
+BEAT = 20
+
+# Annotations stay strings (`from __future__`), so the modern spellings below also run on Python 3.7.
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Hello:
+    version: int
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """Preflight question, sent at the start of every attempt.
+
+    `heartbeat`/`dead_after`: seconds between BEATs each way, and the silence after which the agent decides
+    the launcher is gone (0: no heartbeats; a local agent's pipe closing says all).
+    """
+
+    ports: int
+    cwd: str
+    route_to: str | None = None
+    python: str | None = None
+    heartbeat: float = 0.0
+    dead_after: float = 0.0
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One agent's preflight answer.
+
+    `route_addr`/`route_ifname` are the local address and interface this host uses to reach the rendezvous
+    address it was asked about (None when it was not asked or has no route).
+    """
+
+    hostname: str
+    python: str
+    cwd_exists: bool
+    gpu_count: int
+    free_ports: list[int]
+    route_addr: str | None = None
+    route_ifname: str | None = None
+    python_found: bool = True
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank to start: `env` is applied over the host's environment, `defaults` only where it has none."""
+
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    defaults: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    cwd: str
+    grace: float
+    ranks: list[RankSpec]
+
+
+@dataclass(frozen=True)
+class RankExited:
+    """`returncode`: as subprocess reports it, -N for a death by signal N."""
+
+    returncode: int
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def encode(kind: int, rank: int = -1, payload: bytes = b"") -> bytes:
+    return HEADER.pack(kind, rank, len(payload)) + payload
+
+
+def encode_message(kind: int, message: Any, rank: int = -1) -> bytes:
+    return encode(kind, rank, json.dumps(dataclasses.asdict(message)).encode())
+
+
+def _build(cls: type[M], data: dict[str, Any]) -> M:
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def decode_message(cls: type[M], payload: bytes) -> M:
+    """The message of type `cls` in `payload`; nested RankSpecs of a StartRequest are built too."""
+    data = json.loads(payload)
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object for {cls.__name__}")
+    if cls is StartRequest:
+        data = dict(data, ranks=[_build(RankSpec, r) for r in data.get("ranks", [])])
+    return _build(cls, data)
+
+
+class FrameReader:
+    """Splits a byte stream into (kind, rank, payload) frames.
+
+    With `after_magic`, bytes before the agent's MAGIC are set aside in `preamble` instead of being parsed.
+    """
+
+    def __init__(self, after_magic: bool = False) -> None:
+        self._buf = bytearray()
+        self._waiting_for_magic = after_magic
+        self.preamble = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        self._buf += data
+        if self._waiting_for_magic:
+            at = self._buf.find(MAGIC)
+            if at < 0:
+                return []
+            self.preamble = bytes(self._buf[:at])
+            del self._buf[: at + len(MAGIC)]
+            self._waiting_for_magic = False
+        frames = []
+        pos = 0
+        buf = self._buf
+        size = HEADER.size
+        while len(buf) - pos >= size:
+            kind, rank, length = HEADER.unpack_from(buf, pos)
+            end = pos + size + length
+            if end > len(buf):
+                break
+            frames.append((kind, rank, bytes(buf[pos + size : end])))
+            pos = end
+        if pos:
+            del buf[:pos]
+        return frames

@@ -1,0 +1,92 @@
+"""In-process stand-ins for the launcher's side effects: links to agents that are scripts, not processes."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from launcher.hosts import Host
+from launcher.logs import LogOptions, LogRelay
+from launcher.node import Node
+from launcher.plan import Slot
+from launcher.protocol import (
+    DONE,
+    EXIT,
+    HELLO,
+    MAGIC,
+    VERSION,
+    FrameReader,
+    Hello,
+    RankExited,
+    encode,
+    encode_message,
+)
+
+
+class FakeLink:
+    """A Link whose agent is the test: `push` queues bytes for `recv`, `sent` records decoded frames."""
+
+    def __init__(self, host: str, *, heartbeat: bool = False) -> None:
+        self.host = host
+        self.heartbeat = heartbeat
+        self.peer_addr: str | None = None
+        self.local_addr: str | None = None
+        self.inbox: list[bytes] = []
+        self.sent: list[tuple[int, int, bytes]] = []
+        self.aborted = self.closed = False
+        self._reader = FrameReader()
+        self._r, self._w = os.pipe()  # selectable, for tests that run the real loop
+
+    def push(self, data: bytes) -> None:
+        self.inbox.append(data)
+        os.write(self._w, b"x")
+
+    def fileno(self) -> int:
+        return self._r
+
+    def send(self, data: bytes) -> None:
+        self.sent.extend(self._reader.feed(data))
+
+    def recv(self) -> bytes | None:
+        os.read(self._r, 1)
+        return self.inbox.pop(0) if self.inbox else None
+
+    def diagnostics(self) -> str:
+        return "agent said goodbye"
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def kinds(self) -> list[int]:
+        return [kind for kind, _, _ in self.sent]
+
+
+def hello(version: int = VERSION) -> bytes:
+    return MAGIC + encode_message(HELLO, Hello(version, 1))
+
+
+def exited(rank: int, code: int) -> bytes:
+    return encode_message(EXIT, RankExited(code), rank)
+
+
+DONE_FRAME = encode(DONE)
+
+
+def fake_nodes(ranks_per_host: dict[str, int], *, heartbeat: bool = False) -> list[Node]:
+    """Nodes over FakeLinks, with consecutive ranks assigned host by host."""
+    nodes, rank = [], 0
+    for index, (name, count) in enumerate(ranks_per_host.items()):
+        host = Host(name, slots=count)
+        node = Node(host, FakeLink(name, heartbeat=heartbeat), local=not heartbeat)
+        node.slots = tuple(Slot(rank + i, i, index, host) for i in range(count))
+        rank += count
+        nodes.append(node)
+    return nodes
+
+
+def memory_relay(ranks: dict[int, str]) -> tuple[LogRelay, io.BytesIO, io.BytesIO]:
+    out, err = io.BytesIO(), io.BytesIO()
+    return LogRelay(out, err, ranks, LogOptions()), out, err
