@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,7 +108,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--checkpoint", default="checkpoints/digits_cnn.pt", help="written by rank 0 each epoch"
     )
-    parser.add_argument("--resume", action="store_true", help="continue from --checkpoint if it exists")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from --checkpoint if it exists (always, when restarted by distrun or torchrun)",
+    )
     parser.add_argument("--json-out", help="rank 0 writes the final metrics here")
     return parser.parse_args(argv)
 
@@ -133,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     )
 
     start_epoch = 0
-    if args.resume:
+    # A restarted job (distrun or torchrun --max-restarts) picks up where the last attempt stopped.
+    if args.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         state = hvd.load_checkpoint(args.checkpoint)
         if state is not None:
             model.load_state_dict(state["model"])

@@ -21,7 +21,7 @@ from click.core import ParameterSource
 
 from launcher import __version__
 from launcher.command import resolve_command
-from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
+from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
 from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
 from launcher.facts import Rendezvous
@@ -91,6 +91,32 @@ def _level(source: ParameterSource | None) -> int:
 @_option("--output-dir", metavar="DIR", help="Also write each rank's raw output to DIR.")
 @_option("--ranks", metavar="LIST", help="Show only these ranks on the console, e.g. 0,2-3.")
 @_option("--timeout", type=float, metavar="SECONDS", help="Stop the job after SECONDS (exit 124).")
+@_option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="Restart the job up to N times when a rank fails or a host is lost [default: 0; 3 with --min-np].",
+)
+@_option(
+    "--restart-delay",
+    type=float,
+    metavar="SECONDS",
+    default=1.0,
+    show_default=True,
+    help="Pause before a restart.",
+)
+@_option(
+    "--min-np",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Elastic: go on without lost hosts down to N ranks.",
+)
+@_option("--max-np", type=click.IntRange(min=1), metavar="N", help="Elastic: at most N ranks [default: -np].")
+@_option(
+    "--host-discovery-script",
+    metavar="PATH",
+    help="Elastic: executable printing 'host[:slots]' lines; new hosts join at the next restart.",
+)
 @_option(
     "--grace-period",
     type=float,
@@ -235,6 +261,34 @@ def _word(value: str | None, option: str) -> str | None:
     return value
 
 
+def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions:
+    min_np, max_np = values["min_np"], values["max_np"]
+    script = values["host_discovery_script"]
+    if min_np is None and (max_np is not None or script is not None):
+        given = "--max-np" if max_np is not None else "--host-discovery-script"
+        raise UsageError(f"{given} makes the job elastic and needs --min-np")
+    if min_np is not None:
+        max_np = num_proc if max_np is None else max_np
+        if not min_np <= num_proc <= max_np:
+            raise UsageError(
+                f"--min-np {min_np}, -np {num_proc} and --max-np {max_np} must satisfy min <= np <= max"
+            )
+    if script is not None:
+        path = Path(script).expanduser()
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UsageError(f"--host-discovery-script {script}: not an executable file")
+        script = path.resolve()
+    max_restarts = values["max_restarts"]
+    if max_restarts is None:
+        max_restarts = 3 if min_np is not None else 0
+    delay = values["restart_delay"]
+    if not (math.isfinite(delay) and delay >= 0):
+        raise UsageError(f"--restart-delay must be zero or a positive number of seconds, got {delay:g}")
+    return RestartOptions(
+        max_restarts=max_restarts, delay=delay, min_np=min_np, max_np=max_np, discovery_script=script
+    )
+
+
 def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Request:
     command = tuple(values["command"])
     resolve_command(command, values["python"] or sys.executable)
@@ -255,6 +309,7 @@ def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Requ
         console_ranks=None if ranks is None else parse_rank_filter(ranks, plan.world_size),
         timeout=None if values["timeout"] is None else _seconds(values["timeout"], "--timeout"),
         grace_period=_seconds(values["grace_period"], "--grace-period"),
+        restart=_restart_options(values, plan.world_size),
         python=_word(values["python"], "--python"),
         network_interface=_word(values["network_interface"], "--network-interface"),
         color=values["color"],

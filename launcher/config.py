@@ -29,6 +29,26 @@ class SshOptions:
 
 
 @dataclass(frozen=True)
+class RestartOptions:
+    """When and how an attempt that failed is followed by another (see docs/attempts.md).
+
+    `min_np` set makes the job elastic: a lost host is left out and the job goes on with fewer ranks, down to
+    `min_np`; `max_np` caps how many ranks hosts found by `discovery_script` may bring it back up to.
+    """
+
+    max_restarts: int = 0
+    delay: float = 1.0
+    min_np: int | None = None
+    max_np: int | None = None
+    discovery_script: Path | None = None
+    cooldown: float = 60.0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_np is not None
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     """A launch request after parsing; `command` is what every worker runs, argv-style, untouched."""
 
@@ -44,6 +64,7 @@ class LaunchConfig:
     console_ranks: frozenset[int] | None = None
     timeout: float | None = None
     grace_period: float = 5.0
+    restart: RestartOptions = field(default_factory=RestartOptions)
     python: str | None = None
     network_interface: str | None = None
     color: bool | None = None

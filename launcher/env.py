@@ -183,6 +183,8 @@ def rank_env(
     ifname: str | None,
     launcher_env: Mapping[str, str] | None,
     workers: Sequence[str],
+    restart_count: int = 0,
+    max_restarts: int = 0,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """One rank's (forced, defaults), as `split_defaults` gives them, for launches and dry runs alike.
 
@@ -190,8 +192,9 @@ def rank_env(
     """
     user_env = {**launcher_env, **exports} if launcher_env is not None else exports
     env = worker_env(
-        slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname, workers=workers
-    )
+        slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname, workers=workers,
+        restart_count=restart_count, max_restarts=max_restarts,
+    )  # fmt: skip
     return split_defaults(env, exports)
 
 

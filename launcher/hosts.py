@@ -87,6 +87,12 @@ def _parse_token(token: str) -> _Token:
     return _Token(user, name, slots)
 
 
+def parse_host_entry(token: str, origin: str) -> Host:
+    """One `[user@]host[:slots]` entry; ValueError says what is wrong with it."""
+    parsed = _parse_token(token.strip())
+    return Host(name=parsed.name, slots=parsed.slots or 1, user=parsed.user, origin=origin)
+
+
 def _host_key(host: Host) -> str:
     """Two entries naming the same host (DNS names are case-insensitive), whatever the user.
 

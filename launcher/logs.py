@@ -103,6 +103,10 @@ class LogRelay:
             text = f"\x1b[{_COLORS[rank % len(_COLORS)]}m{text}\x1b[0m"
         return (text + " ").encode()
 
+    def set_hosts(self, hosts: dict[int, str]) -> None:
+        """A new attempt may place ranks on other hosts (elastic): prefixes follow, files stay per rank."""
+        self._prefixes = {rank: self._make_prefix(rank, host) for rank, host in hosts.items()}
+
     def feed(self, rank: int, stream: Stream, data: bytes) -> None:
         file = self._files.get((rank, stream))
         if file is not None:

@@ -9,23 +9,28 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
+from launcher.discovery import discover
 from launcher.env import rank_env, tf_workers
-from launcher.errors import HostError
+from launcher.errors import DistrunError, HostError
 from launcher.facts import Rendezvous
+from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, Node, close_all, connect
-from launcher.plan import Plan, Slot, make_plan
+from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
-from launcher.result import Outcome
+from launcher.restart import GiveUp, HostBook, cause, decide
+from launcher.result import HostLost, Outcome, Signalled
 from launcher.summary import summarize
-from launcher.supervise import Supervisor, probe, signal_pipe, supervise
+from launcher.supervise import STOP_SIGNALS, Supervisor, probe, read_signals, signal_pipe, supervise
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +45,7 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
     relay = LogRelay(
         out or sys.stdout.buffer,
         err or sys.stderr.buffer,
-        {s.rank: s.host.name for s in plan.slots},
+        _rank_hosts(plan),
         LogOptions(
             prefix=config.prefix,
             timestamp=config.timestamp,
@@ -49,36 +54,157 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             output_dir=config.output_dir,
         ),
     )
-    nodes: list[Node] = []
+    job: Job | None = None
     try:
-        # Connecting happens before signals are redirected: Ctrl-C then interrupts the handshakes at once.
+        # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         nodes = connect(plan.nodes, config)
         with signal_pipe() as wake_fd:
-            with Heartbeat(nodes, min(HEARTBEAT, config.ssh.keepalive_interval)):
-                outcome = Job(config, relay, wake_fd).run(plan, nodes)
-            relay.note(summarize(outcome, relay.stderr_tail))
+            job = Job(config, relay, wake_fd, nodes)
+            with job.heartbeat:
+                outcome = job.run(plan)
+            relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
+            if job.give_up is not None and job.give_up.below_min_np:
+                raise HostError(job.give_up.message or "too few ranks left")
             return outcome.exit_code
     finally:
         # Links first: whatever happens to the console or the log files, the agents must hear EOF.
         try:
-            close_all(nodes)
+            if job is not None:
+                close_all(list(job.nodes.values()))
         finally:
             relay.close()
 
 
-class Job:
-    """The attempt loop over connected nodes: initialize, monitor, (later) restart."""
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt, for the console and the summary: where it ran and how it ended."""
 
-    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int) -> None:
+    index: int
+    world_size: int
+    hosts: tuple[str, ...]
+    outcome: Outcome
+
+
+class Job:
+    """The attempt loop over connected nodes: initialize, monitor, restart (torchelastic's agent lifecycle).
+
+    Each step is a method, so a test can replace one (say `run_attempt`) and check the loop around it.
+    """
+
+    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
         self.config = config
         self.relay = relay
         self.wake_fd = wake_fd
+        self.nodes = {node.name: node for node in nodes}
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
         self.cwd = os.getcwd()
         self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
+        self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
+        self.heartbeat = Heartbeat(nodes, self.check_every)
+        self.started = time.monotonic()
+        self.attempts: list[AttemptRecord] = []
+        self.book = HostBook()
+        self.give_up: GiveUp | None = None
+        self._last_port: int | None = None
 
-    def run(self, plan: Plan, nodes: Sequence[Node]) -> Outcome:
-        return self.run_attempt(0, plan, nodes)
+    def run(self, plan: Plan) -> Outcome:
+        """Attempts until one ends the job; the last attempt's outcome."""
+        options = self.config.restart
+        while True:
+            index = len(self.attempts)
+            if index:
+                self.relay.note([f"attempt {index}: {_ranks_on_hosts(plan)}"])
+            outcome = self.attempt(index, plan)
+            self.attempts.append(
+                AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
+            )
+            decision = decide(
+                outcome,
+                restarts_done=index,
+                options=options,
+                hosts=plan.nodes,
+                num_proc=plan.world_size,
+                book=self.book,
+                now=time.monotonic(),
+                discovered=self.discover() if outcome.retryable and index < options.max_restarts else (),
+            )
+            if isinstance(decision, GiveUp):
+                self.give_up = decision
+                return outcome
+            self.relay.note(
+                [
+                    f"attempt {index} failed: {decision.reason}; restarting in {options.delay:g}s "
+                    f"(restart {index + 1} of {options.max_restarts})"
+                ]
+            )
+            interrupted = self.pause(options.delay)
+            if interrupted is not None:
+                return interrupted
+            plan = make_plan(decision.hosts, decision.num_proc)
+
+    def closing_lines(self) -> list[str]:
+        """Every attempt with its cause (when there was more than one), then why the job did not go on."""
+        lines = []
+        if len(self.attempts) > 1:
+            lines.append(f"{len(self.attempts)} attempts:")
+            lines.extend(
+                f"  attempt {a.index}: {plural(a.world_size, 'rank', 'ranks')} on {', '.join(a.hosts)}: "
+                f"{cause(a.outcome)}"
+                for a in self.attempts
+            )
+        if self.give_up is not None and self.give_up.message and not self.give_up.below_min_np:
+            lines.append(self.give_up.message)
+        return lines
+
+    # -- between attempts
+
+    def discover(self) -> tuple[Host, ...]:
+        script = self.config.restart.discovery_script
+        if script is None:
+            return ()
+        try:
+            return discover(script)
+        except DistrunError as err:
+            # A flaky discovery script must not end a job that could go on with the hosts it has.
+            log.warning("%s; going on with the hosts already known", err)
+            return ()
+
+    def pause(self, seconds: float) -> Outcome | None:
+        """Wait before a restart; a signal meanwhile ends the job (None: the pause ran out)."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([self.wake_fd], [], [], left)
+            if readable:
+                received = read_signals(self.wake_fd)
+                stop = [s for s in received if s in STOP_SIGNALS]
+                if stop:
+                    return Signalled(stop[0])
+        return None
+
+    def nodes_for(self, plan: Plan) -> list[Node]:
+        """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
+        wanted = {h.name for h in plan.nodes}
+        for name in [n for n in self.nodes if n not in wanted or self.nodes[n].lost]:
+            node = self.nodes.pop(name)
+            if not node.lost:
+                node.link.close()
+        missing = [h for h in plan.nodes if h.name not in self.nodes]
+        if missing:
+            fresh = connect(missing, self.config)
+            self.heartbeat.add(fresh)
+            self.nodes.update((node.name, node) for node in fresh)
+        return [self.nodes[h.name] for h in plan.nodes]
+
+    def attempt(self, index: int, plan: Plan) -> Outcome:
+        """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
+        try:
+            return self.run_attempt(index, plan, self.nodes_for(plan))
+        except HostError as err:
+            if index == 0 or err.host is None:
+                raise
+            if err.host in self.nodes:
+                self.nodes[err.host].drop()
+            return HostLost(err.host, str(err).removeprefix(f"host {err.host}: "))
 
     # -- one attempt, step by step
 
@@ -86,6 +212,7 @@ class Job:
         for node, slots in zip(nodes, _slots_by_node(plan), strict=True):
             node.slots = slots
             node.finished = False
+        self.relay.set_hosts(_rank_hosts(plan))
         master_addr = self.master_addr(nodes)
         self.probe(nodes, master_addr)
         rdzv = self.rendezvous(plan, nodes, master_addr)
@@ -93,12 +220,13 @@ class Job:
         sup = Supervisor(
             nodes,
             self.relay,
+            # --timeout bounds the whole job, restarts included.
             timeout=self.config.timeout,
             grace=self.config.grace_period,
             dead_after=self.dead_after,
-            now=time.monotonic(),
+            now=self.started,
         )
-        outcome = supervise(sup, self.wake_fd, min(HEARTBEAT, self.config.ssh.keepalive_interval))
+        outcome = supervise(sup, self.wake_fd, self.check_every)
         self.relay.finish()
         return outcome
 
@@ -121,12 +249,12 @@ class Job:
         raise HostError("every remote host is reached through a proxy; give --master-addr")
 
     def probe(self, nodes: Sequence[Node], master_addr: str) -> None:
-        heartbeat = min(HEARTBEAT, self.config.ssh.keepalive_interval)
+        heartbeat = self.check_every
         python = self.config.python or sys.executable
         requests = [
             ProbeRequest(
-                # Rank 0's host also probes the rendezvous port.
-                ports=len(node.slots) + (1 if i == 0 else 0),
+                # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
+                ports=len(node.slots) + (2 if i == 0 else 0),
                 cwd=self.cwd,
                 route_to=master_addr,
                 python=python,
@@ -156,9 +284,14 @@ class Job:
             master_addr if i == 0 or all_local else (_facts(node).route_addr or node.name)
             for i, node in enumerate(nodes)
         )
-        master_port = self.config.master_port or _facts(nodes[0]).free_ports[0]
+        rank0_ports = list(_facts(nodes[0]).free_ports)
+        fresh = next(p for p in rank0_ports if p != self._last_port)
+        rank0_ports.remove(fresh)
+        rank0_ports.pop(0)  # the other candidate
+        master_port = self.config.master_port or fresh
+        self._last_port = master_port
         tf_ports = tuple(
-            tuple(_facts(node).free_ports[1:] if i == 0 else _facts(node).free_ports)[: len(node.slots)]
+            tuple(rank0_ports if i == 0 else _facts(node).free_ports)[: len(node.slots)]
             for i, node in enumerate(nodes)
         )
         return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
@@ -185,6 +318,7 @@ class Job:
                     slot, plan, rdzv, run_id=self.run_id, exports=exports,
                     ifname=config.network_interface or facts.route_ifname,
                     launcher_env=os.environ if node.local else None, workers=workers,
+                    restart_count=attempt, max_restarts=config.restart.max_restarts,
                 )  # fmt: skip
                 ranks.append(RankSpec(slot.rank, argv, env, defaults))
             node.send(encode_message(START, StartRequest(self.cwd, config.grace_period, ranks)))
@@ -197,6 +331,14 @@ class Job:
 def _facts(node: Node) -> Facts:
     assert node.facts is not None, "probe() sets every node's facts"
     return node.facts
+
+
+def _rank_hosts(plan: Plan) -> dict[int, str]:
+    return {s.rank: s.host.name for s in plan.slots}
+
+
+def _ranks_on_hosts(plan: Plan) -> str:
+    return f"{plural(plan.world_size, 'rank', 'ranks')} on {plural(plan.node_count, 'host', 'hosts')}"
 
 
 def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:

@@ -1,0 +1,155 @@
+"""Restart decisions (pure) and the attempt loop around them, in-process with scripted attempts."""
+
+from __future__ import annotations
+
+import io
+import signal
+from pathlib import Path
+
+import pytest
+
+from launcher.config import LaunchConfig, RestartOptions
+from launcher.discovery import DiscoveryError, parse_discovery_output
+from launcher.hosts import Host
+from launcher.logs import LogOptions, LogRelay
+from launcher.node import Node
+from launcher.plan import Plan, make_plan
+from launcher.restart import GiveUp, HostBook, Restart, decide
+from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.run import Job
+from launcher.supervise import signal_pipe
+
+A, B, C = Host("a", slots=2), Host("b", slots=2), Host("c", slots=2)
+FAILED_ON_B = RankFailed(RankExit(2, "b", 1))
+LOST_B = HostLost("b", "no word from it for 10s")
+ELASTIC = RestartOptions(max_restarts=3, min_np=2, max_np=6, cooldown=60.0)
+
+
+def _decide(outcome: Outcome, options: RestartOptions, done: int = 0, **kw: object) -> Restart | GiveUp:
+    kw.setdefault("book", HostBook())
+    return decide(
+        outcome,
+        restarts_done=done,
+        options=options,
+        hosts=(A, B),
+        num_proc=4,
+        now=0.0,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    "outcome", [Succeeded(), Signalled(signal.SIGINT), Signalled(signal.SIGTERM), TimedOut(5.0)]
+)
+def test_success_signals_and_timeout_never_restart(outcome: Outcome) -> None:
+    assert _decide(outcome, RestartOptions(max_restarts=5)) == GiveUp()
+
+
+@pytest.mark.parametrize("outcome", [FAILED_ON_B, LOST_B])
+def test_a_failure_restarts_on_the_same_hosts_until_restarts_run_out(outcome: Outcome) -> None:
+    options = RestartOptions(max_restarts=2)
+    again = _decide(outcome, options, done=1)
+    assert isinstance(again, Restart) and (again.hosts, again.num_proc) == ((A, B), 4)
+    assert again.reason.startswith(("rank 2 (host b) exited with code 1", "lost host b"))
+    assert _decide(outcome, options, done=2) == GiveUp("no restarts left (2 restarts used)")
+
+
+def test_without_restarts_a_failure_simply_ends_the_job() -> None:
+    assert _decide(FAILED_ON_B, RestartOptions()) == GiveUp()
+
+
+def test_elastic_goes_on_without_a_lost_host() -> None:
+    again = _decide(LOST_B, ELASTIC)
+    assert isinstance(again, Restart) and (again.hosts, again.num_proc) == ((A,), 2)
+
+
+def test_elastic_below_min_np_gives_up_naming_what_is_left() -> None:
+    options = RestartOptions(max_restarts=3, min_np=3, max_np=4)
+    verdict = _decide(LOST_B, options)
+    assert verdict == GiveUp("only 2 slots left without b (a), fewer than --min-np 3", below_min_np=True)
+
+
+def test_elastic_leaves_out_a_host_that_fails_twice_in_a_row() -> None:
+    book = HostBook()
+    first = _decide(FAILED_ON_B, ELASTIC, book=book)
+    assert isinstance(first, Restart) and first.hosts == (A, B)
+    second = _decide(FAILED_ON_B, ELASTIC, done=1, book=book)
+    assert isinstance(second, Restart) and second.hosts == (A,)
+
+
+def test_discovered_hosts_join_up_to_max_np_and_excluded_ones_wait_out_their_cooldown() -> None:
+    book = HostBook()
+    options = RestartOptions(max_restarts=3, min_np=2, max_np=5, cooldown=60.0)
+    again = _decide(LOST_B, options, book=book, discovered=(B, C))
+    assert isinstance(again, Restart) and again.hosts == (A, C) and again.num_proc == 4
+    later = decide(
+        FAILED_ON_B, restarts_done=1, options=options, hosts=(A, C), num_proc=4, book=book, now=61.0,
+        discovered=(B,),
+    )  # fmt: skip
+    assert isinstance(later, Restart) and later.hosts == (A, C, B) and later.num_proc == 5
+
+
+def test_discovery_output_is_parsed_with_line_numbers(tmp_path: Path) -> None:
+    script = tmp_path / "discover.sh"
+    assert parse_discovery_output("a:2\n\n# spare\nb\na:4\n", script) == (
+        Host("a", slots=2, origin=f"{script}:1"),
+        Host("b", slots=1, origin=f"{script}:4"),
+    )
+    with pytest.raises(DiscoveryError, match=rf"{script} output line 2 'b:zero'"):
+        parse_discovery_output("a\nb:zero\n", script)
+
+
+class ScriptedJob(Job):
+    """A Job whose attempts are scripted outcomes: the loop's decisions, without processes."""
+
+    def __init__(self, config: LaunchConfig, wake_fd: int, outcomes: list[Outcome]) -> None:
+        self.err = io.BytesIO()
+        super().__init__(config, LogRelay(io.BytesIO(), self.err, {}, LogOptions()), wake_fd, [])
+        self.outcomes = outcomes
+        self.plans: list[Plan] = []
+
+    def nodes_for(self, plan: Plan) -> list[Node]:
+        return []
+
+    def run_attempt(self, attempt: int, plan: Plan, nodes: object) -> Outcome:
+        self.plans.append(plan)
+        return self.outcomes.pop(0)
+
+
+def _job(outcomes: list[Outcome], **restart: object) -> tuple[ScriptedJob, Outcome]:
+    config = LaunchConfig(
+        command=("train.py",),
+        hosts=(A, B),
+        num_proc=4,
+        restart=RestartOptions(delay=0.0, **restart),  # type: ignore[arg-type]
+    )
+    with signal_pipe() as wake_fd:
+        job = ScriptedJob(config, wake_fd, outcomes)
+        return job, job.run(make_plan(config.hosts, config.num_proc))
+
+
+def test_the_loop_runs_attempts_until_one_succeeds_and_lists_them() -> None:
+    job, outcome = _job([FAILED_ON_B, LOST_B, Succeeded()], max_restarts=3)
+    assert outcome == Succeeded() and len(job.plans) == 3
+    lines = job.closing_lines()
+    assert lines[0] == "3 attempts:"
+    assert "attempt 1: 4 ranks on a, b: lost host b" in lines[2]
+    assert b"restarting in 0s (restart 2 of 3)" in job.err.getvalue()
+
+
+def test_the_loop_stops_at_a_signal_even_with_restarts_left() -> None:
+    job, outcome = _job([FAILED_ON_B, Signalled(signal.SIGINT)], max_restarts=5)
+    assert outcome.exit_code == 130 and len(job.plans) == 2
+
+
+def test_the_elastic_loop_shrinks_the_world_and_keeps_ranks_dense() -> None:
+    job, outcome = _job([LOST_B, Succeeded()], max_restarts=3, min_np=2, max_np=4)
+    assert outcome == Succeeded()
+    assert [p.world_size for p in job.plans] == [4, 2]
+    assert [s.rank for s in job.plans[1].slots] == [0, 1] and job.plans[1].nodes == (A,)
+
+
+def test_the_elastic_loop_below_min_np_gives_up_with_the_reason() -> None:
+    job, outcome = _job([LOST_B], max_restarts=3, min_np=3, max_np=4)
+    assert outcome == LOST_B
+    assert job.give_up is not None and job.give_up.below_min_np
