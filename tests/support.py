@@ -20,7 +20,12 @@ def distrun_argv(*args: str | os.PathLike[str]) -> list[str]:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without DISTRUN_* settings and with GPUs hidden: CPU tests run gloo on any machine.
+
+    tests/gpu builds its own environment, with the GPUs visible.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
