@@ -16,7 +16,7 @@ __all__ = ["OWN_GPUS_VAR", "BackendChoice", "GpuView", "choose_backend", "is_gpu
 
 # Set by `distrun --gpus-per-rank N` next to each rank's own CUDA_VISIBLE_DEVICES: the devices a rank sees are
 # its own, so two ranks that each see one device do not share it.
-OWN_GPUS_VAR = "DISTRUN_GPUS_PER_RANK"
+OWN_GPUS_VAR = "DISTRUN_OWN_GPUS"
 
 
 @dataclasses.dataclass(frozen=True)

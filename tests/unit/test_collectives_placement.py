@@ -94,7 +94,7 @@ def test_explicit_nccl_where_it_works() -> None:
 
 def test_view_from_env() -> None:
     view = GpuView.from_env(
-        {"DISTRUN_GPUS_PER_RANK": "2", "CUDA_VISIBLE_DEVICES": "4,5"}, cuda=True, nccl=True, count=2
+        {"DISTRUN_OWN_GPUS": "2", "CUDA_VISIBLE_DEVICES": "4,5"}, cuda=True, nccl=True, count=2
     )
     assert view == GpuView(cuda=True, nccl=True, count=2, visible_devices="4,5", own=True)
     assert not GpuView.from_env({}, cuda=True, nccl=True, count=1).own
