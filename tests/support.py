@@ -19,16 +19,17 @@ def distrun_argv(*args: str | os.PathLike[str]) -> list[str]:
     return [sys.executable, "-m", "launcher", *map(str, args)]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This environment without DISTRUN_* settings and with GPUs hidden: CPU tests run gloo on any machine.
-
-    tests/gpu builds its own environment, with the GPUs visible.
-    """
+def gpu_env(**extra: str) -> dict[str, str]:
+    """This environment without DISTRUN_* settings, the GPUs as this machine shows them (tests/gpu)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
-    env["CUDA_VISIBLE_DEVICES"] = ""
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """`gpu_env` with the GPUs hidden: a CPU test's ranks run gloo on a machine with 0, 1 or 8 GPUs."""
+    return gpu_env(**{"CUDA_VISIBLE_DEVICES": "", **extra})
 
 
 def run_distrun(
