@@ -8,6 +8,7 @@ rank its devices and cores. The agent applies the result: CUDA_VISIBLE_DEVICES i
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from launcher.errors import HostError, UsageError
 from launcher.plan import Plan, Slot, plural
 
 _UUID_PREFIXES = ("GPU-", "MIG-")
+# Programs whose ranks usually mean to train on GPUs: a Python program, or a launcher of one.
+_GPU_JOB_PROGRAMS = re.compile(r"python[0-9.]*|torchrun|accelerate|deepspeed|lightning")
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -306,3 +309,29 @@ def describe(plan: Plan, ranks: Sequence[RankDevices]) -> list[str]:
             parts.append(f"rank {slot.rank}: {' '.join(what)}")
         lines.append(f"host {host.name}: " + "; ".join(parts))
     return lines
+
+
+def looks_like_gpu_job(command: Sequence[str]) -> bool:
+    """A Python program (or a launcher of one): the kind of command whose ranks usually want GPUs."""
+    first = os.path.basename(command[0]) if command else ""
+    return first.endswith(".py") or bool(_GPU_JOB_PROGRAMS.fullmatch(first))
+
+
+def shared_gpu_warnings(plan: Plan, gpu_counts: Sequence[int], command: Sequence[str]) -> list[str]:
+    """One line per host whose ranks outnumber its GPUs, when the job looks like GPU training.
+
+    Not an error: the same command may be a CPU job. collectives.init() falls back to gloo there.
+    """
+    if not looks_like_gpu_job(command):
+        return []
+    warnings = []
+    for node, count in enumerate(gpu_counts):
+        ranks = plan.local_size(node)
+        if 0 < count < ranks:
+            warnings.append(
+                f"host {plan.nodes[node].name}: {plural(ranks, 'rank', 'ranks')} share "
+                f"{plural(count, 'GPU', 'GPUs')}, so they cannot each have their own (collectives falls back "
+                f"to gloo there); for a GPU job start at most {count} there, or use --gpus-per-rank on hosts "
+                "with enough"
+            )
+    return warnings

@@ -12,8 +12,10 @@ from launcher.devices import (
     RankDevices,
     describe,
     format_cpulist,
+    looks_like_gpu_job,
     parse_cpulist,
     place_ranks,
+    shared_gpu_warnings,
     split_evenly,
     visible_gpus,
 )
@@ -219,3 +221,26 @@ def test_describe_one_line_per_host() -> None:
         "host a: rank 0: GPUs 0,1 cores 0-3; rank 1: GPUs 2,3 cores 4-7",
         "host b: rank 2: GPU GPU-77e1",
     ]
+
+
+@pytest.mark.parametrize(
+    ("command", "gpu_job"),
+    [
+        (["train.py"], True),
+        (["/usr/bin/python3.11", "-m", "pkg.train"], True),
+        (["torchrun", "x.py"], True),
+        (["hostname"], False),
+        (["bash", "-c", "python x.py"], False),
+    ],
+)
+def test_what_looks_like_a_gpu_job(command: list[str], gpu_job: bool) -> None:
+    assert looks_like_gpu_job(command) is gpu_job
+
+
+def test_shared_gpus_warn_per_host_only_for_gpu_jobs() -> None:
+    plan = make_plan(parse_host_list("a:2,b:4,c:2"), None)
+    assert shared_gpu_warnings(plan, [2, 1, 0], ["train.py"]) == [
+        "host b: 4 ranks share 1 GPU, so they cannot each have their own (collectives falls back to gloo "
+        "there); for a GPU job start at most 1 there, or use --gpus-per-rank on hosts with enough"
+    ]
+    assert shared_gpu_warnings(plan, [2, 1, 0], ["hostname"]) == []
