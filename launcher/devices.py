@@ -176,10 +176,12 @@ def _visible_by_uuid(entries: Sequence[str], gpus: Sequence[Gpu]) -> tuple[Visib
     return tuple(chosen)
 
 
-def _ranks_need(slots: Sequence[Slot]) -> str:
-    """A host's ranks (contiguous) as a sentence's subject: "rank 3 needs", "ranks 0-3 need"."""
-    first, last = slots[0].rank, slots[-1].rank
-    return f"rank {first} needs" if first == last else f"ranks {first}-{last} need"
+def _ranks_need(slots: Sequence[Slot], count: int, noun: str) -> str:
+    """ "rank 3 needs 2 GPUs", "ranks 0-3 need 2 GPUs each (8)": a host's ranks are contiguous."""
+    each = plural(count, noun, noun + "s")
+    if len(slots) == 1:
+        return f"rank {slots[0].rank} needs {each}"
+    return f"ranks {slots[0].rank}-{slots[-1].rank} need {each} each ({count * len(slots)})"
 
 
 def _shown(gpus: Sequence[VisibleGpu], visible_devices: str | None) -> str:
@@ -196,8 +198,8 @@ def assign_gpus(
     needed = len(slots) * per_rank
     if needed > len(visible):
         raise DeviceError(
-            f"host {host}: {_ranks_need(slots)} {plural(per_rank, 'GPU', 'GPUs')} each ({needed}), "
-            f"but it shows {_shown(visible, devices.visible_devices)}"
+            f"host {host}: {_ranks_need(slots, per_rank, 'GPU')}, but it shows "
+            f"{_shown(visible, devices.visible_devices)}"
         )
     return tuple(tuple(visible[i * per_rank : (i + 1) * per_rank]) for i in range(len(slots)))
 
@@ -250,7 +252,7 @@ def assign_cores(
     """
     if len(devices.cores) < len(slots):
         raise DeviceError(
-            f"host {host}: {_ranks_need(slots)} a core each to be bound, but only "
+            f"host {host}: {_ranks_need(slots, 1, 'core')}, but only "
             f"{plural(len(devices.cores), 'core is', 'cores are')} allowed there "
             f"({format_cpulist(devices.cores) or 'none'})"
         )

@@ -102,5 +102,5 @@ def test_gpus_per_rank_beyond_the_hosts_gpus_is_refused_before_anything_starts(t
     gpus = torch.cuda.device_count()
     proc = distrun("--gpus-per-rank", "1", "-np", gpus + 1, "touch", tmp_path / "ran")
     assert proc.returncode == 3
-    assert f"need 1 GPU each ({gpus + 1}), but it shows {gpus} GPU" in proc.stderr
+    assert f"ranks 0-{gpus} need 1 GPU each ({gpus + 1}), but it shows {gpus} GPU" in proc.stderr
     assert not (tmp_path / "ran").exists()

@@ -145,7 +145,7 @@ def test_too_few_gpus_name_host_ranks_and_gpus(visible: str | None, per_rank: in
 
 
 def test_a_host_without_gpus_is_refused_by_name() -> None:
-    with pytest.raises(DeviceError, match=r"^host b: rank 2 needs 1 GPU each \(1\), but it shows 0 GPUs"):
+    with pytest.raises(DeviceError, match=r"^host b: rank 2 needs 1 GPU, but it shows 0 GPUs"):
         place("a:2,b:1", [host(), host(gpus=())], Placement(gpus_per_rank=1))
 
 
@@ -166,7 +166,7 @@ def test_bind_cores_splits_the_allowed_cores_evenly(cores: range, ranks: int, ex
 def test_more_ranks_than_allowed_cores_is_refused() -> None:
     with pytest.raises(
         DeviceError,
-        match=r"^host a: ranks 0-2 need a core each to be bound, but only 2 cores are allowed there \(4-5\)$",
+        match=r"^host a: ranks 0-2 need 1 core each \(3\), but only 2 cores are allowed there \(4-5\)$",
     ):
         place("a:3", [host(cores=range(4, 6))], Placement(bind_cores=True))
 
