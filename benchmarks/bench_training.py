@@ -2,7 +2,7 @@
 
     python benchmarks/bench_training.py                     # world sizes 1 and 2, through distrun
     python benchmarks/bench_training.py --image-size 32 --batch-size 8 --rounds 5   # small, for a CPU
-    distrun -np 2 python benchmarks/bench_training.py        # one world size, as a distrun job
+    distrun -np 2 python benchmarks/bench_training.py --model digits   # one world size, as a distrun job
 
 The model is ResNet-18 (11.7 M parameters, 1000 classes) on generated images, large enough that gradient
 communication and its hooks matter (``--model digits`` is the example's 0.15 M-parameter CNN). Three
@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from common import REPO, distrun, env_with_repo
@@ -173,7 +174,7 @@ def worker(args: argparse.Namespace) -> int:
         "rounds": {name: [round(samples / s, 1) for s in values] for name, values in seconds.items()},
     }
     if hvd.is_coordinator():
-        print(json.dumps(result))
+        print_table(args, [result])
         if args.json_path:
             Path(args.json_path).write_text(json.dumps(result))
     hvd.shutdown()
@@ -197,9 +198,14 @@ def driver(args: argparse.Namespace) -> int:
             command = distrun("-np", size, sys.executable, __file__, *worker_args, "--json", out)
             subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
             rows.append(json.loads(out.read_text()))
+    print_table(args, rows)
+    return 0
+
+
+def print_table(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> None:
     first = rows[0]
     print(
-        f"{args.model}: {first['parameters'] / 1e6:.1f} M parameters, batch {args.batch_size} per rank"
+        f"{args.model}: {first['parameters'] / 1e6:.2f} M parameters, batch {args.batch_size} per rank"
         + (f", {args.image_size}x{args.image_size} images" if args.model == "resnet18" else "")
         + f", {args.steps} steps x {args.rounds} rounds"
     )
@@ -219,7 +225,6 @@ def driver(args: argparse.Namespace) -> int:
         "ratio: samples/s of DistributedOptimizer over DDP (> 1: faster); overhead: step time over the local "
         "optimizer's (hooks, communication and waiting); medians of per-round paired values"
     )
-    return 0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
