@@ -19,7 +19,7 @@ from launcher.plan import Plan, Slot, plural
 
 _UUID_PREFIXES = ("GPU-", "MIG-")
 # Programs whose ranks usually mean to train on GPUs: a Python program, or a launcher of one.
-_GPU_JOB_PROGRAMS = re.compile(r"python[0-9.]*|torchrun|accelerate|deepspeed|lightning")
+_GPU_JOB_PROGRAMS = re.compile(r"python[0-9.]*|torchrun|accelerate|deepspeed")
 _LEADING_INT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -199,7 +199,8 @@ def assign_gpus(
     if needed > len(visible):
         raise DeviceError(
             f"host {host}: {_ranks_need(slots, per_rank, 'GPU')}, but it shows "
-            f"{_shown(visible, devices.visible_devices)}"
+            f"{_shown(visible, devices.visible_devices)}",
+            host=host,
         )
     return tuple(tuple(visible[i * per_rank : (i + 1) * per_rank]) for i in range(len(slots)))
 
@@ -254,7 +255,8 @@ def assign_cores(
         raise DeviceError(
             f"host {host}: {_ranks_need(slots, 1, 'core')}, but only "
             f"{plural(len(devices.cores), 'core is', 'cores are')} allowed there "
-            f"({format_cpulist(devices.cores) or 'none'})"
+            f"({format_cpulist(devices.cores) or 'none'})",
+            host=host,
         )
     note = None
     if numa_binding and gpus is not None:

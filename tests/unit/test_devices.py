@@ -141,7 +141,7 @@ def test_each_host_numbers_its_own_gpus() -> None:
 def test_too_few_gpus_name_host_ranks_and_gpus(visible: str | None, per_rank: int, message: str) -> None:
     with pytest.raises(DeviceError, match=message) as caught:
         place("a:2", [host(visible)], Placement(gpus_per_rank=per_rank))
-    assert caught.value.exit_code == EXIT_HOST
+    assert (caught.value.exit_code, caught.value.host) == (EXIT_HOST, "a")
 
 
 def test_a_host_without_gpus_is_refused_by_name() -> None:
