@@ -95,6 +95,9 @@ def test_more_ranks_than_gpus_fall_back_to_gloo_with_one_warning(tmp_path: Path)
     assert [r["rank_sum"] for r in records] == [float(sum(range(ranks)))] * ranks
     warnings = [line for line in proc.stderr.splitlines() if "NCCL cannot give each rank its own GPU" in line]
     assert len(warnings) == 1 and warnings[0].startswith("[0] collectives: host "), proc.stderr
+    # The launcher saw it coming too, before starting anything: one line for this host.
+    ahead = [line for line in proc.stderr.splitlines() if f" {ranks} ranks share " in line]
+    assert len(ahead) == 1 and ahead[0].startswith("distrun: host localhost: "), proc.stderr
     assert "Duplicate GPU" not in proc.stderr
 
 

@@ -29,13 +29,13 @@ def test_bind_cores_pins_remote_ranks_to_disjoint_cores(cluster: Cluster, tmp_pa
 def test_a_remote_host_without_gpus_is_refused_before_anything_starts(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    result = distrun_on(
-        cluster, "-H", "h1:2,h2:1", "--gpus-per-rank", "1", SCRIPTS / "placement.py", tmp_path
-    )
+    # -x hides the GPUs on every host, so the hosts show none even where this machine has some.
+    args = ("-H", "h1:2,h2:1", "--gpus-per-rank", "1", "-x", "CUDA_VISIBLE_DEVICES=")
+    result = distrun_on(cluster, *args, SCRIPTS / "placement.py", tmp_path)
     assert result.returncode == 3
-    lines = result.stderr.decode().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(
-        "distrun: error: host h1: ranks 0-1 need 1 GPU each (2), but it shows 0 GPUs (none)"
-    ), lines
+    assert result.stderr.decode() == (
+        "distrun: error: host h1: ranks 0-1 need 1 GPU each (2), but it shows 0 GPUs (none) with "
+        "CUDA_VISIBLE_DEVICES=''\n"
+    )
     assert list(tmp_path.glob("rank*.json")) == []
     assert_clean(cluster)
