@@ -26,7 +26,7 @@ def placed(
     nodes = fake_nodes({"a": 2})
     nodes[0].facts = Facts("a", "python3", True, len(devices.get("gpus", [])), [], devices=devices)
     relay = memory_relay({0: "a", 1: "a"})[0]
-    return Job(config, relay, wake_fd=-1).place(make_plan(hosts, 2), nodes)
+    return Job(config, relay, -1, nodes).place(make_plan(hosts, 2), nodes)
 
 
 def test_gpus_and_cores_from_the_reported_facts() -> None:
