@@ -86,3 +86,25 @@ def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
+
+
+def start_shipped_agent() -> subprocess.Popen[bytes]:
+    """The agent as a remote host gets it: the bootstrap with -S from /, its modules' sources on stdin.
+
+    Nothing of distrun is importable there, as on a host without it; the caller writes frames next.
+    """
+    from launcher.transport.bootstrap import bootstrap_args, shipped_sources
+
+    sources = shipped_sources()
+    proc = subprocess.Popen(
+        [sys.executable, *bootstrap_args(sources)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert proc.stdin is not None
+    for source in sources:
+        proc.stdin.write(source)
+    return proc

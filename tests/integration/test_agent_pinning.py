@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 from launcher.protocol import (
@@ -23,25 +22,15 @@ from launcher.protocol import (
     decode_message,
     encode_message,
 )
-from launcher.transport.bootstrap import bootstrap_args, shipped_sources
 from tests.integration.test_agent import _read_until
+from tests.support import start_shipped_agent
 
 AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
 
 
 def test_ranks_run_on_their_cpus_and_an_impossible_set_fails_to_start_clearly() -> None:
-    sources = shipped_sources()
-    proc = subprocess.Popen(
-        [sys.executable, *bootstrap_args(sources)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd="/",
-        env={"PATH": os.environ.get("PATH", "")},
-    )
+    proc = start_shipped_agent()
     assert proc.stdin is not None
-    for source in sources:
-        proc.stdin.write(source)
     reader = FrameReader(after_magic=True)
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=0, cwd="/")))
     proc.stdin.flush()
