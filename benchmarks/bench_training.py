@@ -1,39 +1,97 @@
-"""Training throughput: collectives.DistributedOptimizer vs torch DDP on the example's DigitsCNN.
+"""Training throughput: collectives.DistributedOptimizer vs torch DDP, and what their hooks cost per step.
 
-    distrun -np 2 python benchmarks/bench_training.py
+    python benchmarks/bench_training.py                     # world sizes 1 and 2, through distrun
+    python benchmarks/bench_training.py --image-size 32 --batch-size 8 --rounds 5   # small, for a CPU
+    distrun -np 2 python benchmarks/bench_training.py --model digits   # one world size, as a distrun job
 
-Both replicas start from the same weights and train on the same random batches. Each round runs both
-methods back to back (alternating which goes first); the reported ratio is the median over rounds of the
-two runs' samples/s ratio, so machine noise, which changes slowly, affects both sides of a pair alike.
+The model is ResNet-18 (11.7 M parameters, 1000 classes) on generated images, large enough that gradient
+communication and its hooks matter (``--model digits`` is the example's 0.15 M-parameter CNN). Three
+replicas start from the same weights and train on the same batches: "local" (the plain optimizer, no hooks
+and no communication: the baseline), DistributedOptimizer and DDP (with its defaults, so it also
+broadcasts the BatchNorm buffers, 0.01 M values, each step). Each round runs every method back to back, in
+rotating order; ratios and per-step overheads are medians over rounds of the paired values, so machine
+noise, which changes slowly, affects both sides of a pair alike.
+
+Run without a launcher, the script starts itself under distrun once per world size: on GPUs when the
+machine has one per rank (nccl), else on the CPU with GPUs hidden (gloo), and prints one table.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import torch
+from common import REPO, distrun, env_with_repo
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import collectives as hvd
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+METHODS = ("local", "DistributedOptimizer", "DDP")
 
 
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("distrun_example_train", EXAMPLE)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {EXAMPLE}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+class BasicBlock(nn.Module):
+    def __init__(self, inputs: int, outputs: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(inputs, outputs, 3, stride, 1, bias=False),
+            nn.BatchNorm2d(outputs),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(outputs, outputs, 3, 1, 1, bias=False),
+            nn.BatchNorm2d(outputs),
+        )
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride, bias=False), nn.BatchNorm2d(outputs)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def resnet18(classes: int = 1000, small_images: bool = False) -> nn.Module:
+    """ResNet-18 (He et al. 2016) as torchvision lays it out; `small_images`: a CIFAR-style 3x3 stem."""
+    stem: list[nn.Module] = (
+        [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True)]
+        if small_images
+        else [
+            nn.Conv2d(3, 64, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, 2, 1),
+        ]
+    )
+    layers: list[nn.Module] = []
+    inputs = 64
+    for index, width in enumerate((64, 128, 256, 512)):
+        stride = 1 if index == 0 else 2
+        layers += [BasicBlock(inputs, width, stride), BasicBlock(width, width, 1)]
+        inputs = width
+    return nn.Sequential(*stem, *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
+
+
+def make_model(name: str, image_size: int) -> tuple[nn.Module, tuple[int, ...], int]:
+    """The model, one sample's shape and the number of classes."""
+    if name == "digits":
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("distrun_example", REPO / "examples" / "train.py")
+        assert spec is not None and spec.loader is not None
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+        return example.DigitsCNN(), (1, 8, 8), 10
+    return resnet18(1000, small_images=image_size <= 64), (3, image_size, image_size), 1000
 
 
 def make_step(
@@ -50,70 +108,147 @@ def make_step(
 
 
 def time_steps(step: Callable[..., None], batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Samples per second of all ranks together, timed between barriers."""
+    """Seconds for the batches, between barriers (and, on a GPU, after the device has finished)."""
     hvd.barrier()
     started = time.perf_counter()
     for x, y in batches:
         step(x, y)
+    if x.is_cuda:
+        torch.cuda.synchronize()
     hvd.barrier()
-    elapsed = time.perf_counter() - started
-    return sum(len(y) for _, y in batches) * hvd.size() / elapsed
+    return time.perf_counter() - started
+
+
+def worker(args: argparse.Namespace) -> int:
+    hvd.init()
+    device = hvd.device()
+    _, shape, classes = make_model(args.model, args.image_size)
+    gen = torch.Generator().manual_seed(hvd.rank())
+    batches = [
+        (
+            torch.randn(args.batch_size, *shape, generator=gen).to(device),
+            torch.randint(0, classes, (args.batch_size,), generator=gen).to(device),
+        )
+        for _ in range(args.steps)
+    ]
+    replicas = {}
+    for name in METHODS:
+        torch.manual_seed(0)
+        replicas[name] = make_model(args.model, args.image_size)[0].to(device)
+    sgd = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in replicas.items()}
+    ours = hvd.DistributedOptimizer(
+        sgd["DistributedOptimizer"], replicas["DistributedOptimizer"].named_parameters()
+    )
+    ddp = DistributedDataParallel(
+        replicas["DDP"], device_ids=[device.index] if device.type == "cuda" else None
+    )
+    steps = {
+        "local": make_step(replicas["local"], sgd["local"]),
+        "DistributedOptimizer": make_step(replicas["DistributedOptimizer"], ours),
+        "DDP": make_step(ddp, sgd["DDP"]),
+    }
+    for step in steps.values():  # warm-up: allocator, cuDNN autotuning, DDP's bucket rebuild
+        time_steps(step, batches[: min(3, len(batches))])
+    seconds: dict[str, list[float]] = {name: [] for name in METHODS}
+    for round_index in range(args.rounds):
+        shift = round_index % len(METHODS)
+        for name in METHODS[shift:] + METHODS[:shift]:
+            seconds[name].append(time_steps(steps[name], batches))
+    samples = args.batch_size * args.steps * hvd.size()
+    result = {
+        "ranks": hvd.size(),
+        "backend": hvd.backend(),
+        "device": device.type,
+        "parameters": sum(p.numel() for p in replicas["local"].parameters()),
+        "samples_per_s": {name: samples / statistics.median(s) for name, s in seconds.items()},
+        "ratio": statistics.median(
+            a / b for a, b in zip(seconds["DDP"], seconds["DistributedOptimizer"], strict=True)
+        ),
+        "overhead_ms": {
+            name: 1000
+            * statistics.median(
+                (a - b) / args.steps for a, b in zip(seconds[name], seconds["local"], strict=True)
+            )
+            for name in ("DistributedOptimizer", "DDP")
+        },
+        "rounds": {name: [round(samples / s, 1) for s in values] for name, values in seconds.items()},
+    }
+    if hvd.is_coordinator():
+        print_table(args, [result])
+        if args.json_path:
+            Path(args.json_path).write_text(json.dumps(result))
+    hvd.shutdown()
+    return 0
+
+
+def driver(args: argparse.Namespace) -> int:
+    """Start the worker under distrun for each world size; print one table."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    worker_args = [
+        f"--{name.replace('_', '-')}={getattr(args, name)}"
+        for name in ("model", "image_size", "batch_size", "steps", "rounds")
+    ]
+    rows = []
+    for size in args.world_sizes:
+        env = env_with_repo()
+        if gpus < size:
+            env["CUDA_VISIBLE_DEVICES"] = ""  # one rank per GPU or none: gloo on the CPU
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp, "result.json")
+            command = distrun("-np", size, sys.executable, __file__, *worker_args, "--json", out)
+            subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+            rows.append(json.loads(out.read_text()))
+    print_table(args, rows)
+    return 0
+
+
+def print_table(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> None:
+    first = rows[0]
+    print(
+        f"{args.model}: {first['parameters'] / 1e6:.2f} M parameters, batch {args.batch_size} per rank"
+        + (f", {args.image_size}x{args.image_size} images" if args.model == "resnet18" else "")
+        + f", {args.steps} steps x {args.rounds} rounds"
+    )
+    print(
+        "| ranks | device, backend | local samples/s | DistributedOptimizer | DDP "
+        "| DistributedOptimizer / DDP | overhead per step: DistributedOptimizer | DDP |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        rate, over = row["samples_per_s"], row["overhead_ms"]
+        print(
+            f"| {row['ranks']} | {row['device']}, {row['backend']} | {rate['local']:.1f} "
+            f"| {rate['DistributedOptimizer']:.1f} | {rate['DDP']:.1f} | {row['ratio']:.3f} "
+            f"| {over['DistributedOptimizer']:+.1f} ms | {over['DDP']:+.1f} ms |"
+        )
+    print(
+        "ratio: samples/s of DistributedOptimizer over DDP (> 1: faster); overhead: step time over the local "
+        "optimizer's (hooks, communication and waiting); medians of per-round paired values"
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=("resnet18", "digits"), default="resnet18")
+    parser.add_argument(
+        "--image-size", type=int, default=224, help="resnet18 input (<= 64: CIFAR-style stem)"
+    )
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed run")
+    parser.add_argument("--rounds", type=int, default=11, help="rounds of one run per method")
+    parser.add_argument(
+        "--world-sizes",
+        type=lambda value: [int(n) for n in value.split(",")],
+        default=[1, 2],
+        help="without a launcher: the world sizes to run (default 1,2)",
+    )
+    parser.add_argument("--json", dest="json_path")
+    return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch-size", type=int, default=32, help="per rank, as in the example")
-    parser.add_argument("--steps", type=int, default=15, help="steps per timed run")
-    parser.add_argument("--rounds", type=int, default=41, help="rounds of one run per method")
-    parser.add_argument("--json", dest="json_path")
-    args = parser.parse_args(argv)
-
-    hvd.init()
-    device = hvd.device()
-    example = load_example()
-    images, labels, _ = example.load_data()
-    gen = torch.Generator().manual_seed(hvd.rank())
-    batches = []
-    for _ in range(args.steps):
-        index = torch.randint(0, len(labels), (args.batch_size,), generator=gen)
-        batches.append((images[index].to(device), labels[index].to(device)))
-
-    torch.manual_seed(0)
-    ours = example.DigitsCNN().to(device)
-    theirs = example.DigitsCNN().to(device)
-    theirs.load_state_dict(ours.state_dict())
-    hvd_opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(ours.parameters(), lr=0.01, momentum=0.9), ours.named_parameters()
-    )
-    ddp = DistributedDataParallel(theirs, device_ids=[device.index] if device.type == "cuda" else None)
-    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
-    methods = {"DistributedOptimizer": make_step(ours, hvd_opt), "DDP": make_step(ddp, ddp_opt)}
-
-    for step in methods.values():  # warm-up: allocator, DDP's bucket rebuild on its first iterations
-        time_steps(step, batches[:5])
-    rates: dict[str, list[float]] = {name: [] for name in methods}
-    for round_index in range(args.rounds):
-        order = list(methods) if round_index % 2 == 0 else list(reversed(methods))
-        for name in order:
-            rates[name].append(time_steps(methods[name], batches))
-    medians = {name: statistics.median(values) for name, values in rates.items()}
-    # Paired: the two runs of one round are adjacent in time and see the same machine load.
-    ratio = statistics.median(a / b for a, b in zip(rates["DistributedOptimizer"], rates["DDP"], strict=True))
-    if hvd.is_coordinator():
-        print(
-            f"DigitsCNN, {hvd.size()} ranks, backend {hvd.backend()}, batch {args.batch_size}/rank, "
-            f"{args.steps} steps x {args.rounds} interleaved rounds"
-        )
-        for name, value in medians.items():
-            spread = ", ".join(f"{v:.0f}" for v in rates[name])
-            print(f"{name:>22}: median {value:8.0f} samples/s   (rounds: {spread})")
-        print(f"DistributedOptimizer / DDP samples/s: {ratio:.3f} (median of per-round ratios)")
-        if args.json_path:
-            Path(args.json_path).write_text(
-                json.dumps({"ranks": hvd.size(), "medians": medians, "ratio": ratio})
-            )
-    hvd.shutdown()
-    return 0
+    args = parse_args(argv)
+    return worker(args) if "RANK" in os.environ else driver(args)
 
 
 if __name__ == "__main__":

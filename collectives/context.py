@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError
+from collectives.placement import BackendChoice, GpuView, choose_backend, is_gpu_backend
 
 if TYPE_CHECKING:
     import torch
@@ -211,7 +212,8 @@ class _Context:
     # then leave it alone.
     owns_group: bool
     device_type: str
-    # The CUDA device this rank computes on (None off the GPU): usually the local rank, see _choose_device.
+    # The CUDA device this rank computes on (None off the GPU): its local rank, or 0 when it was given
+    # devices of its own (see collectives.placement).
     device_index: int | None
 
 
@@ -224,15 +226,27 @@ def _require(what: str) -> _Context:
     return _context
 
 
-def _resolve_backend(requested: str | None) -> str:
+def _gpu_view() -> GpuView:
+    """What this process sees: CUDA reads the real environment, whatever ``environ`` init() was given."""
     import torch
     import torch.distributed as dist
 
-    if requested is not None:
-        return requested
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        return "nccl"
-    return "gloo"
+    cuda = torch.cuda.is_available()
+    count = torch.cuda.device_count() if cuda else 0
+    return GpuView.from_env(os.environ, cuda=cuda, nccl=dist.is_nccl_available(), count=count)
+
+
+def _choose(requested: str | None, topology: Topology) -> BackendChoice:
+    choice = choose_backend(
+        requested,
+        _gpu_view(),
+        local_rank=topology.local_rank,
+        local_size=topology.local_size,
+        host=socket.gethostname(),
+    )
+    if choice.warning is not None:
+        _log.warning("%s", choice.warning)
+    return choice
 
 
 def _as_timedelta(timeout: float | datetime.timedelta) -> datetime.timedelta:
@@ -248,13 +262,15 @@ def init(
 ) -> Topology:
     """Join the job's process group; call once at the start of the training script.
 
-    ``backend`` defaults to ``"nccl"`` when CUDA is available and ``"gloo"`` otherwise. With nccl the current
-    CUDA device is pinned to the local rank (or to the only visible device, when CUDA_VISIBLE_DEVICES gives
-    each rank one), so ``torch.device("cuda")`` means "my GPU". ``timeout`` (seconds or a timedelta) bounds
-    every collective, so a dead peer turns into an error instead of a hang. Calling ``init()`` again is a
-    no-op that returns the same topology. A default group created earlier by the user is adopted: its rank
-    and size must agree with RANK/WORLD_SIZE where those are set, and without LOCAL_RANK and LOCAL_SIZE the
-    local and cross placement come from the ranks' host names.
+    ``backend`` defaults to ``"nccl"`` when every rank on this host can have a GPU of its own (as many visible
+    devices as local ranks, or devices given to each rank by ``distrun --gpus-per-rank``), else ``"gloo"``,
+    with one warning line when GPUs exist but are too few; an explicit ``"nccl"`` that cannot work raises
+    :class:`CollectivesError`. With nccl the current CUDA device is pinned to the rank's own GPU (its local
+    rank, or the first of the devices it was given), so ``torch.device("cuda")`` means "my GPU".
+    ``timeout`` (seconds or a timedelta) bounds every collective, so a dead peer turns into an error instead
+    of a hang. Calling ``init()`` again is a no-op that returns the same topology. A default group created
+    earlier by the user is adopted: its rank and size must agree with RANK/WORLD_SIZE where those are set,
+    and without LOCAL_RANK and LOCAL_SIZE the local and cross placement come from the ranks' host names.
     """
     global _context
     if _context is not None:
@@ -267,16 +283,19 @@ def init(
     if dist.is_initialized():
         # Another library got there first: adopt its group, and leave it alone in shutdown().
         chosen = str(dist.get_backend())
-        device_type = _device_type(chosen)
         topology = _adopted_topology(environ_, chosen)
-        device_index = _pin_device(device_type, topology)
+        choice = _choose(chosen, topology)
+        _pin_device(choice.device_index, topology)
         context = _Context(
-            topology, chosen, owns_group=False, device_type=device_type, device_index=device_index
+            topology,
+            chosen,
+            owns_group=False,
+            device_type=_device_type(chosen),
+            device_index=choice.device_index,
         )
     else:
-        context = _create_group(
-            topology_from_env(environ_), _resolve_backend(backend), _as_timedelta(timeout)
-        )
+        topology = topology_from_env(environ_)
+        context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
     _context = context
     topology = context.topology
     _log.info(
@@ -293,13 +312,13 @@ def init(
     return topology
 
 
-def _create_group(topology: Topology, chosen: str, timeout: datetime.timedelta) -> _Context:
+def _create_group(topology: Topology, choice: BackendChoice, timeout: datetime.timedelta) -> _Context:
     import torch
     import torch.distributed as dist
 
-    device_type = _device_type(chosen)
-    device_index = _pin_device(device_type, topology)
-    kwargs: dict[str, object] = {"backend": chosen, "timeout": timeout}
+    device_index = choice.device_index
+    _pin_device(device_index, topology)
+    kwargs: dict[str, object] = {"backend": choice.backend, "timeout": timeout}
     if device_index is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = torch.device("cuda", device_index)
     if topology.size == 1 and (topology.master_addr is None or topology.master_port is None):
@@ -314,44 +333,33 @@ def _create_group(topology: Topology, chosen: str, timeout: datetime.timedelta) 
             world_size=topology.size,
             **kwargs,  # type: ignore[arg-type]
         )
-    return _Context(topology, chosen, owns_group=True, device_type=device_type, device_index=device_index)
+    return _Context(
+        topology,
+        choice.backend,
+        owns_group=True,
+        device_type=_device_type(choice.backend),
+        device_index=device_index,
+    )
 
 
 def _device_type(backend_name: str) -> str:
-    return "cuda" if "nccl" in backend_name.lower() else "cpu"
+    return "cuda" if is_gpu_backend(backend_name) else "cpu"
 
 
-def _choose_device(local_rank_: int, device_count: int) -> int:
-    """The CUDA device index for a rank: its local rank, or 0 when it sees exactly one device.
-
-    One visible device means the launcher (or the user) gave each rank its own GPU through
-    CUDA_VISIBLE_DEVICES, which renumbers that GPU to 0 in every rank.
-    """
-    if device_count == 1:
-        return 0
-    if local_rank_ >= device_count:
-        raise EnvironmentContractError(
-            f"local rank {local_rank_} has no GPU: this host has {device_count} CUDA device(s); start at "
-            f"most {device_count} ranks per host, or give each rank one GPU with CUDA_VISIBLE_DEVICES"
-        )
-    return local_rank_
-
-
-def _pin_device(device_type: str, topology: Topology) -> int | None:
-    """Make this rank's GPU the current CUDA device; its index, or None off the GPU."""
-    if device_type != "cuda":
-        return None
+def _pin_device(index: int | None, topology: Topology) -> None:
+    """Make this rank's GPU the current CUDA device, so that ``torch.device("cuda")`` means "my GPU"."""
+    if index is None:
+        return
     import torch
 
-    index = _choose_device(topology.local_rank, torch.cuda.device_count())
     if index != topology.local_rank:
         _log.info(
-            "local rank %d sees one CUDA device (CUDA_VISIBLE_DEVICES=%s) and uses it as cuda:0",
+            "local rank %d computes on cuda:%d, its own device (CUDA_VISIBLE_DEVICES=%s)",
             topology.local_rank,
+            index,
             os.environ.get("CUDA_VISIBLE_DEVICES"),
         )
     torch.cuda.set_device(index)
-    return index
 
 
 def is_initialized() -> bool:

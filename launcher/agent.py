@@ -124,15 +124,74 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
-def _gpu_count() -> int:
+_NVIDIA_GPUS = "proc/driver/nvidia/gpus"
+
+
+def _read(path: str) -> str | None:
     try:
-        return len(os.listdir("/proc/driver/nvidia/gpus"))
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
     except OSError:
-        pass
+        return None
+
+
+def _nvidia_gpus(root: str) -> list[dict[str, Any]]:
+    """The host's NVIDIA GPUs in PCI bus order (nvidia-smi's numbering), with UUIDs and NUMA nodes.
+
+    Best-effort: the driver's /proc entries name each GPU's bus id, sysfs gives that device's NUMA node;
+    without them (some containers) only /dev/nvidiaN tells how many there are.
+    """
     try:
-        return sum(1 for n in os.listdir("/dev") if n.startswith("nvidia") and n[6:].isdigit())
+        bus_ids = sorted(os.listdir(os.path.join(root, _NVIDIA_GPUS)), key=str.lower)
     except OSError:
-        return 0
+        try:
+            count = sum(
+                1 for n in os.listdir(os.path.join(root, "dev")) if n.startswith("nvidia") and n[6:].isdigit()
+            )
+        except OSError:
+            count = 0
+        return [{"index": i} for i in range(count)]
+    gpus = []
+    for index, bus_id in enumerate(bus_ids):
+        info = _read(os.path.join(root, _NVIDIA_GPUS, bus_id, "information")) or ""
+        uuid = next(
+            (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("GPU UUID")), None
+        )
+        node = _read(os.path.join(root, "sys/bus/pci/devices", bus_id.lower(), "numa_node"))
+        gpus.append({"index": index, "uuid": uuid, "numa_node": node.strip() if node else None})
+    return gpus
+
+
+def _numa_cpulists(root: str) -> dict[str, str]:
+    base = os.path.join(root, "sys/devices/system/node")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    lists = {}
+    for name in names:
+        if name.startswith("node") and name[4:].isdigit():
+            text = _read(os.path.join(base, name, "cpulist"))
+            if text is not None:
+                lists[name[4:]] = text.strip()
+    return lists
+
+
+def _allowed_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def device_facts(root: str = "/") -> dict[str, Any]:
+    """What launcher.devices needs to give ranks GPUs and cores, as raw as it is read here."""
+    return {
+        "gpus": _nvidia_gpus(root),
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cores": _allowed_cores(),
+        "numa_cpulists": _numa_cpulists(root),
+    }
 
 
 def _which(program: str) -> bool:
@@ -147,15 +206,17 @@ def _which(program: str) -> bool:
 
 def host_facts(request: ProbeRequest) -> Facts:
     route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
+    devices = device_facts()
     return Facts(
         hostname=socket.gethostname(),
         python=sys.executable,
         python_found=_which(request.python) if request.python else True,
         cwd_exists=os.path.isdir(request.cwd or "."),
-        gpu_count=_gpu_count(),
+        gpu_count=len(devices["gpus"]),
         free_ports=_free_ports(request.ports),
         route_addr=route_addr,
         route_ifname=route_ifname,
+        devices=devices,
     )
 
 
@@ -178,6 +239,20 @@ def _die_with_agent() -> Any:
 
     def hook() -> None:
         prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return hook
+
+
+def _pre_exec(die_with_agent: Any, cpus: list[int] | None) -> Any:
+    """The rank's pre-exec hook: die with the agent, and run only on `cpus` (set before exec, so every thread
+    the rank ever starts inherits them)."""
+    if not cpus:
+        return die_with_agent
+
+    def hook() -> None:
+        if die_with_agent is not None:
+            die_with_agent()
+        os.sched_setaffinity(0, cpus)
 
     return hook
 
@@ -256,11 +331,13 @@ class Agent:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
-                    preexec_fn=die_with_agent,  # noqa: PLW1509 - the agent has a single thread
+                    preexec_fn=_pre_exec(die_with_agent, r.cpus),  # noqa: PLW1509 - the agent has a single thread
                 )
-            except OSError as exc:
+            except (OSError, subprocess.SubprocessError) as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
-                msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {exc}\n"
+                # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
+                reason = exc if isinstance(exc, OSError) else f"cannot pin it to cores {r.cpus}"
+                msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {reason}\n"
                 self.send(encode(ERR, r.rank, msg.encode()))
                 self.send(encode_message(EXIT, RankExited(code), r.rank))
                 continue

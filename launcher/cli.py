@@ -22,12 +22,13 @@ from click.core import ParameterSource
 from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
+from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
 from launcher.facts import Rendezvous
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import is_obviously_local
-from launcher.plan import make_plan, plural
+from launcher.plan import Plan, make_plan, plural
 
 ENV_PREFIX = "DISTRUN"
 
@@ -128,6 +129,16 @@ def _level(source: ParameterSource | None) -> int:
 @_option("--color/--no-color", default=None, help="Color the prefixes [default: when stdout is a terminal].")
 @_option("--python", metavar="PATH", help="Interpreter for *.py commands [default: this one].")
 @_option("--network-interface", metavar="IF", help="Interface for gloo/NCCL traffic (sets *_SOCKET_IFNAME).")
+@_option(
+    "--gpus-per-rank",
+    type=click.IntRange(min=1),
+    metavar="N",
+    help="Give each rank N GPUs of its own (its CUDA_VISIBLE_DEVICES).",
+)
+@_option("--bind-cores", is_flag=True, help="Pin each rank to its own share of the host's cores.")
+@_option(
+    "--numa-binding", is_flag=True, help="Pin each rank to cores of its GPUs' NUMA node (--gpus-per-rank)."
+)
 @_option("--ssh-port", type=_PORT, help="SSH port [default: ~/.ssh/config, else 22].")
 @_option(
     "-i",
@@ -296,6 +307,7 @@ def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Requ
     hosts = _hosts(values, levels) or (Host("localhost", slots=num_proc or 1, origin="localhost (no -H)"),)
     plan = make_plan(hosts, num_proc)
     ranks = values["ranks"]
+    placement = Placement(values["gpus_per_rank"], values["bind_cores"], values["numa_binding"])
     config = LaunchConfig(
         command=command,
         hosts=hosts,
@@ -312,6 +324,9 @@ def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Requ
         restart=_restart_options(values, plan.world_size),
         python=_word(values["python"], "--python"),
         network_interface=_word(values["network_interface"], "--network-interface"),
+        gpus_per_rank=placement.gpus_per_rank,
+        bind_cores=placement.bind_cores,
+        numa_binding=placement.numa_binding,
         color=values["color"],
         ssh=SshOptions(
             port=values["ssh_port"],
@@ -342,6 +357,8 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         f"{plural(plan.node_count, 'host', 'hosts')}; nothing is started",
         f"command: {shlex.join(resolve_command(config.command, python))}",
     ]
+    placed, placement_lines = _dry_run_placement(plan, config.placement)
+    lines.extend(placement_lines)
     for slot in plan.slots:
         env, defaults = rank_env(
             slot,
@@ -352,8 +369,11 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
             ifname=config.network_interface,
             launcher_env=environ if is_obviously_local(slot.host.name) else None,
             workers=workers,
+            devices=placed[slot.rank] if placed else None,
         )
         env.update(MASTER_PORT=master_port)
+        if config.placement.binds and "OMP_NUM_THREADS" in defaults:
+            defaults["OMP_NUM_THREADS"] = "auto"  # the rank's core count, known once its host is probed
         host = slot.host.name if slot.host.user is None else f"{slot.host.user}@{slot.host.name}"
         lines.append(f"rank {slot.rank}: host={host} local_rank={slot.local_rank} node_rank={slot.node_rank}")
         lines.extend(f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(env).items()))
@@ -362,6 +382,32 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
             for name, value in sorted(redact(defaults).items())
         )
     return "\n".join(lines)
+
+
+def _dry_run_placement(plan: Plan, placement: Placement) -> tuple[tuple[RankDevices, ...], list[str]]:
+    """Each rank's GPUs as the dry run assumes them, and lines saying what it assumes (it probes nothing)."""
+    if not placement.active:
+        return (), []
+    lines = []
+    gpus_only = Placement(gpus_per_rank=placement.gpus_per_rank)
+    placed, _ = place_ranks(plan, assumed_hosts(plan, placement), gpus_only)
+    if placement.gpus_per_rank is not None:
+        lines.append(
+            "GPUs, assuming each host shows enough, numbered from 0, and sets no CUDA_VISIBLE_DEVICES "
+            "(at launch distrun hands out what each host shows, and refuses a host with too few):"
+        )
+        lines.extend(f"    {line}" for line in describe(plan, placed))
+    if placement.binds:
+        share = (
+            "a share of the allowed cores of its GPUs' NUMA node (of the host's, where the node is unknown)"
+            if placement.numa_binding
+            else "an even share of its host's allowed cores"
+        )
+        lines.append(
+            f"cores: at launch each rank is pinned to {share}, disjoint from the other ranks', and "
+            "OMP_NUM_THREADS is its core count unless set"
+        )
+    return placed, lines
 
 
 def _parse(argv: Sequence[str]) -> Request | int:

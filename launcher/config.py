@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from launcher.devices import Placement
 from launcher.hosts import Host
 
 PrefixMode = Literal["rank", "host", "none"]
@@ -67,5 +68,12 @@ class LaunchConfig:
     restart: RestartOptions = field(default_factory=RestartOptions)
     python: str | None = None
     network_interface: str | None = None
+    gpus_per_rank: int | None = None
+    bind_cores: bool = False
+    numa_binding: bool = False
     color: bool | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.gpus_per_rank, self.bind_cores, self.numa_binding)

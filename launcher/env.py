@@ -6,6 +6,8 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from collectives.placement import OWN_GPUS_VAR
+from launcher.devices import RankDevices
 from launcher.errors import UsageError
 from launcher.facts import Rendezvous
 from launcher.plan import Plan, Slot
@@ -109,12 +111,14 @@ def worker_env(
     restart_count: int = 0,
     max_restarts: int = 0,
     workers: Sequence[str] | None = None,
+    devices: RankDevices | None = None,
 ) -> dict[str, str]:
     """The variables distrun sets for one rank, to be applied over that host's own environment.
 
     `user_env` is the environment the rank would otherwise get; a default is only added where neither it
     nor `exports` already names the variable. `exports` win over defaults, never over rank identity.
     `workers` is `tf_workers(plan, rdzv)`, passed in by callers that build many ranks' env at once.
+    `devices` is the rank's placement: its own CUDA_VISIBLE_DEVICES, and one OpenMP thread per bound core.
     """
     local_size = plan.local_size(slot.node_rank)
     env: dict[str, str] = {}
@@ -126,7 +130,9 @@ def worker_env(
     if ifname is not None:
         default("GLOO_SOCKET_IFNAME", ifname)
         default("NCCL_SOCKET_IFNAME", ifname)
-    if local_size > 1:
+    if devices is not None and devices.cores is not None:
+        default("OMP_NUM_THREADS", str(len(devices.cores)))
+    elif local_size > 1:
         # Ranks that each start one thread per core would oversubscribe the host (torchrun does this too).
         default("OMP_NUM_THREADS", "1")
     default("PYTHONUNBUFFERED", "1")
@@ -158,6 +164,10 @@ def worker_env(
             "DISTRUN_RESTART_COUNT": str(restart_count),
         }
     )
+    if devices is not None and devices.gpus is not None:
+        # The rank's own devices, whatever the host or -x said: those only chose which devices to hand out.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices.gpus)
+        env[OWN_GPUS_VAR] = str(len(devices.gpus))
     return env
 
 
@@ -185,6 +195,7 @@ def rank_env(
     workers: Sequence[str],
     restart_count: int = 0,
     max_restarts: int = 0,
+    devices: RankDevices | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """One rank's (forced, defaults), as `split_defaults` gives them, for launches and dry runs alike.
 
@@ -193,7 +204,7 @@ def rank_env(
     user_env = {**launcher_env, **exports} if launcher_env is not None else exports
     env = worker_env(
         slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname, workers=workers,
-        restart_count=restart_count, max_restarts=max_restarts,
+        restart_count=restart_count, max_restarts=max_restarts, devices=devices,
     )  # fmt: skip
     return split_defaults(env, exports)
 

@@ -68,7 +68,10 @@ class Facts:
     """One agent's preflight answer.
 
     `route_addr`/`route_ifname` are the local address and interface this host uses to reach the rendezvous
-    address it was asked about (None when it was not asked or has no route).
+    address it was asked about (None when it was not asked or has no route). `devices` is what placing ranks
+    on GPUs and cores needs, raw as read there (`launcher.devices.HostDevices.from_json` reads it): `gpus`
+    (index in PCI order, uuid, numa_node), `visible_devices` (the host's CUDA_VISIBLE_DEVICES), `cores` (the
+    agent's allowed cores) and `numa_cpulists` (node -> the kernel's cpulist).
     """
 
     hostname: str
@@ -79,16 +82,21 @@ class Facts:
     route_addr: str | None = None
     route_ifname: str | None = None
     python_found: bool = True
+    devices: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class RankSpec:
-    """One rank to start: `env` is applied over the host's environment, `defaults` only where it has none."""
+    """One rank to start: `env` is applied over the host's environment, `defaults` only where it has none.
+
+    `cpus`: the cores the agent pins the rank to before it runs (`--bind-cores`); None leaves it unpinned.
+    """
 
     rank: int
     argv: list[str]
     env: dict[str, str]
     defaults: dict[str, str] = field(default_factory=dict)
+    cpus: list[int] | None = None
 
 
 @dataclass(frozen=True)

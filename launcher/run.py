@@ -7,6 +7,7 @@ supervise them to the attempt's outcome. This is the one place where planning (p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import select
@@ -18,6 +19,7 @@ from typing import BinaryIO
 
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
+from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.discovery import discover
 from launcher.env import rank_env, tf_workers
 from launcher.errors import DistrunError, HostError
@@ -215,8 +217,9 @@ class Job:
         self.relay.set_hosts(_rank_hosts(plan))
         master_addr = self.master_addr(nodes)
         self.probe(nodes, master_addr)
+        placed = self.place(plan, nodes)
         rdzv = self.rendezvous(plan, nodes, master_addr)
-        self.start(attempt, plan, nodes, rdzv)
+        self.start(attempt, plan, nodes, rdzv, placed)
         sup = Supervisor(
             nodes,
             self.relay,
@@ -278,6 +281,29 @@ class Job:
                     host=node.name,
                 )
 
+    def place(self, plan: Plan, nodes: Sequence[Node]) -> tuple[RankDevices, ...] | None:
+        """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
+
+        `-x CUDA_VISIBLE_DEVICES=...` stands for every host's own: it chooses which GPUs are handed out.
+        """
+        exported = dict(self.config.exports).get("CUDA_VISIBLE_DEVICES")
+        hosts = [HostDevices.from_json(_facts(node).devices) for node in nodes]
+        if exported is not None:
+            hosts = [dataclasses.replace(h, visible_devices=exported) for h in hosts]
+        placement = self.config.placement
+        if placement.gpus_per_rank is None:
+            gpu_counts = [len(h.visible()) for h in hosts]
+            for warning in shared_gpu_warnings(plan, gpu_counts, self.config.command):
+                log.warning("%s", warning)
+        if not placement.active:
+            return None
+        placed, notes = place_ranks(plan, hosts, placement)
+        for note in notes:
+            log.warning("%s", note)
+        for line in describe(plan, placed):
+            log.info("%s", line)
+        return placed
+
     def rendezvous(self, plan: Plan, nodes: Sequence[Node], master_addr: str) -> Rendezvous:
         all_local = all(n.local for n in nodes)
         node_addrs = tuple(
@@ -296,7 +322,14 @@ class Job:
         )
         return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
 
-    def start(self, attempt: int, plan: Plan, nodes: Sequence[Node], rdzv: Rendezvous) -> None:
+    def start(
+        self,
+        attempt: int,
+        plan: Plan,
+        nodes: Sequence[Node],
+        rdzv: Rendezvous,
+        placed: Sequence[RankDevices] | None = None,
+    ) -> None:
         config = self.config
         exports = dict(config.exports)
         try:
@@ -314,13 +347,15 @@ class Job:
             argv = list(resolve_command(config.command, python))
             ranks = []
             for slot in node.slots:
+                devices = placed[slot.rank] if placed else None
                 env, defaults = rank_env(
                     slot, plan, rdzv, run_id=self.run_id, exports=exports,
                     ifname=config.network_interface or facts.route_ifname,
                     launcher_env=os.environ if node.local else None, workers=workers,
-                    restart_count=attempt, max_restarts=config.restart.max_restarts,
+                    restart_count=attempt, max_restarts=config.restart.max_restarts, devices=devices,
                 )  # fmt: skip
-                ranks.append(RankSpec(slot.rank, argv, env, defaults))
+                cpus = list(devices.cores) if devices and devices.cores is not None else None
+                ranks.append(RankSpec(slot.rank, argv, env, defaults, cpus))
             node.send(encode_message(START, StartRequest(self.cwd, config.grace_period, ranks)))
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,

@@ -19,11 +19,17 @@ def distrun_argv(*args: str | os.PathLike[str]) -> list[str]:
     return [sys.executable, "-m", "launcher", *map(str, args)]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
+def gpu_env(**extra: str) -> dict[str, str]:
+    """This environment without DISTRUN_* settings, the GPUs as this machine shows them (tests/gpu)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """`gpu_env` with the GPUs hidden: a CPU test's ranks run gloo on a machine with 0, 1 or 8 GPUs."""
+    return gpu_env(**{"CUDA_VISIBLE_DEVICES": "", **extra})
 
 
 def run_distrun(
@@ -80,3 +86,25 @@ def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
+
+
+def start_shipped_agent() -> subprocess.Popen[bytes]:
+    """The agent as a remote host gets it: the bootstrap with -S from /, its modules' sources on stdin.
+
+    Nothing of distrun is importable there, as on a host without it; the caller writes frames next.
+    """
+    from launcher.transport.bootstrap import bootstrap_args, shipped_sources
+
+    sources = shipped_sources()
+    proc = subprocess.Popen(
+        [sys.executable, *bootstrap_args(sources)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert proc.stdin is not None
+    for source in sources:
+        proc.stdin.write(source)
+    return proc

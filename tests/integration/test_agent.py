@@ -25,7 +25,7 @@ from launcher.protocol import (
     decode_message,
     encode_message,
 )
-from launcher.transport.bootstrap import bootstrap_args, shipped_sources
+from tests.support import start_shipped_agent
 
 
 def _read_until(
@@ -41,19 +41,8 @@ def _read_until(
 
 
 def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() -> None:
-    sources = shipped_sources()
-    # The bootstrap runs with -S from /: nothing of distrun is importable, as on a host without it.
-    proc = subprocess.Popen(
-        [sys.executable, *bootstrap_args(sources)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd="/",
-        env={"PATH": os.environ.get("PATH", "")},
-    )
+    proc = start_shipped_agent()
     assert proc.stdin is not None
-    for source in sources:
-        proc.stdin.write(source)
     reader = FrameReader(after_magic=True)
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=2, cwd="/")))
     proc.stdin.flush()

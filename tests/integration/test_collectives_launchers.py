@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,21 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import REPO, clean_env
+
 pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 EXAMPLE = REPO / "examples" / "train.py"
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
-
-
 def _run(command: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(
             f"{' '.join(command)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
@@ -91,3 +85,39 @@ def test_example_trains_on_two_ranks_and_resumes_from_rank0_checkpoint(tmp_path:
     epoch_lines = [line for line in proc.stdout.splitlines() if " epoch " in f" {line}"]
     assert len(epoch_lines) == 1 and "epoch   5/5" in epoch_lines[0], epoch_lines
     assert after["test_accuracy"] > 0.85, after
+
+
+def _fake_gpus(outdir: Path, ranks: int, gpus: int, *backend: str) -> subprocess.CompletedProcess[str]:
+    worker = WORKERS / "fake_gpus_worker.py"
+    command = [
+        sys.executable,
+        "-m",
+        "launcher",
+        "-np",
+        str(ranks),
+        str(worker),
+        str(outdir),
+        str(gpus),
+        *backend,
+    ]
+    return subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=240)
+
+
+def test_two_ranks_on_one_gpu_fall_back_to_gloo_with_one_warning(tmp_path: Path) -> None:
+    proc = _fake_gpus(tmp_path, 2, 1)
+    assert proc.returncode == 0, proc.stderr
+    assert _topologies(tmp_path, 2) == [{"backend": "gloo", "device": "cpu", "sum": 2.0}] * 2
+    warnings = [line for line in proc.stderr.splitlines() if "NCCL cannot give each rank its own GPU" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("[0] collectives: host ")
+    assert "runs 2 ranks but this rank sees 1 GPU" in warnings[0] and "--gpus-per-rank 1" in warnings[0]
+
+
+def test_explicit_nccl_on_too_few_gpus_is_refused_before_nccl_runs(tmp_path: Path) -> None:
+    proc = _fake_gpus(tmp_path, 2, 1, "nccl")
+    assert proc.returncode == 3, proc.stderr
+    # Rank 1 may be stopped before it says so too: rank 0's line is the one that must be there.
+    refused = [line for line in proc.stderr.splitlines() if line.startswith("[0] refused: ")]
+    assert len(refused) == 1, proc.stderr
+    assert "backend='nccl' cannot work on host " in refused[0] and "NCCL needs a GPU per rank" in refused[0]
+    assert "Duplicate GPU" not in proc.stderr

@@ -6,7 +6,6 @@ one saved result against the single-process reference or the closed-form expecta
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,19 +13,18 @@ from typing import Any
 
 import pytest
 
+from tests.support import REPO, clean_env
+
 torch = pytest.importorskip("torch")
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "workers" / "collectives_worker.py"
 JOB_TIMEOUT_S = 240
 
 
 def run_distrun(ranks: int, script: Path, *args: str, timeout: float = JOB_TIMEOUT_S) -> None:
     """Run ``script`` on ``ranks`` local gloo ranks with distrun; fail the test with its output on error."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "launcher", "-np", str(ranks), str(script), *args]
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         pytest.fail(
             f"{' '.join(command)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"

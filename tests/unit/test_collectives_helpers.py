@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import collectives
-from collectives.context import Topology, _choose_device, _placement_from_hostnames, topology_from_env
+from collectives.context import Topology, _placement_from_hostnames, topology_from_env
 from collectives.data import ShardSampler, shard_indices
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError, ShardingError
 from collectives.lr import WarmupSchedule, scale_lr
@@ -113,16 +113,6 @@ def test_minimal_environment_derives_local_and_cross_values() -> None:
 def test_bad_environment_is_reported(env: dict[str, str], message: str) -> None:
     with pytest.raises(EnvironmentContractError, match=message):
         topology_from_env(env)
-
-
-def test_device_choice() -> None:
-    assert [_choose_device(local, 4) for local in range(4)] == [0, 1, 2, 3]
-    # CUDA_VISIBLE_DEVICES per rank: every rank sees its own GPU as device 0.
-    assert [_choose_device(local, 1) for local in range(4)] == [0, 0, 0, 0]
-    with pytest.raises(EnvironmentContractError, match="local rank 2 has no GPU: this host has 2"):
-        _choose_device(2, 2)
-    with pytest.raises(EnvironmentContractError, match="has no GPU"):
-        _choose_device(0, 0)
 
 
 def test_placement_from_host_names() -> None:

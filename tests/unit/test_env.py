@@ -5,6 +5,8 @@ from collections.abc import Mapping
 
 import pytest
 
+from collectives.placement import OWN_GPUS_VAR
+from launcher.devices import RankDevices
 from launcher.env import is_secret, parse_exports, parse_rank_filter, redact, worker_env
 from launcher.errors import UsageError
 from launcher.facts import Rendezvous
@@ -27,6 +29,7 @@ def env_for(
     user_env: Mapping[str, str] | None = None,
     exports: Mapping[str, str] | None = None,
     ifname: str | None = "eth0",
+    devices: RankDevices | None = None,
 ) -> dict[str, str]:
     return worker_env(
         PLAN.slots[rank],
@@ -38,6 +41,7 @@ def env_for(
         ifname=ifname,
         restart_count=2,
         max_restarts=3,
+        devices=devices,
     )
 
 
@@ -126,6 +130,25 @@ def test_exports_win_over_defaults_but_never_over_identity() -> None:
 def test_stale_identity_in_user_env_is_overridden() -> None:
     env = env_for(2, user_env={"RANK": "7", "WORLD_SIZE": "99", "MASTER_PORT": "1"})
     assert (env["RANK"], env["WORLD_SIZE"], env["MASTER_PORT"]) == ("2", "4", "29500")
+
+
+def test_a_ranks_own_gpus_replace_the_hosts_and_the_exported_devices() -> None:
+    env = env_for(1, user_env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, devices=RankDevices(1, ("GPU-77e1", "3")))
+    assert (env["CUDA_VISIBLE_DEVICES"], env[OWN_GPUS_VAR]) == ("GPU-77e1,3", "2")
+    exported = env_for(1, exports={"CUDA_VISIBLE_DEVICES": "4,5"}, devices=RankDevices(1, ("5",)))
+    assert exported["CUDA_VISIBLE_DEVICES"] == "5"
+    # Without --gpus-per-rank nothing about devices is set, and -x passes through untouched.
+    assert "CUDA_VISIBLE_DEVICES" not in env_for(1) and OWN_GPUS_VAR not in env_for(1)
+    assert env_for(1, exports={"CUDA_VISIBLE_DEVICES": "4"})["CUDA_VISIBLE_DEVICES"] == "4"
+
+
+def test_bound_cores_set_one_omp_thread_per_core_unless_the_user_chose() -> None:
+    bound = RankDevices(1, None, (4, 5, 6))
+    assert env_for(1, devices=bound)["OMP_NUM_THREADS"] == "3"
+    assert env_for(3, devices=RankDevices(3, None, (0, 1)))["OMP_NUM_THREADS"] == "2"  # alone on its host
+    assert "OMP_NUM_THREADS" not in env_for(1, user_env={"OMP_NUM_THREADS": "8"}, devices=bound)
+    assert env_for(1, exports={"OMP_NUM_THREADS": "8"}, devices=bound)["OMP_NUM_THREADS"] == "8"
+    assert "CUDA_VISIBLE_DEVICES" not in env_for(1, devices=bound)
 
 
 def test_tf_config_ports_must_be_distinct() -> None:
