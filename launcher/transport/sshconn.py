@@ -30,16 +30,17 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 
 from launcher.config import HostKeyPolicy, SshOptions
 from launcher.errors import HostError, UsageError
 from launcher.hosts import Host
+from launcher.progress import Progress, ProgressFn
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 MAX_BACKOFF = 2.0
 
 PARAMIKO_LOG = f"{__name__}.paramiko"
+
+T = TypeVar("T")
 
 
 class _ParamikoAsDebug(logging.Filter):
@@ -451,22 +454,80 @@ def _backoff(attempt: int) -> float:
     return min(MAX_BACKOFF, 0.1 * 2.0**attempt) * random.uniform(0.5, 1.5)
 
 
+class _Aborted(Exception):
+    """Another host failed first, so this one was not (or no longer) tried."""
+
+
+class Window:
+    """How many handshakes may be in flight at once (pdsh's fan-out), adapting as TCP's congestion window.
+
+    It opens at `limit`. A handshake that sshd dropped halves it: MaxStartups answers a burst of handshakes
+    by closing some of them at random, and retries that arrive as one burst again are dropped again, while
+    fewer at a time get through. Each completed handshake widens it by one, up to `limit`. A host waiting for
+    a slot is not timing out yet: each attempt's timeout starts when its handshake does, so the time a launch
+    may take grows with the host count by itself. `abort()` wakes every waiter: once one host failed, nothing
+    new starts.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.size = self.limit
+        self.in_flight = 0
+        self.aborted = threading.Event()
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        with self._cond:
+            while self.in_flight >= self.size and not self.aborted.is_set():
+                self._cond.wait()
+            if self.aborted.is_set():
+                raise _Aborted
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+                self._cond.notify_all()
+
+    def dropped(self) -> None:
+        with self._cond:
+            self.size = max(1, self.size // 2)
+
+    def completed(self) -> None:
+        with self._cond:
+            self.size = min(self.limit, self.size + 1)
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        self.aborted.set()
+        with self._cond:
+            self._cond.notify_all()
+
+
 def _connect_with_retries(
     target: SshTarget,
     options: SshOptions,
-    abort: threading.Event,
+    window: Window,
     via: paramiko.SSHClient | None = None,
 ) -> SshClient:
     for attempt in range(options.retries + 1):
         try:
-            return _connect_once(target, options, via)
+            with window.slot():
+                client = _connect_once(target, options, via)
+            window.completed()
+            return client
         except _Transient as exc:
-            if attempt == options.retries or abort.is_set():
+            window.dropped()
+            if window.aborted.is_set():
+                raise _Aborted from exc
+            if attempt == options.retries:
                 raise _Refused(f"{exc} (after {attempt + 1} attempts)") from exc
             delay = _backoff(attempt)
             log.debug("%s: %s; retrying in %.2fs", target.host, exc, delay)
-            if abort.wait(delay):
-                raise _Refused(f"{exc} (gave up: another host failed)") from exc
+            if window.aborted.wait(delay):
+                raise _Aborted from exc
     raise AssertionError("unreachable: the loop returns or raises")
 
 
@@ -474,20 +535,20 @@ def connect_target(
     target: SshTarget,
     options: SshOptions,
     jumps: Sequence[SshTarget] = (),
-    abort: threading.Event | None = None,
+    window: Window | None = None,
 ) -> SshClient:
     """Connect to one resolved target through `jumps` (first hop first); raises HostError naming the host."""
-    abort = abort or threading.Event()
+    window = window or Window(1)
     opened: list[SshClient] = []
     hop_name = target.host
     try:
         via: paramiko.SSHClient | None = None
         for jump in jumps:
             hop_name = jump.host
-            via = _connect_with_retries(jump, options, abort, via)
+            via = _connect_with_retries(jump, options, window, via)
             opened.append(via)
         hop_name = target.host
-        final = _connect_with_retries(target, options, abort, via)
+        final = _connect_with_retries(target, options, window, via)
     except BaseException as exc:
         for client in reversed(opened):
             client.close()
@@ -501,8 +562,11 @@ def connect_target(
     return final
 
 
-def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, paramiko.SSHClient]:
-    """One authenticated connection per distinct host name, opened in parallel; all or nothing.
+def connect_all(
+    hosts: Sequence[Host], options: SshOptions, progress: ProgressFn | None = None
+) -> dict[str, paramiko.SSHClient]:
+    """One authenticated connection per distinct host name, at most `options.max_parallel` handshakes at a
+    time; all or nothing. `progress` hears how far it got ("connecting") after every host.
 
     Raises HostError (exit 3) for the first failing host in the order given, after closing every connection
     already opened; UsageError for a bad ssh config or a missing identity file.
@@ -517,25 +581,39 @@ def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, paramik
         target = resolve_target(host, options, ssh_config)
         routes[host.name] = (target, jump_targets(target, options, ssh_config))
 
-    def connect(name: str, abort: threading.Event) -> paramiko.SSHClient:
+    def connect(name: str, window: Window) -> paramiko.SSHClient:
         target, jumps = routes[name]
-        return connect_target(target, options, jumps, abort)
+        return connect_target(target, options, jumps, window)
 
-    return _connect_parallel([h.name for h in unique], connect, options.max_parallel)
+    return fan_out(
+        [h.name for h in unique],
+        connect,
+        lambda client: client.close(),
+        limit=options.max_parallel,
+        phase="connecting",
+        progress=progress,
+    )
 
 
-def _connect_parallel(
+def fan_out(
     names: Sequence[str],
-    connect: Callable[[str, threading.Event], paramiko.SSHClient],
-    max_parallel: int,
-) -> dict[str, paramiko.SSHClient]:
-    abort = threading.Event()
+    work: Callable[[str, Window], T],
+    close: Callable[[T], None],
+    *,
+    limit: int,
+    phase: str,
+    progress: ProgressFn | None = None,
+) -> dict[str, T]:
+    """`work(name, window)` for every name, at most `limit` at once; all or nothing, results in `names` order.
+
+    After the first failure no new host starts, in-flight retries give up, and every result already made is
+    closed; the first failing host in `names` order is raised, with how many more failed.
+    """
+    window = Window(limit)
     todo: queue.SimpleQueue[str] = queue.SimpleQueue()
     for name in names:
         todo.put(name)
-    outcomes: queue.SimpleQueue[tuple[str, paramiko.SSHClient | None, BaseException | None]] = (
-        queue.SimpleQueue()
-    )
+    outcomes: queue.SimpleQueue[tuple[str, T | None, BaseException | None]] = queue.SimpleQueue()
     started = time.monotonic()
 
     def worker() -> None:
@@ -544,39 +622,44 @@ def _connect_parallel(
                 name = todo.get_nowait()
             except queue.Empty:
                 return
-            if abort.is_set():
-                outcomes.put((name, None, None))  # another host failed first: never started
-                continue
             try:
-                outcomes.put((name, connect(name, abort), None))
+                if window.aborted.is_set():
+                    raise _Aborted
+                outcomes.put((name, work(name, window), None))
+            except _Aborted:
+                outcomes.put((name, None, None))  # another host failed first: never finished
             except BaseException as exc:
-                abort.set()  # fail fast: hosts not started yet are skipped, retry loops give up
+                window.abort()  # fail fast: hosts not started yet are skipped, retry loops give up
                 outcomes.put((name, None, exc))
 
     # Daemon threads, so Ctrl-C need not wait for a handshake with a dead host to time out.
-    for i in range(max(1, min(max_parallel, len(names)))):
-        threading.Thread(target=worker, name=f"ssh-connect-{i}", daemon=True).start()
-    clients: dict[str, paramiko.SSHClient] = {}
+    for i in range(max(1, min(limit, len(names)))):
+        threading.Thread(target=worker, name=f"{phase}-{i}", daemon=True).start()
+    results: dict[str, T] = {}
     errors: dict[str, BaseException] = {}
     try:
+        if progress is not None:
+            progress(Progress(phase, len(names)))
         for _ in names:
-            name, client, exc = outcomes.get()
-            if client is not None:
-                clients[name] = client
+            name, result, exc = outcomes.get()
+            if result is not None:
+                results[name] = result
             elif exc is not None:
                 errors[name] = exc
+            if progress is not None:
+                progress(Progress(phase, len(names), len(results), len(errors)))
     except BaseException:
-        abort.set()
-        for client in clients.values():
-            client.close()
+        window.abort()
+        for result in results.values():
+            close(result)
         raise
     if errors:
-        for client in clients.values():
-            client.close()
+        for result in results.values():
+            close(result)
         first = next(name for name in names if name in errors)
         exc = errors[first]
         if isinstance(exc, HostError) and len(errors) > 1:
             raise HostError(f"{exc} (and {len(errors) - 1} more host(s) failed)") from exc
         raise exc
-    log.debug("connected to %d host(s) in %.2fs", len(clients), time.monotonic() - started)
-    return {name: clients[name] for name in names}
+    log.debug("%s: %d host(s) in %.2fs", phase, len(results), time.monotonic() - started)
+    return {name: results[name] for name in names}

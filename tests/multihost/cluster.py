@@ -522,6 +522,10 @@ class Cluster:
             used = _used_subnets()
             width = 1 if num_hosts <= HOSTS_PER_24 else 2
             free = [x for x in range(0, 256, width) if not used.intersection(range(x, x + width))]
+            if width > 1:
+                # From the top: a builder that knows only /24s takes the lowest free one and cannot see that
+                # X+1 is part of this cluster's /23.
+                free.reverse()
             if not free:
                 raise ClusterError(f"no free 198.18.X.0/{self.prefix_len} subnet for a test cluster")
             self.subnet = free[0]
