@@ -282,7 +282,54 @@ class _Refused(Exception):
     """A failure no retry will fix; its message is the reason shown to the user."""
 
 
-_known_hosts_lock = threading.Lock()
+class _KnownHostsCache:
+    """Each known_hosts file parsed once, not once per connection.
+
+    paramiko parses a whole file whenever a client loads it, taking logging's global lock for every line: with
+    256 hosts in one known_hosts that was three quarters of distrun's CPU while connecting, and quadratic. A
+    file is parsed again only when it changed on disk; keys that we append ourselves are added in memory too.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._files: dict[Path, tuple[tuple[int, int, int], paramiko.HostKeys]] = {}
+
+    def keys_for(self, files: Sequence[Path], name: str) -> dict[str, paramiko.PKey]:
+        """The keys filed under `name` by type; the first file and line with a type wins, as in paramiko."""
+        found: dict[str, paramiko.PKey] = {}
+        with self.lock:
+            for path in files:
+                entries = self._load(path).lookup(name)
+                for key_type in entries or ():
+                    found.setdefault(key_type, entries[key_type])  # type: ignore[index]
+        return found
+
+    def added(self, path: Path, name: str, key: paramiko.PKey) -> None:
+        """`path` got a line for `name` from us (call with `lock` held)."""
+        self._load(path).add(name, key.get_name(), key)
+        self._files[path] = (self._signature(path), self._files[path][1])
+
+    def _load(self, path: Path) -> paramiko.HostKeys:
+        signature = self._signature(path)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        keys = paramiko.HostKeys()
+        with contextlib.suppress(OSError):
+            keys.load(str(path))
+        self._files[path] = (signature, keys)
+        return keys
+
+    @staticmethod
+    def _signature(path: Path) -> tuple[int, int, int]:
+        try:
+            st = path.stat()
+        except OSError:
+            return (0, 0, 0)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_known_hosts = _KnownHostsCache()
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -315,10 +362,11 @@ def _append_known_host(target: SshTarget, name: str, key: paramiko.PKey) -> None
         return
     path = target.known_hosts_files[0]
     entry = paramiko.HostKeys.hash_host(name) if target.hash_known_hosts else name
-    with _known_hosts_lock:
+    with _known_hosts.lock:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
+        _known_hosts.added(path, name, key)
     log.warning("Permanently added %s (%s) to %s", name, _fingerprint(key), path)
 
 
@@ -376,10 +424,11 @@ def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClien
     client = SshClient()
     try:
         if target.host_key_policy != "ignore":
-            # Loaded as "system" keys: paramiko checks them but never rewrites these files.
-            for path in (*target.global_known_hosts_files, *target.known_hosts_files):
-                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                    client.load_system_host_keys(str(path))
+            # Into the client's own key set, which paramiko checks but never writes back to any file.
+            files = (*target.global_known_hosts_files, *target.known_hosts_files)
+            name = target.known_hosts_name
+            for key_type, key in _known_hosts.keys_for(files, name).items():
+                client.get_host_keys().add(name, key_type, key)
         client.set_missing_host_key_policy(_HostKeyPolicy(target))
         client.set_log_channel(PARAMIKO_LOG)
         name = target.host_key_alias or target.hostname
