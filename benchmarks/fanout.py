@@ -123,6 +123,11 @@ def main() -> None:
     )
     parser.add_argument("--hosts", type=int, nargs="+", default=[32, 128, 256])
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--login-rc",
+        action="store_true",
+        help="let the hosts' login shells read root's ~/.bashrc (see Cluster's login_rc)",
+    )
     parser.add_argument("--distrun-arg", action="append", default=[], help="extra distrun option")
     args = parser.parse_args()
     reason = unavailable_reason()
@@ -139,7 +144,7 @@ def main() -> None:
     )
     for n in args.hosts:
         samples: dict[str, list[Sample]] = {name: [] for name in cases}
-        with Cluster(n) as cluster:
+        with Cluster(n, login_rc=args.login_rc) as cluster:
             for _ in range(args.repeat):
                 for name, case in cases.items():
                     samples[name].append(case(cluster))

@@ -302,12 +302,16 @@ class Cluster:
         max_startups: str | None = None,
         session_path: str | None = None,
         etc_hosts: bool = False,
+        login_rc: bool = True,
     ) -> None:
         """Build the cluster; on any failure everything built so far is removed before the error propagates.
 
         `max_startups` is sshd's MaxStartups (None: sshd's default 10:30:100, which drops bursts of
         handshakes, as on real clusters). `session_path` is PATH for commands run through ssh; the default is
         this process's PATH, as on a cluster whose hosts share the launch machine's filesystem and software.
+        `login_rc=False` hides root's ~/.bashrc from the hosts' login shells (Debian's bash reads it for every
+        ssh command): where it runs `pyenv init`, every login takes pyenv's one global rehash lock, so
+        starting anything on many hosts at once measures that lock rather than SSH.
         """
         reason = unavailable_reason()
         if reason is not None:
@@ -317,6 +321,7 @@ class Cluster:
         self.id = secrets.token_hex(3)
         self.max_startups = max_startups
         self.session_path = session_path if session_path is not None else os.environ.get("PATH", os.defpath)
+        self.login_rc = login_rc
         self._sshd: dict[str, subprocess.Popen[bytes]] = {}
         self._closed = False
         self.subnet = -1
@@ -719,6 +724,12 @@ class Cluster:
         # sshd refuses to start without its privilege-separation directory; Debian creates it only at boot.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         inner = f"hostname {h.name} && exec {SSHD} -D -e -f {h.dir}/sshd_config"
+        bashrc = Path("~root/.bashrc").expanduser()
+        if not self.login_rc and bashrc.is_file():
+            empty = self.workdir / "empty-bashrc"
+            empty.touch()
+            # `ip netns exec` runs this in a mount namespace of its own: only this host sees the mount.
+            inner = f"mount --bind {empty} {bashrc} && {inner}"
         with open(Path(h.dir) / "sshd.log", "ab") as logf:
             self._sshd[h.name] = subprocess.Popen(
                 ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c", inner],
