@@ -253,7 +253,7 @@ def test_fan_out_stops_queued_hosts_after_a_failure() -> None:
 def test_fan_out_returns_clients_in_the_order_given() -> None:
     clients = fan_out(["c", "a", "b"], lambda name, window: FakeClient(name), limit=8)
     assert list(clients) == ["c", "a", "b"]
-    assert [client.name for client in clients.values()] == ["c", "a", "b"]  # type: ignore[attr-defined]
+    assert [client.name for client in clients.values()] == ["c", "a", "b"]
 
 
 def test_transient_failures_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
