@@ -507,46 +507,59 @@ class _Aborted(Exception):
     """Another host failed first, so this one was not (or no longer) tried."""
 
 
+@dataclass(frozen=True)
+class Ticket:
+    """One handshake's place in the window: the congestion epoch it started in, and whether it had company."""
+
+    epoch: int
+    crowded: bool
+
+
 class Window:
     """How many handshakes may be in flight at once (pdsh's fan-out), adapting as TCP's congestion window.
 
-    It opens at `limit`. A handshake that sshd dropped halves it: MaxStartups answers a burst of handshakes
-    by closing some of them at random, and retries that arrive as one burst again are dropped again, while
-    fewer at a time get through. Each completed handshake widens it by one, up to `limit`. A host waiting for
-    a slot is not timing out yet: each attempt's timeout starts when its handshake does, so the time a launch
-    may take grows with the host count by itself. `abort()` wakes every waiter: once one host failed, nothing
-    new starts.
+    It opens at `limit`. A dropped handshake halves it: sshd's MaxStartups answers a burst of handshakes by
+    closing some of them at random, and retries that arrive as one burst again are dropped again, while fewer
+    at a time get through. All drops among handshakes started before the last halving are one congestion
+    event and halve it once. Each completed handshake widens it by 1/size (by one per window's worth of
+    completions), up to `limit`. A host waiting for a slot is not timing out yet: each attempt's timeout
+    starts with its handshake, so the time a launch may take grows with the host count by itself. `abort()`
+    wakes every waiter: once one host failed, nothing new starts.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = max(1, limit)
-        self.size = self.limit
+        self.size = float(self.limit)
         self.in_flight = 0
+        self.epoch = 0
         self.aborted = threading.Event()
         self._cond = threading.Condition()
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
+    def slot(self) -> Iterator[Ticket]:
         with self._cond:
-            while self.in_flight >= self.size and not self.aborted.is_set():
+            while self.in_flight >= int(self.size) and not self.aborted.is_set():
                 self._cond.wait()
             if self.aborted.is_set():
                 raise _Aborted
             self.in_flight += 1
+            ticket = Ticket(self.epoch, crowded=self.in_flight > 1)
         try:
-            yield
+            yield ticket
         finally:
             with self._cond:
                 self.in_flight -= 1
                 self._cond.notify_all()
 
-    def dropped(self) -> None:
+    def dropped(self, ticket: Ticket) -> None:
         with self._cond:
-            self.size = max(1, self.size // 2)
+            if ticket.epoch == self.epoch:
+                self.size = max(1.0, self.size / 2)
+                self.epoch += 1
 
     def completed(self) -> None:
         with self._cond:
-            self.size = min(self.limit, self.size + 1)
+            self.size = min(float(self.limit), self.size + 1 / self.size)
             self._cond.notify_all()
 
     def abort(self) -> None:
@@ -561,23 +574,33 @@ def _connect_with_retries(
     window: Window,
     via: paramiko.SSHClient | None = None,
 ) -> SshClient:
-    for attempt in range(options.retries + 1):
+    """`options.retries` more attempts after transient failures of handshakes that had the window to
+    themselves; a drop among several handshakes in flight is congestion, which the window answers, so it is
+    retried for free, within `retries + 1` connect timeouts in all."""
+    budget = options.retries
+    give_up_at = time.monotonic() + options.connect_timeout * (options.retries + 1)
+    attempt = 0
+    while True:
+        attempt += 1
+        ticket = None
         try:
-            with window.slot():
+            with window.slot() as ticket:
                 client = _connect_once(target, options, via)
             window.completed()
             return client
         except _Transient as exc:
-            window.dropped()
+            assert ticket is not None
+            window.dropped(ticket)
             if window.aborted.is_set():
                 raise _Aborted from exc
-            if attempt == options.retries:
-                raise _Refused(f"{exc} (after {attempt + 1} attempts)") from exc
-            delay = _backoff(attempt)
+            if not ticket.crowded:
+                budget -= 1
+            if budget < 0 or time.monotonic() >= give_up_at:
+                raise _Refused(f"{exc} (after {attempt} attempts)") from exc
+            delay = _backoff(min(attempt - 1, 8))
             log.debug("%s: %s; retrying in %.2fs", target.host, exc, delay)
             if window.aborted.wait(delay):
                 raise _Aborted from exc
-    raise AssertionError("unreachable: the loop returns or raises")
 
 
 def connect_target(

@@ -331,22 +331,28 @@ def test_fan_out_never_exceeds_its_window_and_reports_progress() -> None:
     assert str(seen[-1]) in ("connecting 1/2 hosts, 1 failed", "connecting 0/2 hosts, 1 failed")
 
 
-def test_window_halves_on_drops_and_widens_on_success() -> None:
+def test_window_halves_once_per_burst_of_drops_and_widens_slowly() -> None:
     window = sshconn.Window(32)
-    for expected in (16, 8, 4, 2, 1, 1):
-        window.dropped()
-        assert window.size == expected
-    for expected in (2, 3):
+    with window.slot() as first, window.slot() as second:
+        assert first == sshconn.Ticket(epoch=0, crowded=False) and second.crowded
+    window.dropped(first)
+    window.dropped(second)  # the same burst: started before the first halving
+    assert window.size == 16
+    with window.slot() as later:
+        pass
+    window.dropped(later)
+    assert window.size == 8
+    for _ in range(8):
         window.completed()
-        assert window.size == expected
-    for _ in range(100):
+    assert 8.5 < window.size < 9.5  # about one more slot per window's worth of completions
+    for _ in range(2000):
         window.completed()
     assert window.size == 32
 
 
 def test_a_shrunk_window_holds_back_new_handshakes_until_one_ends() -> None:
     window = sshconn.Window(2)
-    window.dropped()  # now 1
+    window.dropped(sshconn.Ticket(epoch=0, crowded=True))  # now 1
     entered = threading.Event()
     first_done = threading.Event()
     order: list[str] = []
