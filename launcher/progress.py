@@ -116,3 +116,22 @@ def progress_line(stream: TextIO) -> Iterator[ProgressLine]:
         for handler in handlers:
             handler.removeFilter(guard)
         line.clear()
+
+
+class StallDeadline:
+    """A deadline that follows progress: it passes only when nothing progressed for `stall` seconds.
+
+    A fixed timeout either fails large fan-outs that are merely slow (hundreds of agents starting on busy
+    hosts) or waits far too long for a dead host in a small one; this one keeps going while results keep
+    arriving and names a silent host `stall` seconds after the last sign of progress.
+    """
+
+    def __init__(self, stall: float, now: float) -> None:
+        self.stall = stall
+        self.at = now + stall
+
+    def progressed(self, now: float) -> None:
+        self.at = now + self.stall
+
+    def remaining(self, now: float) -> float:
+        return self.at - now

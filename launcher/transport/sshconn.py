@@ -503,7 +503,7 @@ def _backoff(attempt: int) -> float:
     return min(MAX_BACKOFF, 0.1 * 2.0**attempt) * random.uniform(0.5, 1.5)
 
 
-class _Aborted(Exception):
+class Aborted(Exception):
     """Another host failed first, so this one was not (or no longer) tried."""
 
 
@@ -541,7 +541,7 @@ class Window:
             while self.in_flight >= int(self.size) and not self.aborted.is_set():
                 self._cond.wait()
             if self.aborted.is_set():
-                raise _Aborted
+                raise Aborted
             self.in_flight += 1
             ticket = Ticket(self.epoch, crowded=self.in_flight > 1)
         try:
@@ -592,7 +592,7 @@ def _connect_with_retries(
             assert ticket is not None
             window.dropped(ticket)
             if window.aborted.is_set():
-                raise _Aborted from exc
+                raise Aborted from exc
             if not ticket.crowded:
                 budget -= 1
             if budget < 0 or time.monotonic() >= give_up_at:
@@ -600,7 +600,7 @@ def _connect_with_retries(
             delay = _backoff(min(attempt - 1, 8))
             log.debug("%s: %s; retrying in %.2fs", target.host, exc, delay)
             if window.aborted.wait(delay):
-                raise _Aborted from exc
+                raise Aborted from exc
 
 
 def connect_target(
@@ -626,7 +626,7 @@ def connect_target(
             client.close()
         if isinstance(exc, _Refused):
             where = f" (via jump host {hop_name})" if hop_name != target.host else ""
-            raise HostError(f"{target.host}: {exc}{where}") from exc
+            raise HostError(f"{target.host}: {exc}{where}", host=target.host) from exc
         raise
     # Closing the target's connection must also close the tunnels beneath it.
     final.jumps = list(opened)
@@ -696,9 +696,9 @@ def fan_out(
                 return
             try:
                 if window.aborted.is_set():
-                    raise _Aborted
+                    raise Aborted
                 outcomes.put((name, work(name, window), None))
-            except _Aborted:
+            except Aborted:
                 outcomes.put((name, None, None))  # another host failed first: never finished
             except BaseException as exc:
                 window.abort()  # fail fast: hosts not started yet are skipped, retry loops give up
@@ -731,7 +731,7 @@ def fan_out(
         first = next(name for name in names if name in errors)
         exc = errors[first]
         if isinstance(exc, HostError) and len(errors) > 1:
-            raise HostError(f"{exc} (and {len(errors) - 1} more host(s) failed)") from exc
+            raise HostError(f"{exc} (and {len(errors) - 1} more host(s) failed)", host=exc.host) from exc
         raise exc
     log.debug("%s: %d host(s) in %.2fs", phase, len(results), time.monotonic() - started)
     return {name: results[name] for name in names}

@@ -381,7 +381,7 @@ def test_abort_wakes_hosts_waiting_for_a_slot() -> None:
         try:
             with window.slot():
                 outcome.append("ran")
-        except sshconn._Aborted:
+        except sshconn.Aborted:
             outcome.append("aborted")
 
     with window.slot():
@@ -401,6 +401,6 @@ def test_retries_give_up_at_once_when_another_host_failed(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(sshconn, "_connect_once", dropped)
     target = resolve_target(Host("h"), SshOptions(), None)
-    with pytest.raises(sshconn._Aborted):
+    with pytest.raises(sshconn.Aborted):
         sshconn.connect_target(target, SshOptions(retries=5), window=window)
     assert window.size == 2  # the drop also narrowed the window
