@@ -11,8 +11,10 @@ Cases, run side by side on the same cluster, interleaved when repeated:
   distrun      `distrun -H h1:1,...,hN:1 true`: connect, start the agent, probe, run `true`, collect exits
 
 Besides wall time it reports the CPU time and peak RSS of the client side only (the `ssh` processes together,
-or the one distrun process), per host: every simulated host's sshd and login shell run on this same machine,
-so on a small machine the wall time grows with the host count for reasons that are not the client's.
+or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": every
+process that sshd forked for the session, i.e. sshd's own session processes, the login shell and what it ran,
+as the hosts' listening sshds account for their reaped children). Every simulated host runs on this same
+machine, so on a small machine the wall time grows with the host count for reasons that are not the client's.
 A failing case is reported with its first error line instead of a time.
 """
 
@@ -25,8 +27,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -39,6 +43,7 @@ from tests.multihost.cluster import Cluster, unavailable_reason
 class Sample:
     wall: float
     cpu: float  # seconds, user + system, of the client processes and their descendants
+    host_cpu: float  # seconds, user + system, of everything the hosts' sshds ran for the sessions
     peak_rss_kib: int  # of the largest single client process
     processes: int  # client processes: one per host for OpenSSH, one in all for distrun
     error: str | None = None
@@ -57,6 +62,24 @@ def _reap(procs: Sequence[subprocess.Popen[bytes]]) -> tuple[float, int, list[in
         rss = max(rss, usage.ru_maxrss)
         codes.append(proc.returncode)
     return cpu, rss, codes
+
+
+def hosts_cpu(cluster: Cluster) -> float:
+    """CPU time of the sessions the hosts' listening sshds have reaped so far, all hosts together."""
+    cluster.wait_clean()  # session processes exit a moment after the client disconnects
+    total = 0.0
+    for host in cluster.hosts:
+        pid = cluster.sshd_pid(host)
+        if pid is not None:
+            times = psutil.Process(pid).cpu_times()
+            total += times.children_user + times.children_system
+    return total
+
+
+def measured(cluster: Cluster, case: Callable[[Cluster], Sample]) -> Sample:
+    before = hosts_cpu(cluster)
+    sample = case(cluster)
+    return replace(sample, host_cpu=hosts_cpu(cluster) - before)
 
 
 def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
@@ -81,7 +104,7 @@ def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
     for proc in procs:
         if proc.stderr:
             proc.stderr.close()
-    return Sample(wall, cpu, rss, len(procs), error)
+    return Sample(wall, cpu, 0.0, rss, len(procs), error)
 
 
 def distrun_all(cluster: Cluster, extra: Sequence[str]) -> Sample:
@@ -103,7 +126,7 @@ def distrun_all(cluster: Cluster, extra: Sequence[str]) -> Sample:
     if codes[0] != 0:
         lines = [line for line in err.splitlines() if "error" in line.lower()] or err.splitlines()[-1:]
         error = f"exit {codes[0]}: {lines[0] if lines else '?'}"
-    return Sample(wall, cpu, rss, 1, error)
+    return Sample(wall, cpu, 0.0, rss, 1, error)
 
 
 def median(samples: Sequence[Sample]) -> Sample:
@@ -111,6 +134,7 @@ def median(samples: Sequence[Sample]) -> Sample:
     return Sample(
         statistics.median(s.wall for s in samples),
         statistics.median(s.cpu for s in samples),
+        statistics.median(s.host_cpu for s in samples),
         max(s.peak_rss_kib for s in samples),
         samples[0].processes,
         errors[0] if errors else None,
@@ -140,20 +164,21 @@ def main() -> None:
     }
     print(
         f"{'hosts':>5}  {'case':<11}{'wall':>9}{'vs ssh python':>15}{'cpu/host':>10}{'RSS/host':>10}"
-        f"{'peak RSS':>10}  result"
+        f"{'peak RSS':>10}{'host cpu/host':>15}  result"
     )
     for n in args.hosts:
         samples: dict[str, list[Sample]] = {name: [] for name in cases}
         with Cluster(n, login_rc=args.login_rc) as cluster:
             for _ in range(args.repeat):
                 for name, case in cases.items():
-                    samples[name].append(case(cluster))
+                    samples[name].append(measured(cluster, case))
         results = {name: median(s) for name, s in samples.items()}
         ref = results["ssh python"].wall
         for name, r in results.items():
             print(
                 f"{n:>5}  {name:<11}{r.wall:>8.2f}s{r.wall / ref:>14.2f}x{1000 * r.cpu / n:>8.1f}ms"
-                f"{r.rss_per_host_mib(n):>8.2f}MB{r.peak_rss_kib / 1024:>8.1f}MB  {r.error or 'ok'}",
+                f"{r.rss_per_host_mib(n):>8.2f}MB{r.peak_rss_kib / 1024:>8.1f}MB"
+                f"{1000 * r.host_cpu / n:>13.1f}ms  {r.error or 'ok'}",
                 flush=True,
             )
 

@@ -89,7 +89,8 @@ def probe(
     for node, request in zip(nodes, requests, strict=True):
         node.facts = None
         node.send(encode_message(PROBE, request))
-    deadline = StallDeadline(stall, time.monotonic())
+    started = time.monotonic()
+    deadline = StallDeadline(stall, started)
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
         for node in nodes:
@@ -128,6 +129,7 @@ def probe(
                         deadline.progressed(time.monotonic())
                         if progress is not None:
                             progress(Progress("waiting for agents", len(nodes), len(nodes) - waiting))
+    log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
 
 
 class Supervisor:
