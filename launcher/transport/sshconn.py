@@ -1,11 +1,11 @@
 """Open one authenticated SSH connection per host, the way OpenSSH would, or fail with a one-line reason.
 
 Resolution (`resolve_target`, pure) follows OpenSSH's precedence: what the user wrote (`user@host`, the port
-and host key policy options) beats ~/.ssh/config, which beats the defaults. Connecting (`connect_all`) opens
-every connection in parallel, retries only what is worth retrying (sshd's MaxStartups drops bursts of
-handshakes as resets or missing banners; a wrong key or a changed host key will not get better), and on any
-failure closes whatever it already opened before raising `HostError`, so a failed launch leaves nothing
-behind.
+and host key policy options) beats ~/.ssh/config, which beats the defaults. Connecting (`connect_all`, built
+on `fan_out`) opens connections in parallel within an adaptive window (`Window`), retries only what is worth
+retrying (sshd's MaxStartups drops bursts of handshakes as resets or missing banners; a wrong key or a changed
+host key will not get better), reports progress after every host, and on any failure closes whatever it
+already opened before raising `HostError`, so a failed launch leaves nothing behind.
 
 Host keys are checked against known_hosts under the name OpenSSH uses: HostKeyAlias, else the HostName we
 connect to, as `[name]:port` when the port is not 22 (hashed entries work). Policies:
