@@ -529,6 +529,27 @@ def _backoff(attempt: int) -> float:
     return min(MAX_BACKOFF, 0.1 * 2.0**attempt) * random.uniform(0.5, 1.5)
 
 
+# A connection's socket, and the pipe pair paramiko makes for its agent channel's fileno().
+FILES_PER_HOST = 3
+
+
+def ensure_open_files(needed: int) -> None:
+    """Raise this process's soft limit on open files towards the hard limit where `needed` more may not fit.
+
+    The usual soft limit of 1024 is met at about 300 hosts; the hard limit is typically far higher.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed + 256  # what the launcher itself, its logs and local agents hold
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        log.debug("open files limit raised from %d to %d", soft, new)
+
+
 class Aborted(Exception):
     """Another host failed first, so this one was not (or no longer) tried."""
 
@@ -674,6 +695,7 @@ def connect_all(
             raise UsageError(f"identity file {path} does not exist")
     ssh_config = load_ssh_config(options.config_file)
     unique = list({h.name: h for h in hosts}.values())
+    ensure_open_files(FILES_PER_HOST * len(unique))
     routes = {}
     for host in unique:
         target = resolve_target(host, options, ssh_config)
