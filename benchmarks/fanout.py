@@ -100,7 +100,8 @@ def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
     if failed:
         host, proc = failed[0]
         detail = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-        error = f"{len(failed)} of {len(procs)} clients failed; {host}: {detail.splitlines()[-1:] or '?'}"
+        last = detail.splitlines()[-1] if detail else "?"
+        error = f"{len(failed)} of {len(procs)} clients failed; {host}: {last}"
     for proc in procs:
         if proc.stderr:
             proc.stderr.close()
