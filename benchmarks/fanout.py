@@ -1,100 +1,187 @@
-"""SSH fan-out: run a trivial command on 4, 16 and 32 simulated hosts, distrun against parallel OpenSSH.
+"""SSH fan-out: start something on every simulated host, distrun against parallel OpenSSH clients.
 
-    sudo python benchmarks/fanout.py [--hosts 4 16 32] [--repeat 5]
+    sudo python benchmarks/fanout.py [--hosts 32 128 256] [--repeat 1]
 
 Needs root, iproute2 and openssh-server (it builds the simulated cluster of tests/multihost/cluster.py).
-OpenSSH's side is `ssh host true &` for every host, then `wait`; distrun's is `distrun -H h1:1,...,hN:1 true`.
-Besides wall time it reports the CPU time of the clients themselves (all `ssh` processes, or the distrun
-process): every simulated host's sshd and login shell run on this same machine, so on a small machine the wall
-time grows with the host count for reasons that are not the client's.
+Cases, run side by side on the same cluster, interleaved when repeated:
+
+  ssh true     one OpenSSH client per host, all started at once, each running `true`: the floor of SSH itself
+  ssh python   the same clients running `python3 -c pass`: the fair comparison, since distrun starts a Python
+               agent on every host
+  distrun      `distrun -H h1:1,...,hN:1 true`: connect, start the agent, probe, run `true`, collect exits
+
+Besides wall time it reports the CPU time and peak RSS of the client side only (the `ssh` processes together,
+or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": every
+process that sshd forked for the session, i.e. sshd's own session processes, the login shell and what it ran,
+as the hosts' listening sshds account for their reaped children). Every simulated host runs on this same
+machine, so on a small machine the wall time grows with the host count for reasons that are not the client's.
+A failing case is reported with its first error line instead of a time.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import os
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, distrun, interleaved
+from common import REPO, distrun
 
 from tests.multihost.cluster import Cluster, unavailable_reason
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+@dataclass(frozen=True)
+class Sample:
+    wall: float
+    cpu: float  # seconds, user + system, of the client processes and their descendants
+    host_cpu: float  # seconds, user + system, of everything the hosts' sshds ran for the sessions
+    peak_rss_kib: int  # of the largest single client process
+    processes: int  # client processes: one per host for OpenSSH, one in all for distrun
+    error: str | None = None
+
+    def rss_per_host_mib(self, hosts: int) -> float:
+        return self.peak_rss_kib * self.processes / hosts / 1024
 
 
-def openssh_all(cluster: Cluster) -> float:
+def _reap(procs: Sequence[subprocess.Popen[bytes]]) -> tuple[float, int, list[int]]:
+    """Wait for each process with wait4, so that its own resource usage (not all children's) is known."""
+    cpu, rss, codes = 0.0, 0, []
+    for proc in procs:
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # tell Popen it is reaped
+        cpu += usage.ru_utime + usage.ru_stime
+        rss = max(rss, usage.ru_maxrss)
+        codes.append(proc.returncode)
+    return cpu, rss, codes
+
+
+def hosts_cpu(cluster: Cluster) -> float:
+    """CPU time of the sessions the hosts' listening sshds have reaped so far, all hosts together."""
+    cluster.wait_clean()  # session processes exit a moment after the client disconnects
+    total = 0.0
+    for host in cluster.hosts:
+        pid = cluster.sshd_pid(host)
+        if pid is not None:
+            times = psutil.Process(pid).cpu_times()
+            total += times.children_user + times.children_system
+    return total
+
+
+def measured(cluster: Cluster, case: Callable[[Cluster], Sample]) -> Sample:
+    before = hosts_cpu(cluster)
+    sample = case(cluster)
+    return replace(sample, host_cpu=hosts_cpu(cluster) - before)
+
+
+def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
     start = time.perf_counter()
     procs = [
-        subprocess.Popen([*cluster.ssh_argv(h, "true")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        subprocess.Popen(
+            cluster.ssh_argv(h, *command),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         for h in cluster.hosts
     ]
-    if any(p.wait() != 0 for p in procs):
-        raise SystemExit("an OpenSSH client failed")
-    return time.perf_counter() - start
+    cpu, rss, codes = _reap(procs)
+    wall = time.perf_counter() - start
+    failed = [(h, p) for h, p, code in zip(cluster.hosts, procs, codes, strict=True) if code != 0]
+    error = None
+    if failed:
+        host, proc = failed[0]
+        detail = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+        last = detail.splitlines()[-1] if detail else "?"
+        error = f"{len(failed)} of {len(procs)} clients failed; {host}: {last}"
+    for proc in procs:
+        if proc.stderr:
+            proc.stderr.close()
+    return Sample(wall, cpu, 0.0, rss, len(procs), error)
 
 
-def distrun_all(cluster: Cluster) -> float:
+def distrun_all(cluster: Cluster, extra: Sequence[str]) -> Sample:
     hosts = ",".join(f"{h}:1" for h in cluster.hosts)
     start = time.perf_counter()
-    subprocess.run(
-        distrun("-H", hosts, "true"),
-        check=True,
+    proc = subprocess.Popen(
+        distrun("-H", hosts, *extra, "true"),
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         env=cluster.env(PYTHONPATH=str(REPO)),
     )
-    return time.perf_counter() - start
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode(errors="replace")  # read to the end first: a full pipe would block it
+    proc.stderr.close()
+    cpu, rss, codes = _reap([proc])
+    wall = time.perf_counter() - start
+    error = None
+    if codes[0] != 0:
+        lines = [line for line in err.splitlines() if "error" in line.lower()] or err.splitlines()[-1:]
+        error = f"exit {codes[0]}: {lines[0] if lines else '?'}"
+    return Sample(wall, cpu, 0.0, rss, 1, error)
+
+
+def median(samples: Sequence[Sample]) -> Sample:
+    errors = [s.error for s in samples if s.error]
+    return Sample(
+        statistics.median(s.wall for s in samples),
+        statistics.median(s.cpu for s in samples),
+        statistics.median(s.host_cpu for s in samples),
+        max(s.peak_rss_kib for s in samples),
+        samples[0].processes,
+        errors[0] if errors else None,
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 32])
-    parser.add_argument("--repeat", type=int, default=5)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--hosts", type=int, nargs="+", default=[32, 128, 256])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--login-rc",
+        action="store_true",
+        help="let the hosts' login shells read root's ~/.bashrc (see Cluster's login_rc)",
+    )
+    parser.add_argument("--distrun-arg", action="append", default=[], help="extra distrun option")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
         raise SystemExit(f"cannot build the simulated cluster: {reason}")
-    rows = []
-    for n in args.hosts:
-        with Cluster(n) as cluster:
-            cpu = {"openssh": 0.0, "distrun": 0.0}
-
-            def measured(
-                name: str, run: Callable[[Cluster], float], c: Cluster = cluster, cpu: dict[str, float] = cpu
-            ) -> float:
-                before = children_cpu()
-                wall = run(c)
-                cpu[name] += children_cpu() - before
-                return wall
-
-            t = interleaved(
-                {
-                    "openssh": lambda: measured("openssh", openssh_all),
-                    "distrun": lambda: measured("distrun", distrun_all),
-                },
-                args.repeat,
-            )
-        rows.append(
-            (n, t["openssh"], t["distrun"], cpu["openssh"] / args.repeat, cpu["distrun"] / args.repeat)
-        )
+    cases: dict[str, Callable[[Cluster], Sample]] = {
+        "ssh true": lambda c: openssh_all(c, ["true"]),
+        "ssh python": lambda c: openssh_all(c, ["python3", "-c", "pass"]),
+        "distrun": lambda c: distrun_all(c, args.distrun_arg),
+    }
     print(
-        f"{'hosts':>5}{'OpenSSH wall':>14}{'distrun wall':>14}{'ratio':>8}{'growth':>8}"
-        f"{'OpenSSH cpu':>13}{'distrun cpu':>13}{'cpu growth':>12}"
+        f"{'hosts':>5}  {'case':<11}{'wall':>9}{'vs ssh python':>15}{'cpu/host':>10}{'RSS/host':>10}"
+        f"{'peak RSS':>10}{'host cpu/host':>15}  result"
     )
-    first = rows[0]
-    for n, ssh, dr, ssh_cpu, dr_cpu in rows:
-        print(
-            f"{n:>5}{ssh:>13.3f}s{dr:>13.3f}s{dr / ssh:>7.2f}x{dr / first[2]:>7.2f}x"
-            f"{ssh_cpu:>12.2f}s{dr_cpu:>12.2f}s{dr_cpu / first[4]:>11.2f}x"
-        )
+    for n in args.hosts:
+        samples: dict[str, list[Sample]] = {name: [] for name in cases}
+        with Cluster(n, login_rc=args.login_rc) as cluster:
+            for _ in range(args.repeat):
+                for name, case in cases.items():
+                    samples[name].append(measured(cluster, case))
+        results = {name: median(s) for name, s in samples.items()}
+        ref = results["ssh python"].wall
+        for name, r in results.items():
+            print(
+                f"{n:>5}  {name:<11}{r.wall:>8.2f}s{r.wall / ref:>14.2f}x{1000 * r.cpu / n:>8.1f}ms"
+                f"{r.rss_per_host_mib(n):>8.2f}MB{r.peak_rss_kib / 1024:>8.1f}MB"
+                f"{1000 * r.host_cpu / n:>13.1f}ms  {r.error or 'ok'}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ def is_obviously_local(name: str) -> bool:
         return False
 
 
-def is_local_host(hostname: str) -> bool:
-    """`hostname` is what SSH would connect to (ssh config's HostName already applied)."""
+def is_local_host(hostname: str, mine: frozenset[str] | None = None) -> bool:
+    """`hostname` is what SSH would connect to (ssh config's HostName already applied); `mine`: this
+    machine's addresses, when the caller asks about many hosts (see `local_addresses`)."""
     if is_obviously_local(hostname):
         return True
     try:
@@ -31,10 +32,10 @@ def is_local_host(hostname: str) -> bool:
             return False  # this machine cannot resolve it; SSH will say so if it cannot either
     if any(ipaddress.ip_address(a).is_loopback for a in addrs):
         return True
-    return bool(addrs & _local_addresses())
+    return bool(addrs & (local_addresses() if mine is None else mine))
 
 
-def _local_addresses() -> set[str]:
+def local_addresses() -> frozenset[str]:
     import psutil  # only needed for names that are not obviously local
 
-    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs}
+    return frozenset(a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs)

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.locality import is_local_host, is_obviously_local
+from launcher.locality import is_local_host, is_obviously_local, local_addresses
 from launcher.plan import Slot
+from launcher.progress import ProgressFn
 from launcher.protocol import HELLO, VERSION, Facts, FrameReader, Hello, decode_message
 from launcher.transport.link import Link, Transport
 from launcher.transport.local import LocalTransport
@@ -86,29 +87,32 @@ def locality(hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
 
     # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
     ssh_config = load_ssh_config(config.ssh.config_file)
+    mine = local_addresses()  # once: listing every interface, per host, was 1.2 s of 256 hosts' launch
     return [
-        is_local or is_local_host(resolve_target(h, config.ssh, ssh_config).hostname)
+        is_local or is_local_host(resolve_target(h, config.ssh, ssh_config).hostname, mine)
         for h, is_local in zip(hosts, local, strict=True)
     ]
 
 
-def remote_transport(config: LaunchConfig) -> Transport:
+def remote_transport(config: LaunchConfig, progress: ProgressFn | None = None) -> Transport:
     from launcher.transport.ssh import SshTransport
 
     # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
     pythons = [config.python] if config.python else [sys.executable, "python3"]
-    return SshTransport(config.ssh, pythons)
+    return SshTransport(config.ssh, pythons, progress)
 
 
-def connect(hosts: Sequence[Host], config: LaunchConfig) -> list[Node]:
-    """A Node per host, in the order given; all or nothing (HostError names the first failing host)."""
+def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:
+    """A Node per host, in the order given; all or nothing (HostError names the first failing host).
+
+    `progress` hears how far connecting to remote hosts and starting their agents got."""
     local = locality(hosts, config)
     groups: list[tuple[Transport, list[Host]]] = [
         (LocalTransport(), [h for h, is_local in zip(hosts, local, strict=True) if is_local]),
     ]
     remote = [h for h, is_local in zip(hosts, local, strict=True) if not is_local]
     if remote:
-        groups.insert(0, (remote_transport(config), remote))  # SSH first: it is what can fail
+        groups.insert(0, (remote_transport(config, progress), remote))  # SSH first: it is what can fail
     links: dict[str, Link] = {}
     try:
         for transport, group in groups:

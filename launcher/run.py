@@ -28,6 +28,7 @@ from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
+from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, Signalled
@@ -36,7 +37,8 @@ from launcher.supervise import STOP_SIGNALS, Supervisor, probe, read_signals, si
 
 log = logging.getLogger(__name__)
 
-PROBE_TIMEOUT = 30.0
+# The probe gives up when no agent has answered for this long (see supervise.probe).
+PROBE_STALL = 30.0
 HEARTBEAT = 1.0
 
 
@@ -59,7 +61,8 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
     job: Job | None = None
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
-        nodes = connect(plan.nodes, config)
+        with progress_line(sys.stderr) as line:
+            nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
             job = Job(config, relay, wake_fd, nodes)
             with job.heartbeat:
@@ -192,7 +195,8 @@ class Job:
                 node.link.close()
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
-            fresh = connect(missing, self.config)
+            with progress_line(sys.stderr) as line:
+                fresh = connect(missing, self.config, line)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
@@ -267,7 +271,10 @@ class Job:
             )
             for i, node in enumerate(nodes)
         ]
-        probe(nodes, requests, PROBE_TIMEOUT, self.wake_fd)
+        remote = any(not n.local for n in nodes)
+        with progress_line(sys.stderr) as line:
+            # Local agents answer at once: a line only where remote hosts may keep one waiting.
+            probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
         for node in nodes:
             log.debug("host %s: %s", node.name, node.facts)
             facts = _facts(node)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from launcher.errors import HostError, Interrupted
 from launcher.logs import LogRelay
 from launcher.node import Node
+from launcher.progress import Progress, ProgressFn, StallDeadline
 from launcher.protocol import (
     DONE,
     ERR,
@@ -71,26 +72,39 @@ def read_signals(wake_fd: int) -> bytes:
         return b""
 
 
-def probe(nodes: Sequence[Node], requests: Sequence[ProbeRequest], timeout: float, wake_fd: int) -> None:
+def probe(
+    nodes: Sequence[Node],
+    requests: Sequence[ProbeRequest],
+    stall: float,
+    wake_fd: int,
+    progress: ProgressFn | None = None,
+) -> None:
     """Send each agent its preflight question and set every node's `facts` (one round-trip, in parallel).
 
+    The wait follows progress: it gives up only when no agent at all has answered for `stall` seconds, so
+    hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
+    host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A SIGINT/SIGTERM meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     """
     for node, request in zip(nodes, requests, strict=True):
         node.facts = None
         node.send(encode_message(PROBE, request))
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = StallDeadline(stall, started)
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
         for node in nodes:
             sel.register(node.link, selectors.EVENT_READ, node)
         waiting = len(nodes)
+        if progress is not None:
+            progress(Progress("waiting for agents", len(nodes)))
         while waiting:
-            remaining = deadline - time.monotonic()
+            remaining = deadline.remaining(time.monotonic())
             if remaining <= 0:
                 missing = next(n for n in nodes if n.facts is None)
+                answered = f"; {len(nodes) - waiting} of {len(nodes)} answered" if len(nodes) > 1 else ""
                 raise HostError(
-                    f"host {missing.name}: no answer from the distrun agent within {timeout:.0f}s",
+                    f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
                     host=missing.name,
                 )
             for key, _ in sel.select(remaining):
@@ -112,6 +126,10 @@ def probe(nodes: Sequence[Node], requests: Sequence[ProbeRequest], timeout: floa
                         node.facts = decode_message(Facts, payload)
                         sel.unregister(node.link)
                         waiting -= 1
+                        deadline.progressed(time.monotonic())
+                        if progress is not None:
+                            progress(Progress("waiting for agents", len(nodes), len(nodes) - waiting))
+    log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
 
 
 class Supervisor:

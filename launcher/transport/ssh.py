@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from launcher.config import SshOptions
 from launcher.errors import HostError
 from launcher.hosts import Host
+from launcher.progress import ProgressFn
 from launcher.protocol import READ_SIZE
 from launcher.transport.bootstrap import remote_command, shipped_sources
 from launcher.transport.link import Link
@@ -81,54 +81,62 @@ class SshLink:
         self._client.close()
 
 
-def open_links(clients: Mapping[str, paramiko.SSHClient], pythons: Sequence[str]) -> dict[str, SshLink]:
-    """Start the agent on every connected host at once (each exec waits for sshd to start a session).
+def open_links(
+    clients: Mapping[str, paramiko.SSHClient],
+    pythons: Sequence[str],
+    *,
+    limit: int,
+    progress: ProgressFn | None = None,
+) -> dict[str, SshLink]:
+    """Start the agent on every connected host, at most `limit` session starts at once: each makes sshd fork
+    a session and a login shell on the host, the costliest part of a start on the host's side.
 
     All or nothing: if any host refuses, the links already made are dropped and HostError names that host.
     """
-    links: dict[str, SshLink] = {}
-    failures: dict[str, BaseException] = {}
+    from launcher.transport.sshconn import Aborted, Window, fan_out
+
     sources = shipped_sources()
 
-    def start(name: str, client: paramiko.SSHClient) -> None:
+    def start(name: str, window: Window) -> SshLink:
         try:
-            links[name] = SshLink(name, client, pythons, sources)
-        except Exception as exc:  # paramiko raises several unrelated types; each becomes one line below
-            failures[name] = exc
+            with window.slot():
+                return SshLink(name, clients[name], pythons, sources)
+        except Aborted:
+            raise
+        except Exception as exc:  # paramiko raises several unrelated types; each becomes one line here
+            raise HostError(
+                f"host {name}: cannot start the distrun agent: {exc or 'channel refused'}", host=name
+            ) from exc
 
-    threads = [
-        threading.Thread(target=start, args=item, name=f"agent-start-{item[0]}", daemon=True)
-        for item in clients.items()
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if failures:
-        for link in links.values():
-            link.abort()
-        name = next(n for n in clients if n in failures)
-        raise HostError(f"host {name}: cannot start the distrun agent: {failures[name] or 'channel refused'}")
-    return links
+    names = list(clients)
+    return fan_out(names, start, SshLink.abort, limit=limit, phase="starting agents", progress=progress)
 
 
 class SshTransport:
-    """Remote hosts over SSH: connect to all in parallel, then one agent channel each.
+    """Remote hosts over SSH: connect to all in parallel, then one agent channel each, both within a window
+    of `options.max_parallel` hosts at a time.
 
-    `pythons`: the interpreters to try for the agent, in order (see `remote_command`).
+    `pythons`: the interpreters to try for the agent, in order (see `remote_command`). `progress` hears how
+    far connecting and starting agents got, after every host.
     """
 
-    def __init__(self, options: SshOptions, pythons: Sequence[str]) -> None:
+    def __init__(
+        self, options: SshOptions, pythons: Sequence[str], progress: ProgressFn | None = None
+    ) -> None:
         self._options = options
         self._pythons = list(pythons)
+        self._progress = progress
 
     def open(self, hosts: Sequence[Host]) -> dict[str, Link]:
         from launcher.transport.sshconn import connect_all  # paramiko is slow to import: only when needed
 
-        clients = connect_all(hosts, self._options)
+        clients = connect_all(hosts, self._options, self._progress)
         try:
-            return dict(open_links(clients, self._pythons))
+            links = open_links(
+                clients, self._pythons, limit=self._options.max_parallel, progress=self._progress
+            )
         except BaseException:
             for client in clients.values():
                 client.close()
             raise
+        return dict(links)

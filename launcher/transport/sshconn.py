@@ -1,11 +1,11 @@
 """Open one authenticated SSH connection per host, the way OpenSSH would, or fail with a one-line reason.
 
 Resolution (`resolve_target`, pure) follows OpenSSH's precedence: what the user wrote (`user@host`, the port
-and host key policy options) beats ~/.ssh/config, which beats the defaults. Connecting (`connect_all`) opens
-every connection in parallel, retries only what is worth retrying (sshd's MaxStartups drops bursts of
-handshakes as resets or missing banners; a wrong key or a changed host key will not get better), and on any
-failure closes whatever it already opened before raising `HostError`, so a failed launch leaves nothing
-behind.
+and host key policy options) beats ~/.ssh/config, which beats the defaults. Connecting (`connect_all`, built
+on `fan_out`) opens connections in parallel within an adaptive window (`Window`), retries only what is worth
+retrying (sshd's MaxStartups drops bursts of handshakes as resets or missing banners; a wrong key or a changed
+host key will not get better), reports progress after every host, and on any failure closes whatever it
+already opened before raising `HostError`, so a failed launch leaves nothing behind.
 
 Host keys are checked against known_hosts under the name OpenSSH uses: HostKeyAlias, else the HostName we
 connect to, as `[name]:port` when the port is not 22 (hashed entries work). Policies:
@@ -30,16 +30,17 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import paramiko
 
 from launcher.config import HostKeyPolicy, SshOptions
 from launcher.errors import HostError, UsageError
 from launcher.hosts import Host
+from launcher.progress import Progress, ProgressFn
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ SYSTEM_CONFIG = "/etc/ssh/ssh_config"
 MAX_BACKOFF = 2.0
 
 PARAMIKO_LOG = f"{__name__}.paramiko"
+
+T = TypeVar("T")
 
 
 class _ParamikoAsDebug(logging.Filter):
@@ -122,14 +125,48 @@ def load_ssh_config(path: Path | None) -> paramiko.SSHConfig | None:
         files = [p for p in (Path(USER_CONFIG).expanduser(), Path(SYSTEM_CONFIG)) if p.is_file()]
     if not files:
         return None
-    config = paramiko.SSHConfig()
-    for file in files:
-        try:
-            with open(file) as f:
-                config.parse(f)
-        except (OSError, paramiko.ConfigParseError, ValueError) as exc:
-            raise UsageError(f"cannot read ssh config {file}: {exc}") from exc
+    key = tuple((file, _signature(file)) for file in files)
+    config = _configs.get(key)
+    if config is None:
+        config = _MemoConfig()
+        for file in files:
+            try:
+                with open(file) as f:
+                    config.parse(f)
+            except (OSError, paramiko.ConfigParseError, ValueError) as exc:
+                raise UsageError(f"cannot read ssh config {file}: {exc}") from exc
+        _configs[key] = config
     return config
+
+
+class _MemoConfig(paramiko.SSHConfig):
+    """Looks each host up once per process, for a config file unchanged since.
+
+    paramiko matches a host against every Host block and asks getpass.getuser() for each block: about 10 ms
+    per lookup with 256 hosts in ~/.ssh/config, and deciding which hosts are local and connecting both ask.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[str, paramiko.SSHConfigDict] = {}
+
+    def lookup(self, hostname: str) -> paramiko.SSHConfigDict:
+        found = self._memo.get(hostname)
+        if found is None:
+            found = self._memo[hostname] = super().lookup(hostname)
+        return paramiko.SSHConfigDict(found)  # a copy: callers may change theirs
+
+
+_configs: dict[tuple[tuple[Path, tuple[int, int, int]], ...], _MemoConfig] = {}
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    """Changes whenever the file is replaced or written to."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (0, 0, 0)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _paths(value: Any) -> tuple[Path, ...]:
@@ -279,7 +316,46 @@ class _Refused(Exception):
     """A failure no retry will fix; its message is the reason shown to the user."""
 
 
-_known_hosts_lock = threading.Lock()
+class _KnownHostsCache:
+    """Each known_hosts file parsed once, not once per connection.
+
+    paramiko parses a whole file whenever a client loads it, taking logging's global lock for every line: with
+    256 hosts in one known_hosts that was three quarters of distrun's CPU while connecting, and quadratic. A
+    file is parsed again only when it changed on disk; keys that we append ourselves are added in memory too.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._files: dict[Path, tuple[tuple[int, int, int], paramiko.HostKeys]] = {}
+
+    def keys_for(self, files: Sequence[Path], name: str) -> dict[str, paramiko.PKey]:
+        """The keys filed under `name` by type; the first file and line with a type wins, as in paramiko."""
+        found: dict[str, paramiko.PKey] = {}
+        with self.lock:
+            for path in files:
+                entries = self._load(path).lookup(name)
+                for key_type in entries or ():
+                    found.setdefault(key_type, entries[key_type])  # type: ignore[index]
+        return found
+
+    def added(self, path: Path, name: str, key: paramiko.PKey) -> None:
+        """`path` got a line for `name` from us (call with `lock` held)."""
+        self._load(path).add(name, key.get_name(), key)
+        self._files[path] = (_signature(path), self._files[path][1])
+
+    def _load(self, path: Path) -> paramiko.HostKeys:
+        signature = _signature(path)
+        cached = self._files.get(path)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        keys = paramiko.HostKeys()
+        with contextlib.suppress(OSError):
+            keys.load(str(path))
+        self._files[path] = (signature, keys)
+        return keys
+
+
+_known_hosts = _KnownHostsCache()
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -312,10 +388,11 @@ def _append_known_host(target: SshTarget, name: str, key: paramiko.PKey) -> None
         return
     path = target.known_hosts_files[0]
     entry = paramiko.HostKeys.hash_host(name) if target.hash_known_hosts else name
-    with _known_hosts_lock:
+    with _known_hosts.lock:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         with open(path, "a") as f:
             f.write(f"{entry} {key.get_name()} {key.get_base64()}\n")
+        _known_hosts.added(path, name, key)
     log.warning("Permanently added %s (%s) to %s", name, _fingerprint(key), path)
 
 
@@ -373,10 +450,11 @@ def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClien
     client = SshClient()
     try:
         if target.host_key_policy != "ignore":
-            # Loaded as "system" keys: paramiko checks them but never rewrites these files.
-            for path in (*target.global_known_hosts_files, *target.known_hosts_files):
-                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                    client.load_system_host_keys(str(path))
+            # Into the client's own key set, which paramiko checks but never writes back to any file.
+            files = (*target.global_known_hosts_files, *target.known_hosts_files)
+            name = target.known_hosts_name
+            for key_type, key in _known_hosts.keys_for(files, name).items():
+                client.get_host_keys().add(name, key_type, key)
         client.set_missing_host_key_policy(_HostKeyPolicy(target))
         client.set_log_channel(PARAMIKO_LOG)
         name = target.host_key_alias or target.hostname
@@ -451,49 +529,151 @@ def _backoff(attempt: int) -> float:
     return min(MAX_BACKOFF, 0.1 * 2.0**attempt) * random.uniform(0.5, 1.5)
 
 
+# A connection's socket, and the pipe pair paramiko makes for its agent channel's fileno().
+FILES_PER_HOST = 3
+
+
+def ensure_open_files(needed: int) -> None:
+    """Raise this process's soft limit on open files towards the hard limit where `needed` more may not fit.
+
+    The usual soft limit of 1024 is met at about 300 hosts; the hard limit is typically far higher.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = needed + 256  # what the launcher itself, its logs and local agents hold
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return
+    new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if new > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        log.debug("open files limit raised from %d to %d", soft, new)
+
+
+class Aborted(Exception):
+    """Another host failed first, so this one was not (or no longer) tried."""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One handshake's place in the window: the congestion epoch it started in, and whether it had company."""
+
+    epoch: int
+    crowded: bool
+
+
+class Window:
+    """How many handshakes may be in flight at once (pdsh's fan-out), adapting as TCP's congestion window.
+
+    It opens at `limit`. A dropped handshake halves it: sshd's MaxStartups answers a burst of handshakes by
+    closing some of them at random, and retries that arrive as one burst again are dropped again, while fewer
+    at a time get through. All drops among handshakes started before the last halving are one congestion
+    event and halve it once. Each completed handshake widens it by 1/size (by one per window's worth of
+    completions), up to `limit`. A host waiting for a slot is not timing out yet: each attempt's timeout
+    starts with its handshake, so the time a launch may take grows with the host count by itself. `abort()`
+    wakes every waiter: once one host failed, nothing new starts.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.size = float(self.limit)
+        self.in_flight = 0
+        self.epoch = 0
+        self.aborted = threading.Event()
+        self._cond = threading.Condition()
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[Ticket]:
+        with self._cond:
+            while self.in_flight >= int(self.size) and not self.aborted.is_set():
+                self._cond.wait()
+            if self.aborted.is_set():
+                raise Aborted
+            self.in_flight += 1
+            ticket = Ticket(self.epoch, crowded=self.in_flight > 1)
+        try:
+            yield ticket
+        finally:
+            with self._cond:
+                self.in_flight -= 1
+                self._cond.notify_all()
+
+    def dropped(self, ticket: Ticket) -> None:
+        with self._cond:
+            if ticket.epoch == self.epoch:
+                self.size = max(1.0, self.size / 2)
+                self.epoch += 1
+
+    def completed(self) -> None:
+        with self._cond:
+            self.size = min(float(self.limit), self.size + 1 / self.size)
+            self._cond.notify_all()
+
+    def abort(self) -> None:
+        self.aborted.set()
+        with self._cond:
+            self._cond.notify_all()
+
+
 def _connect_with_retries(
     target: SshTarget,
     options: SshOptions,
-    abort: threading.Event,
+    window: Window,
     via: paramiko.SSHClient | None = None,
 ) -> SshClient:
-    for attempt in range(options.retries + 1):
+    """`options.retries` more attempts after transient failures of handshakes that had the window to
+    themselves; a drop among several handshakes in flight is congestion, which the window answers, so it is
+    retried for free, within `retries + 1` connect timeouts in all."""
+    budget = options.retries
+    give_up_at = time.monotonic() + options.connect_timeout * (options.retries + 1)
+    attempt = 0
+    while True:
+        attempt += 1
+        ticket = None
         try:
-            return _connect_once(target, options, via)
+            with window.slot() as ticket:
+                client = _connect_once(target, options, via)
+            window.completed()
+            return client
         except _Transient as exc:
-            if attempt == options.retries or abort.is_set():
-                raise _Refused(f"{exc} (after {attempt + 1} attempts)") from exc
-            delay = _backoff(attempt)
+            assert ticket is not None
+            window.dropped(ticket)
+            if window.aborted.is_set():
+                raise Aborted from exc
+            if not ticket.crowded:
+                budget -= 1
+            if budget < 0 or time.monotonic() >= give_up_at:
+                raise _Refused(f"{exc} (after {attempt} attempts)") from exc
+            delay = _backoff(min(attempt - 1, 8))
             log.debug("%s: %s; retrying in %.2fs", target.host, exc, delay)
-            if abort.wait(delay):
-                raise _Refused(f"{exc} (gave up: another host failed)") from exc
-    raise AssertionError("unreachable: the loop returns or raises")
+            if window.aborted.wait(delay):
+                raise Aborted from exc
 
 
 def connect_target(
     target: SshTarget,
     options: SshOptions,
     jumps: Sequence[SshTarget] = (),
-    abort: threading.Event | None = None,
+    window: Window | None = None,
 ) -> SshClient:
     """Connect to one resolved target through `jumps` (first hop first); raises HostError naming the host."""
-    abort = abort or threading.Event()
+    window = window or Window(1)
     opened: list[SshClient] = []
     hop_name = target.host
     try:
         via: paramiko.SSHClient | None = None
         for jump in jumps:
             hop_name = jump.host
-            via = _connect_with_retries(jump, options, abort, via)
+            via = _connect_with_retries(jump, options, window, via)
             opened.append(via)
         hop_name = target.host
-        final = _connect_with_retries(target, options, abort, via)
+        final = _connect_with_retries(target, options, window, via)
     except BaseException as exc:
         for client in reversed(opened):
             client.close()
         if isinstance(exc, _Refused):
             where = f" (via jump host {hop_name})" if hop_name != target.host else ""
-            raise HostError(f"{target.host}: {exc}{where}") from exc
+            raise HostError(f"{target.host}: {exc}{where}", host=target.host) from exc
         raise
     # Closing the target's connection must also close the tunnels beneath it.
     final.jumps = list(opened)
@@ -501,8 +681,11 @@ def connect_target(
     return final
 
 
-def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, paramiko.SSHClient]:
-    """One authenticated connection per distinct host name, opened in parallel; all or nothing.
+def connect_all(
+    hosts: Sequence[Host], options: SshOptions, progress: ProgressFn | None = None
+) -> dict[str, paramiko.SSHClient]:
+    """One authenticated connection per distinct host name, at most `options.max_parallel` handshakes at a
+    time; all or nothing. `progress` hears how far it got ("connecting") after every host.
 
     Raises HostError (exit 3) for the first failing host in the order given, after closing every connection
     already opened; UsageError for a bad ssh config or a missing identity file.
@@ -512,30 +695,45 @@ def connect_all(hosts: Sequence[Host], options: SshOptions) -> dict[str, paramik
             raise UsageError(f"identity file {path} does not exist")
     ssh_config = load_ssh_config(options.config_file)
     unique = list({h.name: h for h in hosts}.values())
+    ensure_open_files(FILES_PER_HOST * len(unique))
     routes = {}
     for host in unique:
         target = resolve_target(host, options, ssh_config)
         routes[host.name] = (target, jump_targets(target, options, ssh_config))
 
-    def connect(name: str, abort: threading.Event) -> paramiko.SSHClient:
+    def connect(name: str, window: Window) -> paramiko.SSHClient:
         target, jumps = routes[name]
-        return connect_target(target, options, jumps, abort)
+        return connect_target(target, options, jumps, window)
 
-    return _connect_parallel([h.name for h in unique], connect, options.max_parallel)
+    return fan_out(
+        [h.name for h in unique],
+        connect,
+        lambda client: client.close(),
+        limit=options.max_parallel,
+        phase="connecting",
+        progress=progress,
+    )
 
 
-def _connect_parallel(
+def fan_out(
     names: Sequence[str],
-    connect: Callable[[str, threading.Event], paramiko.SSHClient],
-    max_parallel: int,
-) -> dict[str, paramiko.SSHClient]:
-    abort = threading.Event()
+    work: Callable[[str, Window], T],
+    close: Callable[[T], None],
+    *,
+    limit: int,
+    phase: str,
+    progress: ProgressFn | None = None,
+) -> dict[str, T]:
+    """`work(name, window)` for every name, at most `limit` at once; all or nothing, results in `names` order.
+
+    After the first failure no new host starts, in-flight retries give up, and every result already made is
+    closed; the first failing host in `names` order is raised, with how many more failed.
+    """
+    window = Window(limit)
     todo: queue.SimpleQueue[str] = queue.SimpleQueue()
     for name in names:
         todo.put(name)
-    outcomes: queue.SimpleQueue[tuple[str, paramiko.SSHClient | None, BaseException | None]] = (
-        queue.SimpleQueue()
-    )
+    outcomes: queue.SimpleQueue[tuple[str, T | None, BaseException | None]] = queue.SimpleQueue()
     started = time.monotonic()
 
     def worker() -> None:
@@ -544,39 +742,44 @@ def _connect_parallel(
                 name = todo.get_nowait()
             except queue.Empty:
                 return
-            if abort.is_set():
-                outcomes.put((name, None, None))  # another host failed first: never started
-                continue
             try:
-                outcomes.put((name, connect(name, abort), None))
+                if window.aborted.is_set():
+                    raise Aborted
+                outcomes.put((name, work(name, window), None))
+            except Aborted:
+                outcomes.put((name, None, None))  # another host failed first: never finished
             except BaseException as exc:
-                abort.set()  # fail fast: hosts not started yet are skipped, retry loops give up
+                window.abort()  # fail fast: hosts not started yet are skipped, retry loops give up
                 outcomes.put((name, None, exc))
 
     # Daemon threads, so Ctrl-C need not wait for a handshake with a dead host to time out.
-    for i in range(max(1, min(max_parallel, len(names)))):
-        threading.Thread(target=worker, name=f"ssh-connect-{i}", daemon=True).start()
-    clients: dict[str, paramiko.SSHClient] = {}
+    for i in range(max(1, min(limit, len(names)))):
+        threading.Thread(target=worker, name=f"{phase}-{i}", daemon=True).start()
+    results: dict[str, T] = {}
     errors: dict[str, BaseException] = {}
     try:
+        if progress is not None:
+            progress(Progress(phase, len(names)))
         for _ in names:
-            name, client, exc = outcomes.get()
-            if client is not None:
-                clients[name] = client
+            name, result, exc = outcomes.get()
+            if result is not None:
+                results[name] = result
             elif exc is not None:
                 errors[name] = exc
+            if progress is not None:
+                progress(Progress(phase, len(names), len(results), len(errors)))
     except BaseException:
-        abort.set()
-        for client in clients.values():
-            client.close()
+        window.abort()
+        for result in results.values():
+            close(result)
         raise
     if errors:
-        for client in clients.values():
-            client.close()
+        for result in results.values():
+            close(result)
         first = next(name for name in names if name in errors)
         exc = errors[first]
         if isinstance(exc, HostError) and len(errors) > 1:
-            raise HostError(f"{exc} (and {len(errors) - 1} more host(s) failed)") from exc
+            raise HostError(f"{exc} (and {len(errors) - 1} more host(s) failed)", host=exc.host) from exc
         raise exc
-    log.debug("connected to %d host(s) in %.2fs", len(clients), time.monotonic() - started)
-    return {name: clients[name] for name in names}
+    log.debug("%s: %d host(s) in %.2fs", phase, len(results), time.monotonic() - started)
+    return {name: results[name] for name in names}

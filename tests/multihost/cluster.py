@@ -88,7 +88,10 @@ ETC_RESOLV = Path("/etc/resolv.conf")
 ETC_NSSWITCH = Path("/etc/nsswitch.conf")
 # Table and rule preference for the "nothing leaves the machine" guard; offset by the subnet's third octet.
 GUARD_BASE = 21300
-MAX_HOSTS = 244  # addresses .11 .. .254
+# Host I has address 10+I in the cluster's subnet: .11 .. .254 of a /24, and beyond 244 hosts, of a /23 (two
+# adjacent /24s X and X+1, X even) up to (X+1).254.
+HOSTS_PER_24 = 244
+MAX_HOSTS = 500
 READY_TIMEOUT = 15.0
 
 
@@ -140,6 +143,11 @@ class _State:
     veths: tuple[str, ...]
     workdir: str
     etc_hosts: bool
+    width: int = 1  # how many /24s, from `subnet` on, the cluster's network spans
+
+    @property
+    def subnets(self) -> range:
+        return range(self.subnet, self.subnet + self.width)
 
     @property
     def guard(self) -> int:
@@ -192,7 +200,8 @@ def _used_subnets() -> set[int]:
             used.add(int(addr.split(".")[2]))
     for state_file in STATE_DIR.glob("*.json"):
         with contextlib.suppress(OSError, ValueError, KeyError):
-            used.add(int(json.loads(state_file.read_text())["subnet"]))
+            raw = json.loads(state_file.read_text())
+            used.update(range(int(raw["subnet"]), int(raw["subnet"]) + int(raw.get("width", 1))))
     return used
 
 
@@ -293,12 +302,16 @@ class Cluster:
         max_startups: str | None = None,
         session_path: str | None = None,
         etc_hosts: bool = False,
+        login_rc: bool = True,
     ) -> None:
         """Build the cluster; on any failure everything built so far is removed before the error propagates.
 
         `max_startups` is sshd's MaxStartups (None: sshd's default 10:30:100, which drops bursts of
         handshakes, as on real clusters). `session_path` is PATH for commands run through ssh; the default is
         this process's PATH, as on a cluster whose hosts share the launch machine's filesystem and software.
+        `login_rc=False` hides root's ~/.bashrc from the hosts' login shells (Debian's bash reads it for every
+        ssh command): where it runs `pyenv init`, every login takes pyenv's one global rehash lock, so
+        starting anything on many hosts at once measures that lock rather than SSH.
         """
         reason = unavailable_reason()
         if reason is not None:
@@ -308,6 +321,7 @@ class Cluster:
         self.id = secrets.token_hex(3)
         self.max_startups = max_startups
         self.session_path = session_path if session_path is not None else os.environ.get("PATH", os.defpath)
+        self.login_rc = login_rc
         self._sshd: dict[str, subprocess.Popen[bytes]] = {}
         self._closed = False
         self.subnet = -1
@@ -474,8 +488,13 @@ class Cluster:
     ) -> None:
         self.close()
 
+    @property
+    def prefix_len(self) -> int:
+        return 24 if len(self._hosts) <= HOSTS_PER_24 else 23
+
     def __repr__(self) -> str:
-        return f"Cluster(id={self.id}, hosts={len(self._hosts)}, subnet=198.18.{self.subnet}.0/24)"
+        net = f"{SUBNET_PREFIX}.{self.subnet}.0/{self.prefix_len}"
+        return f"Cluster(id={self.id}, hosts={len(self._hosts)}, subnet={net})"
 
     def _host(self, host: str) -> SimHost:
         try:
@@ -506,13 +525,17 @@ class Cluster:
 
         with _locked():
             used = _used_subnets()
-            free = [x for x in range(0, 256) if x not in used]
+            width = 1 if num_hosts <= HOSTS_PER_24 else 2
+            free = [x for x in range(0, 256, width) if not used.intersection(range(x, x + width))]
+            if width > 1:
+                # From the top: a builder that knows only /24s takes the lowest free one and cannot see that
+                # X+1 is part of this cluster's /23.
+                free.reverse()
             if not free:
-                raise ClusterError("no free 198.18.X.0/24 subnet for a test cluster")
+                raise ClusterError(f"no free 198.18.X.0/{self.prefix_len} subnet for a test cluster")
             self.subnet = free[0]
             self._hosts = {
-                n: SimHost(**{**asdict(h), "addr": f"{SUBNET_PREFIX}.{self.subnet}.{10 + h.index}"})
-                for n, h in self._hosts.items()
+                n: SimHost(**{**asdict(h), "addr": self._host_addr(h.index)}) for n, h in self._hosts.items()
             }
             self._state = _State(
                 cluster_id=self.id,
@@ -523,6 +546,7 @@ class Cluster:
                 veths=tuple(h.veth for h in self._hosts.values()),
                 workdir=str(self.workdir),
                 etc_hosts=etc_hosts,
+                width=width,
             )
             # Recorded before anything exists so a crash at any later point is still cleaned up.
             (STATE_DIR / f"{self.id}.json").write_text(json.dumps(asdict(self._state)))
@@ -538,12 +562,16 @@ class Cluster:
         self._wait_ready(names)
         log.info("%r up in %.2fs", self, time.monotonic() - started)
 
+    def _host_addr(self, index: int) -> str:
+        offset = 10 + index
+        return f"{SUBNET_PREFIX}.{self.subnet + offset // 256}.{offset % 256}"
+
     def _create_network(self) -> None:
         assert self._state is not None
         bridge, guard = self._state.bridge, self._state.guard
         cmds = [
             f"link add {bridge} type bridge",
-            f"addr add {self.bridge_addr}/24 dev {bridge}",
+            f"addr add {self.bridge_addr}/{self.prefix_len} dev {bridge}",
             f"link set {bridge} up",
             # Anything the hosts send that is not for this machine is dropped here rather than forwarded.
             f"route add unreachable default table {guard}",
@@ -562,7 +590,7 @@ class Cluster:
             _ip_batch(
                 [
                     "link set lo up",
-                    f"addr add {h.addr}/24 dev eth0",
+                    f"addr add {h.addr}/{self.prefix_len} dev eth0",
                     "link set eth0 up",
                     f"route add default via {self.bridge_addr}",
                 ],
@@ -632,8 +660,10 @@ class Cluster:
 
         names = " ".join(self._hosts)
         blocks = [f"Host {h.name}\n    HostName {h.addr}\n" for h in self._hosts.values()]
+        assert self._state is not None
+        patterns = " ".join(f"{SUBNET_PREFIX}.{x}.*" for x in self._state.subnets)
         common = (
-            f"Host {names} {SUBNET_PREFIX}.{self.subnet}.*\n"
+            f"Host {names} {patterns}\n"
             "    User root\n"
             "    Port 22\n"
             f"    IdentityFile {self.key_path}\n"
@@ -694,6 +724,12 @@ class Cluster:
         # sshd refuses to start without its privilege-separation directory; Debian creates it only at boot.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         inner = f"hostname {h.name} && exec {SSHD} -D -e -f {h.dir}/sshd_config"
+        bashrc = Path("~root/.bashrc").expanduser()
+        if not self.login_rc and bashrc.is_file():
+            empty = self.workdir / "empty-bashrc"
+            empty.touch()
+            # `ip netns exec` runs this in a mount namespace of its own: only this host sees the mount.
+            inner = f"mount --bind {empty} {bashrc} && {inner}"
         with open(Path(h.dir) / "sshd.log", "ab") as logf:
             self._sshd[h.name] = subprocess.Popen(
                 ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c", inner],

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import paramiko
 import pytest
@@ -14,6 +16,8 @@ import pytest
 from launcher.config import SshOptions
 from launcher.errors import HostError
 from launcher.hosts import Host
+from launcher.progress import Progress
+from launcher.transport import sshconn
 from launcher.transport.sshconn import connect_all
 from tests.multihost.cluster import Cluster
 
@@ -228,3 +232,49 @@ def test_parallel_handshakes_survive_sshd_max_startups(
     assert {run(client, "hostname") for client in clients.values()} == {"h1"}
     retried = sum("retrying" in record.getMessage() for record in caplog.records)
     logging.getLogger(__name__).info("%d handshakes were dropped by sshd and retried", retried)
+
+
+def test_fan_out_to_many_hosts_keeps_to_its_window(
+    make_cluster: Callable[..., Cluster],
+    monkeypatch: pytest.MonkeyPatch,
+    connected: list[dict[str, paramiko.SSHClient]],
+) -> None:
+    cluster = make_cluster(24, login_rc=False)
+    real_connect_once = sshconn._connect_once
+    lock = threading.Lock()
+    in_flight, peak = 0, 0
+
+    def counted(*args: Any) -> paramiko.SSHClient:
+        nonlocal in_flight, peak
+        with lock:
+            in_flight += 1
+            peak = max(peak, in_flight)
+        try:
+            return real_connect_once(*args)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    monkeypatch.setattr(sshconn, "_connect_once", counted)
+    seen: list[Progress] = []
+    options = SshOptions(config_file=cluster.ssh_config_path, max_parallel=5)
+    connected.append(clients := connect_all([Host(h) for h in cluster.hosts], options, seen.append))
+    assert list(clients) == cluster.hosts
+    assert {run(client, "hostname") for client in clients.values()} == set(cluster.hosts)
+    assert 1 <= peak <= 5
+    assert [p.done for p in seen] == list(range(25)) and seen[-1] == Progress("connecting", 24, 24)
+
+
+def test_retries_get_through_an_sshd_that_drops_most_handshakes(
+    make_cluster: Callable[..., Cluster],
+    tmp_path: Path,
+    connected: list[dict[str, paramiko.SSHClient]],
+) -> None:
+    # Beyond 2 handshakes at once sshd drops 90% of new ones, beyond 4 all: a fixed window of 32 with
+    # 3 retries each loses hosts; the window narrows to what sshd accepts instead.
+    cluster = make_cluster(1, max_startups="2:90:4")
+    aliases = {f"n{i}": cluster.addr("h1") for i in range(40)}
+    config = write_config(tmp_path / "config", cluster, aliases)
+    connected.append(clients := connect_all([Host(a) for a in aliases], SshOptions(config_file=config)))
+    assert len(clients) == 40
+    assert all(client.get_transport() is not None for client in clients.values())

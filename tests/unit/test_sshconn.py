@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from launcher.config import SshOptions
 from launcher.errors import HostError, UsageError
 from launcher.hosts import Host
+from launcher.progress import Progress
 from launcher.transport import sshconn
 from launcher.transport.sshconn import (
     JumpHop,
@@ -209,12 +212,16 @@ class FakeClient:
         self.closed = True
 
 
+def fan_out(names: list[str], work: Callable[[str, sshconn.Window], Any], limit: int) -> dict[str, Any]:
+    return sshconn.fan_out(names, work, lambda client: client.close(), limit=limit, phase="connecting")
+
+
 def test_fan_out_is_all_or_nothing() -> None:
     opened: list[FakeClient] = []
     lock = threading.Lock()
     all_running = threading.Barrier(4, timeout=10)
 
-    def connect(name: str, abort: threading.Event) -> Any:
+    def connect(name: str, window: sshconn.Window) -> Any:
         all_running.wait()
         if name in ("b", "d"):
             raise HostError(f"{name}: connection refused")
@@ -224,7 +231,7 @@ def test_fan_out_is_all_or_nothing() -> None:
         return client
 
     with pytest.raises(HostError, match=r"^b: connection refused \(and 1 more host\(s\) failed\)$"):
-        sshconn._connect_parallel(["a", "b", "c", "d"], connect, max_parallel=4)
+        fan_out(["a", "b", "c", "d"], connect, limit=4)
     assert sorted(client.name for client in opened) == ["a", "c"]
     assert all(client.closed for client in opened)
 
@@ -232,21 +239,21 @@ def test_fan_out_is_all_or_nothing() -> None:
 def test_fan_out_stops_queued_hosts_after_a_failure() -> None:
     started: list[str] = []
 
-    def connect(name: str, abort: threading.Event) -> Any:
+    def connect(name: str, window: sshconn.Window) -> Any:
         started.append(name)
         if name == "a":
             raise HostError("a: connection refused")
         return FakeClient(name)
 
     with pytest.raises(HostError, match=r"^a: connection refused"):
-        sshconn._connect_parallel([*"abcdefghij"], connect, max_parallel=1)
+        fan_out([*"abcdefghij"], connect, limit=1)
     assert len(started) < 10
 
 
 def test_fan_out_returns_clients_in_the_order_given() -> None:
-    clients = sshconn._connect_parallel(["c", "a", "b"], lambda name, abort: FakeClient(name), max_parallel=8)
+    clients = fan_out(["c", "a", "b"], lambda name, window: FakeClient(name), limit=8)
     assert list(clients) == ["c", "a", "b"]
-    assert [client.name for client in clients.values()] == ["c", "a", "b"]  # type: ignore[attr-defined]
+    assert [client.name for client in clients.values()] == ["c", "a", "b"]
 
 
 def test_transient_failures_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -286,3 +293,170 @@ def test_backoff_grows_and_is_capped() -> None:
 def test_importing_the_launcher_does_not_import_paramiko() -> None:
     code = "import sys, launcher, launcher.config, launcher.hosts; assert 'paramiko' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_fan_out_never_exceeds_its_window_and_reports_progress() -> None:
+    lock = threading.Lock()
+    in_flight, peak = 0, 0
+    seen: list[Progress] = []
+
+    def connect(name: str, window: sshconn.Window) -> Any:
+        nonlocal in_flight, peak
+        with window.slot():
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            time.sleep(0.001)  # let other workers pile up against the window
+            with lock:
+                in_flight -= 1
+        if name == "x":
+            raise HostError("x: connection refused")
+        return FakeClient(name)
+
+    names = [f"h{i}" for i in range(40)]
+    clients = sshconn.fan_out(
+        names, connect, FakeClient.close, limit=5, phase="connecting", progress=seen.append
+    )
+    assert len(clients) == 40
+    assert 1 <= peak <= 5
+    assert seen[0] == Progress("connecting", 40) and seen[-1] == Progress("connecting", 40, 40)
+    assert [p.done for p in seen] == list(range(41))  # one report per host, from one thread, in order
+
+    seen.clear()
+    with pytest.raises(HostError, match=r"^x: connection refused"):
+        sshconn.fan_out(
+            ["a", "x"], connect, FakeClient.close, limit=1, phase="connecting", progress=seen.append
+        )
+    assert seen[-1].failed == 1
+    assert str(seen[-1]) in ("connecting 1/2 hosts, 1 failed", "connecting 0/2 hosts, 1 failed")
+
+
+def test_window_halves_once_per_burst_of_drops_and_widens_slowly() -> None:
+    window = sshconn.Window(32)
+    with window.slot() as first, window.slot() as second:
+        assert first == sshconn.Ticket(epoch=0, crowded=False) and second.crowded
+    window.dropped(first)
+    window.dropped(second)  # the same burst: started before the first halving
+    assert window.size == 16
+    with window.slot() as later:
+        pass
+    window.dropped(later)
+    assert window.size == 8
+    for _ in range(8):
+        window.completed()
+    assert 8.5 < window.size < 9.5  # about one more slot per window's worth of completions
+    for _ in range(2000):
+        window.completed()
+    assert window.size == 32
+
+
+def test_a_shrunk_window_holds_back_new_handshakes_until_one_ends() -> None:
+    window = sshconn.Window(2)
+    window.dropped(sshconn.Ticket(epoch=0, crowded=True))  # now 1
+    entered = threading.Event()
+    first_done = threading.Event()
+    order: list[str] = []
+
+    def second() -> None:
+        with window.slot():
+            order.append("second")
+
+    with window.slot():
+        thread = threading.Thread(target=second)
+        thread.start()
+        entered.set()
+        thread.join(0.2)  # an event cannot show a thread *not* entering; this only bounds the wait
+        assert thread.is_alive() and order == []
+        order.append("first")
+        first_done.set()
+    thread.join(10)
+    assert order == ["first", "second"]
+
+
+def test_abort_wakes_hosts_waiting_for_a_slot() -> None:
+    window = sshconn.Window(1)
+    outcome: list[str] = []
+
+    def waiter() -> None:
+        try:
+            with window.slot():
+                outcome.append("ran")
+        except sshconn.Aborted:
+            outcome.append("aborted")
+
+    with window.slot():
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        window.abort()
+        thread.join(10)
+    assert outcome == ["aborted"]
+
+
+def test_retries_give_up_at_once_when_another_host_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+    window = sshconn.Window(4)
+
+    def dropped(target: SshTarget, options: SshOptions, via: Any) -> Any:
+        window.abort()  # another host fails while this one is in its handshake
+        raise sshconn._Transient("SSH handshake with h:22 failed: Error reading SSH protocol banner")
+
+    monkeypatch.setattr(sshconn, "_connect_once", dropped)
+    target = resolve_target(Host("h"), SshOptions(), None)
+    with pytest.raises(sshconn.Aborted):
+        sshconn.connect_target(target, SshOptions(retries=5), window=window)
+    assert window.size == 2  # the drop also narrowed the window
+
+
+def test_known_hosts_are_parsed_once_and_again_when_the_file_changes(tmp_path: Path) -> None:
+    first, second = (paramiko.Ed25519Key.from_private_key_file(str(k)) for k in _two_keys(tmp_path))
+    known = tmp_path / "known_hosts"
+    known.write_text(_line("h1", first) + _line("h1", second))
+    cache = sshconn._KnownHostsCache()
+    assert cache.keys_for([known], "h1") == {"ssh-ed25519": first}  # the first line of a type wins
+    assert cache.keys_for([known], "h2") == {}
+    with cache.lock:
+        with open(known, "a") as f:
+            f.write(_line("h2", second))
+        cache.added(known, "h2", second)
+    assert cache.keys_for([known], "h2") == {"ssh-ed25519": second}
+    known.write_text(_line("h3", first))  # rewritten by someone else
+    assert cache.keys_for([known], "h1") == {} and cache.keys_for([known], "h3") == {"ssh-ed25519": first}
+
+
+def _line(name: str, key: paramiko.PKey) -> str:
+    return f"{name} {key.get_name()} {key.get_base64()}\n"
+
+
+def _two_keys(tmp_path: Path) -> list[Path]:
+    paths = [tmp_path / "k1", tmp_path / "k2"]
+    for path in paths:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return paths
+
+
+def test_ssh_config_is_looked_up_once_per_host_until_it_changes(home: Path) -> None:
+    path = home / "ssh_config"
+    path.write_text("Host web\n    HostName one.internal\n")
+    config = load_ssh_config(path)
+    assert config is not None and load_ssh_config(path) is config
+    looked_up = config.lookup("web")
+    looked_up["hostname"] = "changed by a caller"
+    assert config.lookup("web")["hostname"] == "one.internal"  # callers get copies
+    path.write_text("Host web\n    HostName another.internal\n")
+    changed = load_ssh_config(path)
+    assert changed is not config and changed is not None
+    assert changed.lookup("web")["hostname"] == "another.internal"
+
+
+def test_open_files_limit_is_raised_for_many_hosts() -> None:
+    code = (
+        "import resource\n"
+        "from launcher.transport.sshconn import ensure_open_files\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
+        "ensure_open_files(3 * 500)\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         cwd=Path(__file__).parents[2]).stdout.split()  # fmt: skip
+    soft, hard = int(out[0]), int(out[1])
+    assert soft == (min(1500 + 256, hard) if hard >= 0 else 1500 + 256)

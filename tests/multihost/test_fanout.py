@@ -1,0 +1,83 @@
+"""distrun on a larger private cluster: the progress line on a real terminal, and nothing of it on a pipe."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import termios
+from collections.abc import Callable, Iterator
+
+import pyte
+import pytest
+
+from tests.multihost.cluster import Cluster, unavailable_reason
+from tests.support import REPO, distrun_argv, run_distrun
+
+pytestmark = pytest.mark.multihost
+
+HOSTS = 24
+ROWS, COLUMNS = 40, 80
+
+
+@pytest.fixture(scope="module")
+def wide() -> Iterator[Callable[[], Cluster]]:
+    """One cluster of HOSTS hosts for this module, built on first use."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    built: list[Cluster] = []
+
+    def get() -> Cluster:
+        if not built:
+            built.append(Cluster(HOSTS, login_rc=False))
+        return built[0]
+
+    yield get
+    for cluster in built:
+        cluster.close()
+
+
+def host_list(cluster: Cluster) -> str:
+    return ",".join(f"{h}:1" for h in cluster.hosts)
+
+
+def test_progress_line_on_a_terminal_is_gone_before_the_output(wide: Callable[[], Cluster]) -> None:
+    cluster = wide()
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+    proc = subprocess.Popen(
+        distrun_argv("-H", host_list(cluster), "--prefix", "host", "hostname"),
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+        env=cluster.env(PYTHONPATH=str(REPO)),
+        cwd=REPO,
+    )
+    os.close(child)
+    raw = b""
+    with contextlib.suppress(OSError):  # EIO once the last writer has closed the terminal
+        while chunk := os.read(parent, 4096):
+            raw += chunk
+    os.close(parent)
+    assert proc.wait(timeout=120) == 0, raw.decode(errors="replace")
+    phases = [f"{phase} {HOSTS}/{HOSTS} hosts".encode() for phase in ("connecting", "starting agents")]
+    phases.append(f"waiting for agents {HOSTS}/{HOSTS} hosts".encode())
+    positions = [raw.find(text) for text in phases]
+    assert -1 not in positions and positions == sorted(positions), raw[:2000]
+    screen = pyte.Screen(COLUMNS, ROWS)
+    pyte.ByteStream(screen).feed(raw.replace(b"\n", b"\r\n"))  # the pty's own onlcr, which pyte lacks
+    lines = [line.rstrip() for line in screen.display if line.strip()]
+    assert sorted(lines) == sorted(f"[{h}:{i}] {h}" for i, h in enumerate(cluster.hosts))
+
+
+def test_no_progress_line_on_a_pipe(wide: Callable[[], Cluster]) -> None:
+    cluster = wide()
+    env = cluster.env(PYTHONPATH=str(REPO))
+    result = run_distrun("-H", host_list(cluster), "--prefix", "none", "hostname", env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stderr == b""
+    assert sorted(result.stdout.decode().split()) == sorted(cluster.hosts)

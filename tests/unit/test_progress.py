@@ -1,0 +1,134 @@
+"""The fan-out progress line on a real pseudo-terminal (rendered by pyte), and its silence on a pipe."""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import logging
+import os
+import pty
+import struct
+import termios
+from collections.abc import Iterator
+from typing import Any
+
+import pyte
+import pytest
+
+from launcher.errors import HostError
+from launcher.progress import Progress, progress_line
+from launcher.transport import sshconn
+
+COLUMNS = 60
+
+
+class Terminal:
+    """A pty whose far end is rendered by pyte as a terminal would show it."""
+
+    def __init__(self) -> None:
+        self.master, slave = pty.openpty()
+        os.set_blocking(self.master, False)
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 10, COLUMNS, 0, 0))
+        self.stream = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115 - closed in close()
+        self.raw = b""
+        self.screen = pyte.Screen(COLUMNS, 10)
+        self._feed = pyte.ByteStream(self.screen)
+
+    def read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 4096)
+            except BlockingIOError:
+                return
+            self.raw += chunk
+            self._feed.feed(chunk)
+
+    def lines(self) -> list[str]:
+        self.read()
+        return [line.rstrip() for line in self.screen.display if line.strip()]
+
+    def close(self) -> None:
+        self.stream.close()
+        os.close(self.master)
+
+
+@pytest.fixture
+def terminal() -> Iterator[Terminal]:
+    term = Terminal()
+    yield term
+    term.close()
+
+
+@pytest.fixture
+def log_to(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """Route the root logger to a stream for one test, as the CLI's basicConfig does with stderr."""
+    root = logging.getLogger()
+    added: list[logging.Handler] = []
+
+    def attach(stream: Any) -> None:
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("distrun: %(message)s"))
+        root.addHandler(handler)
+        added.append(handler)
+
+    yield attach
+    for handler in added:
+        root.removeHandler(handler)
+
+
+def test_progress_text() -> None:
+    assert str(Progress("connecting", 128, 96)) == "connecting 96/128 hosts"
+    assert str(Progress("connecting", 128, 96, 1)) == "connecting 96/128 hosts, 1 failed"
+
+
+def test_one_line_updates_in_place_and_is_gone_at_the_end(terminal: Terminal, log_to: Any) -> None:
+    log_to(terminal.stream)
+    names = [f"h{i}" for i in range(1, 9)]
+    with progress_line(terminal.stream) as line:
+        assert line.enabled
+        sshconn.fan_out(names, lambda name, window: name, lambda _: None, limit=3, phase="connecting",
+                        progress=line)  # fmt: skip
+        assert terminal.lines() == ["connecting 8/8 hosts"]  # one line, redrawn, not eight
+        assert b"connecting 0/8 hosts" in terminal.raw and b"connecting 5/8 hosts" in terminal.raw
+    print("next output", file=terminal.stream, flush=True)
+    assert terminal.lines() == ["next output"]
+
+
+def test_log_records_erase_the_line_first(terminal: Terminal, log_to: Any) -> None:
+    log_to(terminal.stream)
+    with progress_line(terminal.stream) as line:
+        line(Progress("connecting", 4, 1))
+        logging.getLogger("launcher.test").warning("Permanently added h2 to known_hosts")
+        line(Progress("connecting", 4, 2))
+        assert terminal.lines() == ["distrun: Permanently added h2 to known_hosts", "connecting 2/4 hosts"]
+
+
+def test_failures_are_counted_and_the_line_cleared_before_the_error(terminal: Terminal) -> None:
+    def work(name: str, window: sshconn.Window) -> str:
+        if name == "h2":
+            raise HostError("h2: connection refused")
+        return name
+
+    with pytest.raises(HostError), progress_line(terminal.stream) as line:
+        sshconn.fan_out(["h1", "h2"], work, lambda _: None, limit=1, phase="connecting", progress=line)
+    assert terminal.lines() == []
+    assert b", 1 failed" in terminal.raw  # the CLI's error line will start on a clean line
+
+
+def test_never_longer_than_the_terminal_is_wide(terminal: Terminal) -> None:
+    with progress_line(terminal.stream) as line:
+        line.show("x" * 200)
+        assert terminal.lines() == ["x" * (COLUMNS - 1)]  # no wrap, so `\r` still reaches its start
+
+
+def test_silent_on_a_pipe() -> None:
+    read_end, write_end = os.pipe()
+    with open(write_end, "w") as pipe, progress_line(pipe) as line:
+        assert not line.enabled
+        line(Progress("connecting", 2, 1))
+    with open(read_end, "rb") as f:
+        assert f.read() == b""
+    buffer = io.StringIO()
+    with progress_line(buffer) as line:
+        line(Progress("connecting", 2, 1))
+    assert buffer.getvalue() == ""
