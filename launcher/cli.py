@@ -25,9 +25,10 @@ from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
 from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
 from launcher.facts import Rendezvous
+from launcher.forward import dropped_here, parse_env_file, travelling_env
 from launcher.hosts import Host, parse_host_list, parse_hostfile
-from launcher.locality import is_obviously_local
-from launcher.plan import make_plan, plural
+from launcher.locality import refuse_this_machine_twice, runs_here
+from launcher.plan import implicit_localhost, make_plan, plural
 
 ENV_PREFIX = "DISTRUN"
 
@@ -86,6 +87,19 @@ def _level(source: ParameterSource | None) -> int:
 @_option("--master-addr", metavar="ADDR", help="Address of rank 0's host as every host reaches it.")
 @_option("--master-port", type=_PORT, help="Rendezvous port [default: a free port on rank 0's host].")
 @_option("-x", "--export", multiple=True, metavar="VAR[=VALUE]", help="Set VAR for every rank (repeatable).")
+@_option("--env-file", multiple=True, metavar="PATH", help="KEY=VALUE lines for every rank (before -x).")
+@_option(
+    "--forward-env/--no-forward-env",
+    default=True,
+    show_default=True,
+    help="Start every rank from this shell's environment (less a deny-list).",
+)
+@_option(
+    "--redact", multiple=True, metavar="GLOB", help="Never print values of these variables (repeatable)."
+)
+@_option(
+    "--oversubscribe", is_flag=True, help="Allow more ranks than slots (max_slots, or this machine's cores)."
+)
 @_option("--prefix", type=click.Choice(["rank", "host", "none"]), default="rank", show_default=True)
 @_option("--timestamp", is_flag=True, help="Prefix console lines with the time.")
 @_option("--output-dir", metavar="DIR", help="Also write each rank's raw output to DIR.")
@@ -130,8 +144,8 @@ def _level(source: ParameterSource | None) -> int:
 @click.pass_context
 def cli(ctx: click.Context, /, **options: Any) -> Request:
     """Run COMMAND as one rank per slot on every host, with the torch/Horovod/TF environment set."""
-    values, levels = _merge_config_file(ctx, options)
-    return _build_request(values, levels)
+    values, sources = _merge_config_file(ctx, options)
+    return _build_request(values, sources)
 
 
 def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
@@ -140,15 +154,21 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
     }
 
 
-def _load_config_file(path: str) -> dict[str, Any]:
+# Options naming files: in a config file they are relative to the file, not to where distrun runs.
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file"})
+
+
+def _load_config_file(path: str) -> dict[str, tuple[Any, int]]:
+    """Each top-level key with its value and line; a key given twice anywhere is an error."""
     import yaml  # only config-file users pay for importing yaml
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
         raise UsageError(f"cannot read config file {path}: {reason}") from None
     try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -156,48 +176,94 @@ def _load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
     if data is None:
         return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
         raise UsageError(f"config file {path}: expected a mapping of option names to values")
-    return data
+    lines: dict[str, int] = {}
+    for key_node, _ in root.value:
+        key, line = str(key_node.value), key_node.start_mark.line + 1
+        # YAML keeps the last of two equal keys without a word; one of them is surely a mistake.
+        if key in lines:
+            raise UsageError(f"{path}:{line}: {key!r} is already set at line {lines[key]}")
+        lines[key] = line
+    return {str(key): (value, lines.get(str(key), 1)) for key, value in data.items()}
 
 
-def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
-    """Fill options still at their defaults from the --config file; report each option's precedence level."""
+def _config_value(param: click.Parameter, raw: Any, base: Path, label: str) -> Any:
+    """A config file value in the form click would have parsed from the command line."""
+    value = raw
+    if param.name == "hosts" and isinstance(value, list):
+        value = ",".join(str(item) for item in value)
+    if param.multiple and not isinstance(value, list):
+        value = [value]
+    elif not param.multiple and isinstance(value, (list, dict)):
+        raise UsageError(f"{label} takes a single value")
+    items = value if param.multiple else [value]
+    if isinstance(param.type, click.types.IntParamType) and any(
+        isinstance(item, (bool, float)) for item in items
+    ):
+        # click would truncate 2.7 to 2 silently.
+        raise UsageError(f"{label}: expected a whole number, got {items[0]!r}")
+    if param.name in _PATH_OPTIONS:
+        items = [str(base / Path(str(item)).expanduser()) for item in items]
+        value = items if param.multiple else items[0]
+    return value
+
+
+@dataclass
+class _Sources:
+    """Where each option's value came from: its precedence level and the name to use in messages."""
+
+    levels: dict[str, int]
+    labels: dict[str, str]
+    file_counts: dict[str, int]  # of a repeatable option's values, how many came first from the file
+
+    def label(self, name: str, flag: str) -> str:
+        return self.labels.get(name, flag)
+
+
+def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], _Sources]:
+    """Fill options still at their defaults from the --config file; report each option's precedence level.
+
+    Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
+    """
     values = dict(options)
-    levels = {name: _level(ctx.get_parameter_source(name)) for name in options}
+    sources = _Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {})
     path = options["config"]
     if path is None:
-        return values, levels
+        return values, sources
     params = _config_params(ctx)
     params.pop("config")
+    base = Path(path).expanduser().parent
     seen: dict[str, str] = {}
-    for key, raw in _load_config_file(path).items():
-        name = str(key).replace("-", "_")
+    for key, (raw, line) in _load_config_file(path).items():
+        name = key.replace("-", "_")
+        label = f"{path}:{line}: {key}"
         if name not in params:
-            raise UsageError(f"config file {path}: unknown option {key!r}")
+            raise UsageError(f"{path}:{line}: unknown option {key!r}")
         if name in seen:
-            raise UsageError(f"config file {path}: {seen[name]!r} and {key!r} set the same option")
-        seen[name] = str(key)
-        if raw is None or levels[name] > 0:
+            raise UsageError(f"{path}:{line}: {seen[name]!r} and {key!r} set the same option")
+        seen[name] = key
+        param = params[name]
+        if raw is None or (sources.levels[name] > 0 and not param.multiple):
             continue
-        param, value = params[name], raw
-        if name == "hosts" and isinstance(value, list):
-            value = ",".join(str(item) for item in value)
-        if param.multiple and not isinstance(value, list):
-            value = [value]
-        elif not param.multiple and isinstance(value, (list, dict)):
-            raise UsageError(f"config file {path}: {key!r} takes a single value")
         try:
-            values[name] = param.type_cast_value(ctx, value)
+            value = param.type_cast_value(ctx, _config_value(param, raw, base, label))
         except click.BadParameter as err:
-            raise UsageError(f"config file {path}: {key!r}: {err.message}") from None
-        levels[name] = _CONFIG_LEVEL
-    return values, levels
+            raise UsageError(f"{label}: {err.message}") from None
+        if sources.levels[name] > 0:
+            sources.file_counts[name] = len(value)
+            values[name] = (*value, *values[name])
+            continue
+        values[name] = value
+        sources.levels[name] = _CONFIG_LEVEL
+        sources.labels[name] = label
+    return values, sources
 
 
-def _hosts(values: Mapping[str, Any], levels: Mapping[str, int]) -> tuple[Host, ...] | None:
+def _hosts(values: Mapping[str, Any], sources: _Sources) -> tuple[Host, ...] | None:
     """-H or --hostfile, whichever was given at the higher precedence level; both at one level is an error."""
     hosts, hostfile = values["hosts"], values["hostfile"]
+    levels = sources.levels
     if hosts is not None and hostfile is not None:
         if levels["hosts"] == levels["hostfile"]:
             raise UsageError("use either -H/--hosts or --hostfile, not both")
@@ -206,20 +272,20 @@ def _hosts(values: Mapping[str, Any], levels: Mapping[str, int]) -> tuple[Host, 
         else:
             hosts = None
     if hosts is not None:
-        return parse_host_list(hosts)
+        return parse_host_list(hosts, sources.label("hosts", "-H"))
     if hostfile is not None:
-        return parse_hostfile(Path(hostfile))
+        return parse_hostfile(Path(hostfile).expanduser())
     return None
 
 
-def _output_dir(value: str | None) -> Path | None:
+def _output_dir(value: str | None, label: str) -> Path | None:
     """The directory may not exist yet (it is created at launch), but nothing on its path may be a file."""
     if value is None:
         return None
-    path = Path(value)
+    path = Path(value).expanduser()
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
-            raise UsageError(f"--output-dir {value}: {part} is a file, not a directory")
+            raise UsageError(f"{label} {value}: {part} is a file, not a directory")
     return path
 
 
@@ -235,43 +301,79 @@ def _word(value: str | None, option: str) -> str | None:
     return value
 
 
-def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Request:
+def _exports(values: Mapping[str, Any], sources: _Sources) -> tuple[tuple[str, str], ...]:
+    """The file's exports, then the command line's (or DISTRUN_EXPORT's), which win name by name."""
+    given = tuple(values["export"])
+    in_file = sources.file_counts.get("export", 0)
+    exports = dict(parse_exports(given[:in_file], os.environ, sources.label("export", "-x")))
+    exports.update(parse_exports(given[in_file:], os.environ, sources.label("export", "-x")))
+    return tuple(exports.items())
+
+
+def _env_files(paths: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    merged: dict[str, str] = {}
+    for path in paths:
+        merged.update(parse_env_file(Path(path), os.environ))
+    return tuple(merged.items())
+
+
+def _redact_patterns(patterns: Sequence[str], label: str) -> tuple[str, ...]:
+    for pattern in patterns:
+        if not pattern.strip():
+            raise UsageError(f"{label}: expected a variable name or glob such as 'MYCO_*'")
+    return tuple(patterns)
+
+
+def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
     command = tuple(values["command"])
     resolve_command(command, values["python"] or sys.executable)
     num_proc: int | None = values["num_proc"]
-    hosts = _hosts(values, levels) or (Host("localhost", slots=num_proc or 1, origin="localhost (no -H)"),)
-    plan = make_plan(hosts, num_proc)
+    oversubscribe = bool(values["oversubscribe"])
+    hosts = _hosts(values, sources) or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
+    refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
+    plan = make_plan(hosts, num_proc, oversubscribe)
     ranks = values["ranks"]
+    label = sources.label
     config = LaunchConfig(
         command=command,
         hosts=hosts,
         num_proc=plan.world_size,
-        master_addr=_word(values["master_addr"], "--master-addr"),
+        master_addr=_word(values["master_addr"], label("master_addr", "--master-addr")),
         master_port=values["master_port"],
-        exports=parse_exports(values["export"], os.environ),
+        exports=_exports(values, sources),
+        env_file=_env_files(values["env_file"]),
+        forward_env=values["forward_env"],
+        redact=_redact_patterns(values["redact"], label("redact", "--redact")),
+        oversubscribe=oversubscribe,
         prefix=cast(PrefixMode, values["prefix"]),
         timestamp=values["timestamp"],
-        output_dir=_output_dir(values["output_dir"]),
+        output_dir=_output_dir(values["output_dir"], label("output_dir", "--output-dir")),
         console_ranks=None if ranks is None else parse_rank_filter(ranks, plan.world_size),
-        timeout=None if values["timeout"] is None else _seconds(values["timeout"], "--timeout"),
-        grace_period=_seconds(values["grace_period"], "--grace-period"),
-        python=_word(values["python"], "--python"),
-        network_interface=_word(values["network_interface"], "--network-interface"),
+        timeout=None
+        if values["timeout"] is None
+        else _seconds(values["timeout"], label("timeout", "--timeout")),
+        grace_period=_seconds(values["grace_period"], label("grace_period", "--grace-period")),
+        python=_word(values["python"], label("python", "--python")),
+        network_interface=_word(
+            values["network_interface"], label("network_interface", "--network-interface")
+        ),
         color=values["color"],
         ssh=SshOptions(
             port=values["ssh_port"],
-            identity_files=tuple(values["ssh_identity_file"]),
+            identity_files=tuple(Path(p).expanduser() for p in values["ssh_identity_file"]),
             host_key_policy=cast("HostKeyPolicy | None", values["host_key_policy"]),
-            connect_timeout=_seconds(values["ssh_connect_timeout"], "--ssh-connect-timeout"),
-            keepalive_interval=_seconds(values["ssh_keepalive"], "--ssh-keepalive"),
+            connect_timeout=_seconds(
+                values["ssh_connect_timeout"], label("ssh_connect_timeout", "--ssh-connect-timeout")
+            ),
+            keepalive_interval=_seconds(values["ssh_keepalive"], label("ssh_keepalive", "--ssh-keepalive")),
         ),
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
 
 def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
-    """The plan, one header line per rank followed by its contract environment (secrets redacted)."""
-    plan = make_plan(config.hosts, config.num_proc)
+    """The plan: what every rank inherits, then one header line per rank and its own variables (redacted)."""
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     python = config.python or sys.executable
     master_port = "auto" if config.master_port is None else str(config.master_port)
     # Ports are probed on the hosts at launch; distinct stand-ins satisfy rank_env, then show as "auto".
@@ -282,29 +384,48 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         tf_ports=tuple(tuple(s.rank for s in plan.node_slots(n)) for n in range(plan.node_count)),
     )
     workers = [join_host_port(rdzv.node_addrs[s.node_rank], "auto") for s in plan.slots]
+    travelling = travelling_env(
+        environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
+    )
+    explicit = {**dict(config.env_file), **dict(config.exports)}
+    dropped = dropped_here(environ, explicit)
+    here = {k: v for k, v in environ.items() if k not in dropped}
+    source = "this shell (less the deny-list), --env-file, -x" if config.forward_env else "--env-file, -x"
     lines = [
         f"dry run: {plural(plan.world_size, 'process', 'processes')} on "
         f"{plural(plan.node_count, 'host', 'hosts')}; nothing is started",
         f"command: {shlex.join(resolve_command(config.command, python))}",
+        f"every rank gets, from {source}:",
+        *(
+            f"    {name}={shlex.quote(value)}"
+            for name, value in sorted(redact(travelling, config.redact).items())
+        ),
     ]
+    if dropped:
+        lines.append(f"removed from every rank (left by another launcher): {' '.join(dropped)}")
     for slot in plan.slots:
         env, defaults = rank_env(
             slot,
             plan,
             rdzv,
             run_id="auto",
-            exports=dict(config.exports),
+            exports=travelling,
+            explicit=explicit,
             ifname=config.network_interface,
-            launcher_env=environ if is_obviously_local(slot.host.name) else None,
+            launcher_env=here if runs_here(slot.host) else None,
             workers=workers,
         )
         env.update(MASTER_PORT=master_port)
+        own = {k: v for k, v in env.items() if travelling.get(k) != v}
+        defaults = {k: v for k, v in defaults.items() if travelling.get(k) != v}
         host = slot.host.name if slot.host.user is None else f"{slot.host.user}@{slot.host.name}"
         lines.append(f"rank {slot.rank}: host={host} local_rank={slot.local_rank} node_rank={slot.node_rank}")
-        lines.extend(f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(env).items()))
+        lines.extend(
+            f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(own, config.redact).items())
+        )
         lines.extend(
             f"    {name}={shlex.quote(value)}  # unless the host sets it"
-            for name, value in sorted(redact(defaults).items())
+            for name, value in sorted(redact(defaults, config.redact).items())
         )
     return "\n".join(lines)
 

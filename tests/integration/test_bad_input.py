@@ -110,7 +110,7 @@ CASES = {
     ),
     "config-unknown-key": Case(
         ("--config", "{tmp}/c.yaml"),
-        "config file {tmp}/c.yaml: unknown option 'workers'",
+        "{tmp}/c.yaml:1: unknown option 'workers'",
         files={"c.yaml": "workers: 4\n"},
     ),
     "config-not-a-mapping": Case(
@@ -118,7 +118,7 @@ CASES = {
     ),
     "config-bad-value": Case(
         ("--config", "{tmp}/c.yaml"),
-        "config file {tmp}/c.yaml: 'timeout': 'never' is not a valid float",
+        "{tmp}/c.yaml:1: timeout: 'never' is not a valid float",
         files={"c.yaml": "timeout: never\n"},
     ),
     "config-missing": Case(

@@ -259,8 +259,8 @@ def test_output_dir_checks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
         ("bogus: 1\n", "unknown option 'bogus'"),
         ("config: other.yaml\n", "unknown option 'config'"),
         ("num-proc: 2\nnum_proc: 3\n", "'num-proc' and 'num_proc' set the same option"),
-        ("num-proc: lots\n", "'num-proc': 'lots' is not a valid integer"),
-        ("timeout: [1, 2]\n", "'timeout' takes a single value"),
+        ("num-proc: lots\n", ":1: num-proc: 'lots' is not a valid integer"),
+        ("timeout: [1, 2]\n", ":1: timeout takes a single value"),
     ],
 )
 def test_bad_config_file_names_the_file(
