@@ -152,8 +152,8 @@ def travelling_env(
 def parse_env_file(path: Path, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """Parse `KEY=VALUE` lines (`#` comment lines, blank lines, `KEY` alone takes this shell's value).
 
-    A value in matching single or double quotes loses them; nothing else is interpreted (no `$` expansion,
-    no escapes), so the value is what the file says. Errors start with `PATH:LINE:` and never show a value.
+    Blanks around `=` are ignored; a value in matching single or double quotes loses them (keep blanks that
+    way); nothing else is interpreted (no `$` expansion, no escapes), so the value is what the file says. Errors start with `PATH:LINE:` and never show a value.
     """
     try:
         text = path.expanduser().read_text(encoding="utf-8")
@@ -171,7 +171,7 @@ def parse_env_file(path: Path, environ: Mapping[str, str]) -> tuple[tuple[str, s
         if line.startswith("export "):
             line = line[len("export ") :].lstrip()
         name, equals, value = line.partition("=")
-        name = name.strip()
+        name, value = name.strip(), value.strip()
         check_name(name, where)
         if not equals:
             if name not in environ:

@@ -191,10 +191,40 @@ def test_export_given_twice() -> None:
         ("PATH", False),
         ("RANK", False),
         ("KEYBOARD", True),
+        ("DB_PASSWD", True),
+        ("GITHUB_PAT", True),
+        ("GIT_CREDENTIALS", True),
+        ("NPM_AUTH", True),
+        ("BASIC_AUTH_USER", True),
+        ("SMTP_PASS", True),
+        ("DB_PWD", True),
+        ("PWD", False),
+        ("PYTHONPATH", False),
+        ("GIT_AUTHOR_NAME", False),
+        ("PASSES", False),
     ],
 )
 def test_is_secret(name: str, secret: bool) -> None:
     assert is_secret(name) is secret
+
+
+def test_redact_patterns_are_case_insensitive_globs() -> None:
+    assert is_secret("MYCO_SIGNING", ["myco_*"])
+    assert not is_secret("OTHER", ["myco_*"])
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("https://user:pw@host/repo.git", "https://user:<redacted>@host/repo.git"),
+        ("postgres://app:s3cr3t@db:5432/x", "postgres://app:<redacted>@db:5432/x"),
+        ("http://proxy:3128", "http://proxy:3128"),
+        ("https://user@host/x", "https://user@host/x"),
+        ("a=https://u:p@h1,https://v:q@h2", "a=https://u:<redacted>@h1,https://v:<redacted>@h2"),
+    ],
+)
+def test_passwords_in_urls_are_redacted(value: str, shown: str) -> None:
+    assert redact({"ANY_URL": value}) == {"ANY_URL": shown}
 
 
 def test_redact() -> None:
