@@ -153,7 +153,8 @@ def parse_env_file(path: Path, environ: Mapping[str, str]) -> tuple[tuple[str, s
     """Parse `KEY=VALUE` lines (`#` comment lines, blank lines, `KEY` alone takes this shell's value).
 
     Blanks around `=` are ignored; a value in matching single or double quotes loses them (keep blanks that
-    way); nothing else is interpreted (no `$` expansion, no escapes), so the value is what the file says. Errors start with `PATH:LINE:` and never show a value.
+    way); nothing else is interpreted (no `$` expansion, no escapes), so the value is what the file says.
+    Errors start with `PATH:LINE:` and never show a value.
     """
     try:
         text = path.expanduser().read_text(encoding="utf-8")
@@ -181,5 +182,7 @@ def parse_env_file(path: Path, environ: Mapping[str, str]) -> tuple[tuple[str, s
             value = value[1:-1]
         if name in values:
             raise UsageError(f"{where}: {name} is already set at line {lines[name]}")
+        if "\0" in value:
+            raise UsageError(f"{where}: {name}: the value contains a NUL byte")
         values[name], lines[name] = value, number
     return tuple(values.items())
