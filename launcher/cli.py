@@ -23,7 +23,7 @@ from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
 from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
-from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
+from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
 from launcher.facts import Rendezvous
 from launcher.forward import dropped_here, parse_env_file, travelling_env
 from launcher.hosts import Host, parse_host_list, parse_hostfile
@@ -41,6 +41,10 @@ Examples:
 \b
 Every option can also be set as DISTRUN_<OPTION> (DISTRUN_NUM_PROC=4, DISTRUN_HOSTS=a:4,b:4) or as a key
 of the --config YAML file; the command line wins over the environment, which wins over the file.
+
+\b
+Subcommands (the first word only; `distrun -- ssh-setup` launches a command of that name):
+  distrun ssh-setup -H host1,host2     passwordless SSH to every host (see its --help)
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
@@ -430,9 +434,88 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     return "\n".join(lines)
 
 
+# Subcommands are the first word only: `distrun -- check` or `./check` still launch a command named check.
+SUBCOMMANDS = ("ssh-setup",)
+
+
+@click.command(
+    name="distrun ssh-setup",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\nExample:\n  distrun ssh-setup -H node1,node2,alice@node3\n"
+    '  echo "$PW" | distrun ssh-setup --hostfile hosts.txt --password-stdin',
+)
+@click.option("-H", "--hosts", metavar="HOST,...", help="Hosts, as for a launch (slots are ignored).")
+@click.option("--hostfile", metavar="PATH", help="Hostfile, as for a launch.")
+@click.option("--ssh-port", type=_PORT, help="SSH port [default: ~/.ssh/config, else 22].")
+@click.option(
+    "-i",
+    "--ssh-identity-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Key to install [default: ~/.ssh/id_ed25519 (created if you have no key), id_ecdsa, id_rsa].",
+)
+@click.option(
+    "--host-key-policy",
+    type=click.Choice(["strict", "accept-new", "ignore"]),
+    help="Unknown host keys [default: accept-new, recorded in known_hosts].",
+)
+@click.option("--ssh-connect-timeout", type=float, metavar="SECONDS", default=10.0, show_default=True)
+@click.option(
+    "--password-stdin", is_flag=True, help="Read the password from standard input, not the terminal."
+)
+@click.option("-v", "--verbose", count=True, help="Say more (-vv: SSH details).")
+def ssh_setup_cli(**options: Any) -> int:
+    """Make passwordless SSH work on every host: create a key if needed, record host keys, install the
+    public key (asking for the password once) and verify key login. Running it again changes nothing."""
+    from launcher.sshsetup import ensure_key, setup_hosts
+
+    _configure_logging(options["verbose"])
+    hosts = _hosts(options, _Sources({"hosts": 3, "hostfile": 3}, {}, {}))
+    if not hosts:
+        raise UsageError("ssh-setup: which hosts? give -H or --hostfile")
+    ssh = SshOptions(
+        port=options["ssh_port"],
+        identity_files=(options["ssh_identity_file"],) if options["ssh_identity_file"] else (),
+        host_key_policy=cast("HostKeyPolicy | None", options["host_key_policy"]),
+        connect_timeout=_seconds(options["ssh_connect_timeout"], "--ssh-connect-timeout"),
+    )
+    key = ensure_key(ssh.identity_files)
+    if key.created:
+        click.echo(f"created the key {key.path} (ed25519, no passphrase) and {key.path}.pub")
+    results = setup_hosts(hosts, ssh, key, functools.partial(_ask_password, options["password_stdin"]))
+    for result in results:
+        click.echo(result.detail, err=result.state == "failed")
+    failed = [r.host for r in results if r.state == "failed"]
+    if failed:
+        raise HostError(f"ssh-setup failed on {plural(len(failed), 'host', 'hosts')}: {', '.join(failed)}")
+    installed = sum(r.state == "installed" for r in results)
+    click.echo(f"ssh-setup: key login works on {plural(len(results), 'host', 'hosts')} ({installed} changed)")
+    return EXIT_OK
+
+
+def _ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
+    """The password, once: from standard input's first line, or typed on the terminal without echo."""
+    import getpass
+
+    if from_stdin:
+        line = sys.stdin.readline()
+        if not line:
+            raise UsageError("--password-stdin: standard input is empty")
+        return line.rstrip("\r\n")
+    try:
+        with open("/dev/tty"):
+            pass
+    except OSError:
+        raise UsageError("no terminal to ask for the password on; pipe it with --password-stdin") from None
+    shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+    return getpass.getpass(f"password for {shown}: ")
+
+
 def _parse(argv: Sequence[str]) -> Request | int:
     """The request, or the exit code when click already answered (--help, --version)."""
     try:
+        if argv and argv[0] == "ssh-setup":
+            with ssh_setup_cli.make_context("distrun ssh-setup", list(argv[1:])) as ctx:
+                return cast(int, ssh_setup_cli.invoke(ctx))
         with cli.make_context("distrun", list(argv)) as ctx:
             return cast(Request, cli.invoke(ctx))
     except click.exceptions.Exit as done:

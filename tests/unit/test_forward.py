@@ -118,7 +118,8 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_env_file(tmp_path: Path) -> None:
     path = write(
         tmp_path,
-        "# settings\n\nA=1\nexport B = two words\nC='quoted # not a comment'\nD=\"x\"\nE=\nFROM_SHELL\nURL=a=b\n",
+        "# settings\n\nA=1\nexport B = two words\nC='quoted # not a comment'\n"
+        'D="x"\nE=\nFROM_SHELL\nURL=a=b\n',
     )
     assert dict(parse_env_file(path, {"FROM_SHELL": "yes"})) == {
         "A": "1",
@@ -151,5 +152,5 @@ def test_env_file_errors_name_file_and_line(tmp_path: Path, text: str, message: 
 
 
 def test_env_file_missing(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="cannot read env file .*nope.env: No such file"):
+    with pytest.raises(UsageError, match=r"cannot read env file .*nope\.env: No such file"):
         parse_env_file(tmp_path / "nope.env", {})
