@@ -447,7 +447,7 @@ class Cluster:
         code of the shared filesystem; its keys live in its own `~/.ssh/authorized_keys`, which starts absent.
         """
         h = self._host(host)
-        home = self.workdir / f"home-{user}"
+        home = self.workdir / f"home-{host}-{user}"
         home.mkdir(mode=0o755)
         crypted = subprocess.run(
             ["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True, check=True
