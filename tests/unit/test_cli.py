@@ -521,3 +521,13 @@ def test_dry_run_shows_the_forwarded_environment_redacted(
     shared = out.split("every rank gets, from --env-file, -x:\n")[1].split("rank 0")[0]
     assert shared.splitlines()[:2] == ["    FAIL_CODE=6", "    FROM_FILE=1"]
     assert shared.splitlines()[2].startswith("removed from every rank")
+
+
+def test_subcommands_are_the_first_word_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """`distrun -- ssh-setup` and `./ssh-setup` launch a command of that name (here in a dry run)."""
+    code, out, _ = run(capsys, "--dry-run", "--", "ssh-setup", "-H", "x")
+    assert code == 0
+    assert "command: ssh-setup -H x" in out.splitlines()
+    assert "command: ./ssh-setup" in run(capsys, "--dry-run", "./ssh-setup")[1]
+    code, _, err = run(capsys, "ssh-setup")
+    assert (code, err) == (2, "distrun: error: ssh-setup: which hosts? give -H or --hostfile\n")

@@ -261,3 +261,13 @@ def test_parse_rank_filter_without_world_size() -> None:
 def test_parse_rank_filter_errors(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         parse_rank_filter(spec, 4)
+
+
+def test_x_may_set_leftovers_distrun_does_not_own() -> None:
+    """torchrun's TORCHELASTIC_USE_AGENT_STORE is not distrun's: dropped by default, settable on purpose."""
+    assert parse_exports(["TORCHELASTIC_USE_AGENT_STORE=False", "DISTRUN_MY_FLAG=1"], {}) == (
+        ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+        ("DISTRUN_MY_FLAG", "1"),
+    )
+    with pytest.raises(UsageError, match="distrun sets TORCHELASTIC_RESTART_COUNT"):
+        parse_exports(["TORCHELASTIC_RESTART_COUNT=3"], {})
