@@ -252,7 +252,7 @@ def test_fan_out_returns_clients_in_the_order_given() -> None:
 def test_transient_failures_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[int] = []
 
-    def flaky(target: SshTarget, options: SshOptions, via: Any) -> Any:
+    def flaky(target: SshTarget, options: SshOptions, via: Any, password: str | None) -> Any:
         attempts.append(1)
         raise sshconn._Transient("SSH handshake with h:22 failed: Error reading SSH protocol banner")
 
@@ -267,7 +267,7 @@ def test_transient_failures_are_retried_then_reported(monkeypatch: pytest.Monkey
 def test_final_failures_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[int] = []
 
-    def refused(target: SshTarget, options: SshOptions, via: Any) -> Any:
+    def refused(target: SshTarget, options: SshOptions, via: Any, password: str | None) -> Any:
         attempts.append(1)
         raise sshconn._Refused("authentication refused for user root (tried ssh-agent)")
 
