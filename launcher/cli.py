@@ -159,7 +159,7 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
 
 
 # Options naming files: in a config file they are relative to the file, not to where distrun runs.
-_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file"})
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report"})
 
 
 def _load_config_file(path: str) -> dict[str, tuple[Any, int]]:
@@ -314,6 +314,20 @@ def _exports(values: Mapping[str, Any], sources: _Sources) -> tuple[tuple[str, s
     return tuple(exports.items())
 
 
+def _report_path(value: str | None, label: str) -> Path | None:
+    """Checked before the run, so that a long job does not end by failing to write its report."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{label} {value}: is a directory; give a file name such as run.json")
+    if not path.parent.is_dir():
+        raise UsageError(f"{label} {value}: directory {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"{label} {value}: cannot write in {path.parent}")
+    return path
+
+
 def _env_files(paths: Sequence[str]) -> tuple[tuple[str, str], ...]:
     merged: dict[str, str] = {}
     for path in paths:
@@ -349,6 +363,7 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
         forward_env=values["forward_env"],
         redact=_redact_patterns(values["redact"], label("redact", "--redact")),
         oversubscribe=oversubscribe,
+        report=_report_path(values["report"], label("report", "--report")),
         prefix=cast(PrefixMode, values["prefix"]),
         timestamp=values["timestamp"],
         output_dir=_output_dir(values["output_dir"], label("output_dir", "--output-dir")),

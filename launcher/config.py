@@ -43,6 +43,7 @@ class LaunchConfig:
     forward_env: bool = True
     redact: tuple[str, ...] = ()  # --redact globs: names whose values are never printed
     oversubscribe: bool = False
+    report: Path | None = None  # --report: the run's account as JSON
     prefix: PrefixMode = "rank"
     timestamp: bool = False
     output_dir: Path | None = None

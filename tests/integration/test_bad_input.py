@@ -178,6 +178,11 @@ CASES = {
         files={"job.env": "RANK=1\n"},
     ),
     "env-file-missing": Case(("--env-file", "{tmp}/none.env"), "cannot read env file {tmp}/none.env"),
+    "report-in-missing-directory": Case(
+        ("--report", "{tmp}/no/such/dir/r.json"),
+        "--report {tmp}/no/such/dir/r.json: directory {tmp}/no/such/dir",
+    ),
+    "report-is-directory": Case(("--report", "{tmp}"), "--report {tmp}: is a directory"),
     "redact-empty": Case(("--redact", " "), "--redact: expected a variable name or glob"),
 }
 
