@@ -101,6 +101,7 @@ def _level(source: ParameterSource | None) -> int:
 @_option(
     "--redact", multiple=True, metavar="GLOB", help="Never print values of these variables (repeatable)."
 )
+@_option("--report", metavar="FILE.json", help="Write the run's account as JSON (docs/report.schema.json).")
 @_option(
     "--oversubscribe", is_flag=True, help="Allow more ranks than slots (max_slots, or this machine's cores)."
 )
