@@ -22,7 +22,7 @@ from click.core import ParameterSource
 from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
-from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
+from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
 from launcher.facts import Rendezvous
 from launcher.forward import dropped_here, parse_env_file, travelling_env
@@ -436,8 +436,7 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
             workers=workers,
         )
         env.update(MASTER_PORT=master_port)
-        own = {k: v for k, v in env.items() if travelling.get(k) != v}
-        defaults = {k: v for k, v in defaults.items() if travelling.get(k) != v}
+        own, defaults = own_part(env, travelling), own_part(defaults, travelling)
         host = slot.host.name if slot.host.user is None else f"{slot.host.user}@{slot.host.name}"
         lines.append(f"rank {slot.rank}: host={host} local_rank={slot.local_rank} node_rank={slot.node_rank}")
         lines.extend(

@@ -237,6 +237,11 @@ def rank_env(
     return split_defaults(env, exports if explicit is None else explicit)
 
 
+def own_part(env: Mapping[str, str], shared: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` that `shared` does not already give with the same value."""
+    return {k: v for k, v in env.items() if shared.get(k) != v}
+
+
 def parse_exports(
     values: Sequence[str], environ: Mapping[str, str], source: str = "-x"
 ) -> tuple[tuple[str, str], ...]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.locality import is_local_host, is_obviously_local
+from launcher.locality import current_user, is_local_host, refuse_this_machine_twice, runs_here
 from launcher.plan import Slot
 from launcher.protocol import HELLO, VERSION, Facts, FrameReader, Hello, decode_message
 from launcher.transport.link import Link, Transport
@@ -78,18 +78,25 @@ class Node:
 
 
 def locality(hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
-    """Which hosts are this machine (they run through a local agent, without SSH)."""
-    local = [is_obviously_local(h.name) for h in hosts]
-    if all(local):
-        return local
-    from launcher.transport.sshconn import load_ssh_config, resolve_target
+    """Which hosts are this machine (they run through a local agent, without SSH).
 
-    # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
-    ssh_config = load_ssh_config(config.ssh.config_file)
-    return [
-        is_local or is_local_host(resolve_target(h, config.ssh, ssh_config).hostname)
-        for h, is_local in zip(hosts, local, strict=True)
-    ]
+    A host named with another user (`nobody@localhost`) is never local: only SSH runs it as that user. Two
+    entries that are both this machine are refused (HostSpecError): they would share ports and LOCAL_RANKs.
+    """
+    me = current_user()
+    local = [runs_here(h, me) for h in hosts]
+    if not all(local):
+        from launcher.transport.sshconn import load_ssh_config, resolve_target
+
+        # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
+        ssh_config = load_ssh_config(config.ssh.config_file)
+        local = [
+            is_local
+            or (h.user in (None, me) and is_local_host(resolve_target(h, config.ssh, ssh_config).hostname))
+            for h, is_local in zip(hosts, local, strict=True)
+        ]
+    refuse_this_machine_twice(hosts, local)
+    return local
 
 
 def remote_transport(config: LaunchConfig) -> Transport:

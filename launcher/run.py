@@ -14,16 +14,18 @@ import time
 from collections.abc import Sequence
 from typing import BinaryIO
 
+from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
-from launcher.env import rank_env, tf_workers
-from launcher.errors import HostError
+from launcher.env import own_part, rank_env, tf_workers
+from launcher.errors import CommandNotFound, HostError
 from launcher.facts import Rendezvous
+from launcher.forward import LEFTOVER_PREFIXES, dropped_here, travelling_env
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
-from launcher.result import Outcome
+from launcher.result import HostLost, Outcome, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.summary import summarize
 from launcher.supervise import Supervisor, probe, signal_pipe, supervise
 
@@ -35,7 +37,7 @@ HEARTBEAT = 1.0
 
 def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
-    plan = make_plan(config.hosts, config.num_proc)
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
         out or sys.stdout.buffer,
@@ -54,8 +56,14 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
         # Connecting happens before signals are redirected: Ctrl-C then interrupts the handshakes at once.
         nodes = connect(plan.nodes, config)
         with signal_pipe() as wake_fd:
-            with Heartbeat(nodes, min(HEARTBEAT, config.ssh.keepalive_interval)):
-                outcome = Job(config, relay, wake_fd).run(plan, nodes)
+            job = Job(config, relay, wake_fd)
+            try:
+                with Heartbeat(nodes, min(HEARTBEAT, config.ssh.keepalive_interval)):
+                    outcome = job.run(plan, nodes)
+            finally:
+                # Whatever ended the job, once ranks ran: the account, as a table and as --report.
+                if job.attempts:
+                    _account(config, job, relay)
             relay.note(summarize(outcome, relay.stderr_tail))
             return outcome.exit_code
     finally:
@@ -76,6 +84,8 @@ class Job:
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
         self.cwd = os.getcwd()
         self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
+        self.attempts: list[Attempt] = []
+        self.failure: Failure | None = None
 
     def run(self, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         return self.run_attempt(0, plan, nodes)
@@ -98,9 +108,47 @@ class Job:
             dead_after=self.dead_after,
             now=time.monotonic(),
         )
-        outcome = supervise(sup, self.wake_fd, min(HEARTBEAT, self.config.ssh.keepalive_interval))
+        started = time.time()
+        try:
+            outcome = supervise(sup, self.wake_fd, min(HEARTBEAT, self.config.ssh.keepalive_interval))
+        finally:
+            self.record(attempt, started, sup, nodes)
         self.relay.finish()
         return outcome
+
+    def record(self, number: int, started: float, sup: Supervisor, nodes: Sequence[Node]) -> None:
+        """The attempt's ranks as the agents measured them, for the account and --report."""
+        out = self.config.output_dir
+        ranks = []
+        for node in nodes:
+            for slot in node.slots:
+                m = sup.measured.get(slot.rank)
+                usage = Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None
+                ranks.append(
+                    RankRecord(
+                        slot.rank,
+                        node.name,
+                        pid=(m.pid or None) if m is not None else None,
+                        returncode=m.returncode if m is not None else None,
+                        usage=usage,
+                        log_dir=None if out is None else out / f"rank.{slot.rank}",
+                    )
+                )
+        outcome = sup.outcome()
+        self.attempts.append(
+            Attempt(
+                number, started, time.time(), OUTCOME_NAMES[type(outcome)], outcome.exit_code, tuple(ranks)
+            )
+        )
+        lines = summarize(outcome, self.relay.stderr_tail)
+        failed = outcome.failure if isinstance(outcome, RankFailed) else None
+        if lines:
+            self.failure = Failure(
+                failed.rank if failed else None,
+                failed.host if failed else getattr(outcome, "host", None),
+                lines[0],
+                tuple(self.relay.stderr_tail(failed.rank)) if failed else (),
+            )
 
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
@@ -133,6 +181,7 @@ class Job:
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if node.link.heartbeat else 0.0,
                 dead_after=self.dead_after if node.link.heartbeat else 0.0,
+                script=_script(self.config.command),
             )
             for i, node in enumerate(nodes)
         ]
@@ -143,6 +192,10 @@ class Job:
             if not facts.cwd_exists:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
+                )
+            if not facts.script_found:
+                raise CommandNotFound(
+                    f"host {node.name}: {self.config.command[0]} not found in {self.cwd} there"
                 )
             if self.config.python and not facts.python_found:
                 raise HostError(
@@ -165,7 +218,12 @@ class Job:
 
     def start(self, attempt: int, plan: Plan, nodes: Sequence[Node], rdzv: Rendezvous) -> None:
         config = self.config
-        exports = dict(config.exports)
+        travelling = travelling_env(
+            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
+        )
+        explicit = {**dict(config.env_file), **dict(config.exports)}
+        unset = dropped_here(os.environ, explicit)
+        here = {k: v for k, v in os.environ.items() if k not in unset}
         try:
             workers = tf_workers(plan, rdzv)
         except ValueError:
@@ -182,12 +240,23 @@ class Job:
             ranks = []
             for slot in node.slots:
                 env, defaults = rank_env(
-                    slot, plan, rdzv, run_id=self.run_id, exports=exports,
+                    slot, plan, rdzv, run_id=self.run_id, exports=travelling, explicit=explicit,
                     ifname=config.network_interface or facts.route_ifname,
-                    launcher_env=os.environ if node.local else None, workers=workers,
+                    launcher_env=here if node.local else None, workers=workers,
                 )  # fmt: skip
-                ranks.append(RankSpec(slot.rank, argv, env, defaults))
-            node.send(encode_message(START, StartRequest(self.cwd, config.grace_period, ranks)))
+                # What every rank shares travels once per host (StartRequest.env), not once per rank.
+                ranks.append(
+                    RankSpec(slot.rank, argv, own_part(env, travelling), own_part(defaults, travelling))
+                )
+            request = StartRequest(
+                self.cwd,
+                config.grace_period,
+                ranks,
+                env=travelling,
+                unset=list(unset) if node.local else [],
+                unset_prefixes=list(LEFTOVER_PREFIXES),
+            )
+            node.send(encode_message(START, request))
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
@@ -201,6 +270,38 @@ def _facts(node: Node) -> Facts:
 
 def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
     return [plan.node_slots(i) for i in range(plan.node_count)]
+
+
+def _script(command: Sequence[str]) -> str | None:
+    """The script file a `.py` command runs, checked on every host before anything starts."""
+    return command[0] if command and command[0].endswith(".py") else None
+
+
+OUTCOME_NAMES: dict[type, str] = {
+    Succeeded: "succeeded",
+    RankFailed: "rank-failed",
+    HostLost: "host-lost",
+    Signalled: "signalled",
+    TimedOut: "timed-out",
+}
+
+
+def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
+    last = job.attempts[-1]
+    if len(last.ranks) > 1:
+        relay.note(format_account(last.ranks).splitlines())
+    if config.report is not None:
+        report = build_report(
+            run_id=job.run_id,
+            command=config.command,
+            exit_code=last.exit_code,
+            attempts=job.attempts,
+            failure=job.failure,
+        )
+        try:
+            write_report(config.report, report)
+        except OSError as err:
+            log.error("cannot write the report %s: %s", config.report, err.strerror or err)
 
 
 def _use_color(config: LaunchConfig) -> bool:
