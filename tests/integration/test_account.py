@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+
 from tests.support import REPO, SCRIPTS, clean_env, run_distrun
 
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
