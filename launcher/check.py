@@ -138,7 +138,8 @@ def row(check: HostCheck) -> tuple[str, ...]:
     free = probe.get("disk_free")
     disk = "missing" if not probe.get("cwd_exists", True) else (_gib(int(free)) if free is not None else "-")
     clock = "-" if check.clock_offset_s is None else f"{check.clock_offset_s:+.2f}s"
-    tcp = "-" if "tcp_error" not in probe else ("ok" if not probe["tcp_error"] else "blocked")
+    tcp_error = probe.get("tcp_error")
+    tcp = "-" if tcp_error is None else ("ok" if tcp_error == "" else "blocked")
     return (
         check.host,
         "ok",

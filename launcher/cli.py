@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -23,7 +23,7 @@ from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
-from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
+from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
 from launcher.facts import Rendezvous
 from launcher.forward import dropped_here, parse_env_file, travelling_env
 from launcher.hosts import Host, parse_host_list, parse_hostfile
@@ -43,8 +43,9 @@ Every option can also be set as DISTRUN_<OPTION> (DISTRUN_NUM_PROC=4, DISTRUN_HO
 of the --config YAML file; the command line wins over the environment, which wins over the file.
 
 \b
-Subcommands (the first word only; `distrun -- ssh-setup` launches a command of that name):
-  distrun ssh-setup -H host1,host2     passwordless SSH to every host (see its --help)
+Subcommands (the first word only; `distrun -- check` launches a command of that name):
+  distrun check -H host1:4,host2:4     is every host ready for a launch? (see its --help)
+  distrun ssh-setup -H host1,host2     passwordless SSH to every host
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
@@ -450,7 +451,79 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
 
 
 # Subcommands are the first word only: `distrun -- check` or `./check` still launch a command named check.
-SUBCOMMANDS = ("ssh-setup",)
+_CHECK_EPILOG = """\b
+Examples:
+  distrun check -H node1:4,node2:4
+  distrun check --hostfile hosts.txt --python /opt/venv/bin/python
+
+\b
+Exit codes: 0 every host is ready; 3 a host has a problem (each with its fix); 2 bad input.
+"""
+
+
+@click.pass_context
+def _check_command(ctx: click.Context, /, **options: Any) -> int:
+    """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory, disk,
+    clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per host."""
+    values, sources = _merge_config_file(ctx, {**options, "command": ("check",), "dry_run": False})
+    request = _build_request(values, sources)
+    _configure_logging(request.verbose)
+    return _run_check(request.config)
+
+
+check_cli = click.Command(
+    name="distrun check",
+    callback=_check_command,
+    params=[p for p in cli.params if p.name not in ("command", "dry_run")],
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
+    epilog=_CHECK_EPILOG,
+    help=_check_command.__doc__,
+)
+
+
+def _run_check(config: LaunchConfig) -> int:
+    import threading
+
+    from launcher.check import findings, row, table, verdict
+    from launcher.checkrun import check_hosts
+    from launcher.supervise import signal_pipe
+
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
+    live = sys.stderr.isatty()
+    color = config.color if config.color is not None else sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    lock = threading.Lock()
+
+    def progress(done: int, total: int) -> None:
+        if live:
+            with lock:
+                click.echo(f"\rchecking {done}/{total} hosts", nl=False, err=True)
+
+    progress(0, len(hosts))
+    with signal_pipe() as wake_fd:
+        checks = check_hosts(hosts, config, wake_fd, progress)
+    if live:
+        click.echo("\r\033[K", nl=False, err=True)
+    cwd = os.getcwd()
+    problems = [
+        f
+        for c in checks
+        for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
+    ]
+    lines = table([row(c) for c in checks])
+    click.echo(click.style(lines[0], bold=True) if color else lines[0])
+    for line, check in zip(lines[1:], checks, strict=True):
+        state = "red" if any(f.fatal and f.host == check.host for f in problems) else "green"
+        if any(not f.fatal and f.host == check.host for f in problems) and state == "green":
+            state = "yellow"
+        click.echo(click.style(line, fg=state) if color else line)
+    for finding in problems:
+        label = "problem" if finding.fatal else "warning"
+        click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")
+    final = verdict(checks, problems)
+    ready = final.startswith("ready")
+    click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)
+    return EXIT_OK if ready else EXIT_HOST
 
 
 @click.command(
@@ -528,9 +601,10 @@ def _ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
 def _parse(argv: Sequence[str]) -> Request | int:
     """The request, or the exit code when click already answered (--help, --version)."""
     try:
-        if argv and argv[0] == "ssh-setup":
-            with ssh_setup_cli.make_context("distrun ssh-setup", list(argv[1:])) as ctx:
-                return cast(int, ssh_setup_cli.invoke(ctx))
+        if argv and argv[0] in ("ssh-setup", "check"):
+            command = ssh_setup_cli if argv[0] == "ssh-setup" else check_cli
+            with command.make_context(f"distrun {argv[0]}", list(argv[1:])) as ctx:
+                return cast(int, command.invoke(ctx))
         with cli.make_context("distrun", list(argv)) as ctx:
             return cast(Request, cli.invoke(ctx))
     except click.exceptions.Exit as done:

@@ -338,6 +338,11 @@ def _files_with_key(target: SshTarget, name: str) -> list[Path]:
     return found
 
 
+def has_known_key(target: SshTarget) -> bool:
+    """Whether a known_hosts file already lists the host (`distrun check` reports new keys as recorded)."""
+    return bool(_files_with_key(target, target.known_hosts_name))
+
+
 def _key_candidates(target: SshTarget) -> tuple[list[str], bool]:
     """Key files to offer, and whether paramiko should also try ssh-agent and ~/.ssh/id_*."""
     files = [str(p) for p in target.identity_files if p.is_file()]
