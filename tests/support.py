@@ -80,3 +80,16 @@ def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
+
+
+def read_terminal(fd: int) -> bytes:
+    """Everything a child started with pty.fork() writes, until it closes the terminal (EIO on Linux)."""
+    output = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            return output
+        if not chunk:
+            return output
+        output += chunk

@@ -43,7 +43,8 @@ def _read_until(
     return frames
 
 
-def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() -> None:
+def _agent(**env: str) -> tuple[subprocess.Popen[bytes], FrameReader]:
+    """The shipped agent, with `env` besides PATH in its (the host's) environment."""
     sources = shipped_sources()
     # The bootstrap runs with -S from /: nothing of distrun is importable, as on a host without it.
     proc = subprocess.Popen(
@@ -52,12 +53,17 @@ def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd="/",
-        env={"PATH": os.environ.get("PATH", "")},
+        env={"PATH": os.environ.get("PATH", ""), **env},
     )
     assert proc.stdin is not None
     for source in sources:
         proc.stdin.write(source)
-    reader = FrameReader(after_magic=True)
+    return proc, FrameReader(after_magic=True)
+
+
+def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() -> None:
+    proc, reader = _agent()
+    assert proc.stdin is not None
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=2, cwd="/")))
     proc.stdin.flush()
     frames = _read_until(proc, reader, FACTS)
@@ -80,24 +86,8 @@ def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() 
     assert proc.wait(timeout=30) == 0
 
 
-def _agent() -> tuple[subprocess.Popen[bytes], FrameReader]:
-    sources = shipped_sources()
-    proc = subprocess.Popen(
-        [sys.executable, *bootstrap_args(sources)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd="/",
-        env={"PATH": os.environ.get("PATH", ""), "TORCHELASTIC_USE_AGENT_STORE": "True", "KEEP": "host"},
-    )
-    assert proc.stdin is not None
-    for source in sources:
-        proc.stdin.write(source)
-    return proc, FrameReader(after_magic=True)
-
-
 def test_start_request_env_replaces_leftovers_and_is_shared_by_ranks() -> None:
-    proc, reader = _agent()
+    proc, reader = _agent(TORCHELASTIC_USE_AGENT_STORE="True", KEEP="host")
     assert proc.stdin is not None
     names = ("TORCHELASTIC_USE_AGENT_STORE", "KEEP", "SHARED", "OWN")
     dump = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.support import REPO, distrun_argv
+from tests.support import REPO, distrun_argv, read_terminal
 
 pytestmark = pytest.mark.multihost
 
@@ -109,16 +110,8 @@ def test_terminal_gets_progress_and_colours(cluster: Cluster) -> None:
     pid, fd = pty.fork()
     if pid == 0:
         os.chdir(REPO)
-        os.execvpe(os.sys.executable, distrun_argv("check", "-H", "h1,h2"), cluster.env(PYTHONPATH=str(REPO)))  # type: ignore[attr-defined]
-    output = b""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
+        os.execvpe(sys.executable, distrun_argv("check", "-H", "h1,h2"), cluster.env(PYTHONPATH=str(REPO)))
+    output = read_terminal(fd)
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     text = output.decode(errors="replace")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.support import REPO, clean_env, distrun_argv
+from tests.support import REPO, clean_env, distrun_argv, read_terminal
 
 pytestmark = pytest.mark.multihost
 
@@ -135,14 +135,7 @@ def test_ssh_setup_asks_once_on_the_terminal(make_cluster: Callable[..., Cluster
         while b"password for" not in output:
             output += os.read(fd, 4096)
         os.write(fd, PASSWORD.encode() + b"\n")
-        while True:
-            try:
-                chunk = os.read(fd, 4096)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            output += chunk
+        output += read_terminal(fd)
     finally:
         _, status = os.waitpid(pid, 0)
         os.close(fd)
