@@ -212,15 +212,15 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     cwd = request.cwd or "."
     script = request.script
     extra: dict[str, Any] = {}
+    if listener is not None:
+        extra["listen_port"] = listener.getsockname()[1]
     if request.check:
-        extra = {
-            "python_version": ".".join(str(part) for part in sys.version_info[:3]),
-            "disk_free": _disk_free(cwd),
-            "time": received,
-            "torch": _torch(request.python or sys.executable),
-        }
-        if listener is not None:
-            extra["listen_port"] = listener.getsockname()[1]
+        extra.update(
+            python_version=".".join(str(part) for part in sys.version_info[:3]),
+            disk_free=_disk_free(cwd),
+            time=received,
+            torch=_torch(request.python or sys.executable),
+        )
         if request.connect_to and request.connect_port:
             extra["tcp_port"] = request.connect_port
             extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)

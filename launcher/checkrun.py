@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from launcher.check import HostCheck
 from launcher.config import LaunchConfig
@@ -121,31 +121,32 @@ def check_hosts(
         rank0 = nodes[0]
         listen_port = 0
         if rank0 is not None:
-            request = ProbeRequest(ports=1, cwd=cwd, python=python, check=True, listen=True)
-            results[0] = _probe_one(rank0, request, wake_fd, results[0])
-            listen_port = int((results[0].probe or {}).get("listen_port") or 0)
-        step()
+            # First rank 0's agent opens the port (quick); then every host is checked at once.
+            try:
+                probe([rank0], [ProbeRequest(ports=0, cwd=cwd, listen=True)], PROBE_TIMEOUT, wake_fd)
+                listen_port = rank0.facts.listen_port if rank0.facts is not None else 0
+            except HostError as err:
+                results[0] = replace(results[0], error=str(err), error_kind="other")
         rank0_addr = _rank0_addr(nodes, local, config)
 
-        def probe_rest(index: int) -> HostCheck:
+        def check_one(index: int) -> HostCheck:
             node, check = nodes[index], results[index]
-            if node is None:
+            if node is None or check.error is not None:
                 return check
+            others = index > 0 and listen_port and rank0_addr
             request = ProbeRequest(
                 ports=1,
                 cwd=cwd,
                 python=python,
-                route_to=rank0_addr,
+                route_to=rank0_addr if index > 0 else None,
                 check=True,
-                connect_to=rank0_addr if listen_port else None,
-                connect_port=listen_port,
+                connect_to=rank0_addr if others else None,
+                connect_port=listen_port if others else 0,
             )
             return _probe_one(node, request, wake_fd, check)
 
         with ThreadPoolExecutor(workers) as pool:
-            for index, result in zip(
-                range(1, len(hosts)), pool.map(probe_rest, range(1, len(hosts))), strict=True
-            ):
+            for index, result in enumerate(pool.map(check_one, range(len(hosts)))):
                 results[index] = result
                 step()
         return results
