@@ -165,7 +165,7 @@ _PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_f
 
 
 def _load_config_file(path: str) -> dict[str, tuple[Any, int]]:
-    """Each top-level key with its value and line; a key given twice anywhere is an error."""
+    """Each top-level key with its value and line; a top-level key given twice is an error."""
     import yaml  # only config-file users pay for importing yaml
 
     try:
@@ -222,6 +222,7 @@ class _Sources:
     levels: dict[str, int]
     labels: dict[str, str]
     file_counts: dict[str, int]  # of a repeatable option's values, how many came first from the file
+    file_labels: dict[str, str]  # and the name of the file's part in messages
 
     def label(self, name: str, flag: str) -> str:
         return self.labels.get(name, flag)
@@ -233,7 +234,7 @@ def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dic
     Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
     """
     values = dict(options)
-    sources = _Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {})
+    sources = _Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
     path = options["config"]
     if path is None:
         return values, sources
@@ -258,6 +259,7 @@ def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dic
             raise UsageError(f"{label}: {err.message}") from None
         if sources.levels[name] > 0:
             sources.file_counts[name] = len(value)
+            sources.file_labels[name] = label
             values[name] = (*value, *values[name])
             continue
         values[name] = value
@@ -311,7 +313,7 @@ def _exports(values: Mapping[str, Any], sources: _Sources) -> tuple[tuple[str, s
     """The file's exports, then the command line's (or DISTRUN_EXPORT's), which win name by name."""
     given = tuple(values["export"])
     in_file = sources.file_counts.get("export", 0)
-    exports = dict(parse_exports(given[:in_file], os.environ, sources.label("export", "-x")))
+    exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
     exports.update(parse_exports(given[in_file:], os.environ, sources.label("export", "-x")))
     return tuple(exports.items())
 
@@ -557,7 +559,7 @@ def ssh_setup_cli(**options: Any) -> int:
     from launcher.sshsetup import ensure_key, setup_hosts
 
     _configure_logging(options["verbose"])
-    hosts = _hosts(options, _Sources({"hosts": 3, "hostfile": 3}, {}, {}))
+    hosts = _hosts(options, _Sources({"hosts": 3, "hostfile": 3}, {}, {}, {}))
     if not hosts:
         raise UsageError("ssh-setup: which hosts? give -H or --hostfile")
     ssh = SshOptions(

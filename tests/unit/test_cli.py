@@ -531,3 +531,12 @@ def test_subcommands_are_the_first_word_only(capsys: pytest.CaptureFixture[str])
     assert "command: ./ssh-setup" in run(capsys, "--dry-run", "./ssh-setup")[1]
     code, _, err = run(capsys, "ssh-setup")
     assert (code, err) == (2, "distrun: error: ssh-setup: which hosts? give -H or --hostfile\n")
+
+
+def test_file_exports_errors_name_the_file_even_with_x_given(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "c.yaml").write_text("num-proc: 1\nexport: [RANK=1]\n")
+    code, _, err = run(capsys, "--config", str(tmp_path / "c.yaml"), "-x", "A=1", "x")
+    assert code == 2
+    assert f"{tmp_path}/c.yaml:2: export RANK: distrun sets RANK" in err
