@@ -25,7 +25,7 @@ from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, SshOptions
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
 from launcher.facts import Rendezvous
-from launcher.forward import dropped_here, parse_env_file, travelling_env
+from launcher.forward import job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import implicit_localhost, make_plan, plural
@@ -407,12 +407,8 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         tf_ports=tuple(tuple(s.rank for s in plan.node_slots(n)) for n in range(plan.node_count)),
     )
     workers = [join_host_port(rdzv.node_addrs[s.node_rank], "auto") for s in plan.slots]
-    travelling = travelling_env(
-        environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
-    )
-    explicit = {**dict(config.env_file), **dict(config.exports)}
-    dropped = dropped_here(environ, explicit)
-    here = {k: v for k, v in environ.items() if k not in dropped}
+    jenv = job_env(environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports)
+    travelling = jenv.travelling
     source = "this shell (less the deny-list), --env-file, -x" if config.forward_env else "--env-file, -x"
     lines = [
         f"dry run: {plural(plan.world_size, 'process', 'processes')} on "
@@ -424,8 +420,8 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
             for name, value in sorted(redact(travelling, config.redact).items())
         ),
     ]
-    if dropped:
-        lines.append(f"removed from every rank (left by another launcher): {' '.join(dropped)}")
+    if jenv.unset:
+        lines.append(f"removed from every rank (left by another launcher): {' '.join(jenv.unset)}")
     for slot in plan.slots:
         env, defaults = rank_env(
             slot,
@@ -433,9 +429,9 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
             rdzv,
             run_id="auto",
             exports=travelling,
-            explicit=explicit,
+            explicit=jenv.explicit,
             ifname=config.network_interface,
-            launcher_env=here if runs_here(slot.host) else None,
+            launcher_env=jenv.here if runs_here(slot.host) else None,
             workers=workers,
         )
         env.update(MASTER_PORT=master_port)

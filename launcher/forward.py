@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.env import OWNED_NAMES, check_name
@@ -147,6 +148,39 @@ def travelling_env(
     env.update(env_file)
     env.update(exports)
     return env
+
+
+@dataclass(frozen=True)
+class JobEnv:
+    """The environment side of a launch, computed once for every rank.
+
+    `travelling`: what every rank starts from (StartRequest.env); `explicit`: the user's word (--env-file,
+    then -x), which beats distrun's defaults; `unset`: removed from ranks on this machine; `here`: what a
+    rank on this machine inherits beneath `travelling`.
+    """
+
+    travelling: dict[str, str]
+    explicit: dict[str, str]
+    unset: tuple[str, ...]
+    here: dict[str, str]
+
+
+def job_env(
+    environ: Mapping[str, str],
+    *,
+    forward: bool,
+    env_file: Iterable[tuple[str, str]],
+    exports: Iterable[tuple[str, str]],
+) -> JobEnv:
+    env_file, exports = tuple(env_file), tuple(exports)
+    explicit = {**dict(env_file), **dict(exports)}
+    unset = dropped_here(environ, explicit)
+    return JobEnv(
+        travelling=travelling_env(environ, forward=forward, env_file=env_file, exports=exports),
+        explicit=explicit,
+        unset=unset,
+        here={k: v for k, v in environ.items() if k not in unset},
+    )
 
 
 def parse_env_file(path: Path, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

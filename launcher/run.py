@@ -20,7 +20,7 @@ from launcher.config import LaunchConfig
 from launcher.env import own_part, rank_env, tf_workers
 from launcher.errors import CommandNotFound, HostError
 from launcher.facts import Rendezvous
-from launcher.forward import LEFTOVER_PREFIXES, dropped_here, travelling_env
+from launcher.forward import LEFTOVER_PREFIXES, job_env
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan
@@ -218,12 +218,10 @@ class Job:
 
     def start(self, attempt: int, plan: Plan, nodes: Sequence[Node], rdzv: Rendezvous) -> None:
         config = self.config
-        travelling = travelling_env(
+        jenv = job_env(
             os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
         )
-        explicit = {**dict(config.env_file), **dict(config.exports)}
-        unset = dropped_here(os.environ, explicit)
-        here = {k: v for k, v in os.environ.items() if k not in unset}
+        travelling = jenv.travelling
         try:
             workers = tf_workers(plan, rdzv)
         except ValueError:
@@ -240,9 +238,9 @@ class Job:
             ranks = []
             for slot in node.slots:
                 env, defaults = rank_env(
-                    slot, plan, rdzv, run_id=self.run_id, exports=travelling, explicit=explicit,
+                    slot, plan, rdzv, run_id=self.run_id, exports=travelling, explicit=jenv.explicit,
                     ifname=config.network_interface or facts.route_ifname,
-                    launcher_env=here if node.local else None, workers=workers,
+                    launcher_env=jenv.here if node.local else None, workers=workers,
                 )  # fmt: skip
                 # What every rank shares travels once per host (StartRequest.env), not once per rank.
                 ranks.append(
@@ -253,7 +251,7 @@ class Job:
                 config.grace_period,
                 ranks,
                 env=travelling,
-                unset=list(unset) if node.local else [],
+                unset=list(jenv.unset) if node.local else [],
                 unset_prefixes=list(LEFTOVER_PREFIXES),
             )
             node.send(encode_message(START, request))
