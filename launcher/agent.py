@@ -200,8 +200,14 @@ def _tcp_error(host: str, port: int) -> str:
 def _listen() -> socket.socket:
     """A socket on a free port of every address, open until the agent exits: the kernel completes
     connections to it (backlog) without the agent ever accepting them."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("", 0))
+    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
+    try:  # IPv6 and IPv4 at once where the host has IPv6
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", 0))
+    except OSError:
+        sock.close()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("", 0))
     sock.listen(64)
     return sock
 
