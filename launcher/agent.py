@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import select
 import selectors
@@ -204,20 +205,108 @@ def _which(program: str) -> bool:
     )
 
 
-def host_facts(request: ProbeRequest) -> Facts:
+# Run by the host's interpreter for `distrun check`: torch's version and CUDA as that interpreter sees them.
+_TORCH_PROBE = """
+import json
+try:
+    import torch
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__ + ": " + str(exc)[:200]}))
+else:
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
+"""
+TORCH_PROBE_TIMEOUT = 90.0
+TCP_PROBE_TIMEOUT = 5.0
+
+
+def _torch(python: str) -> Any:
+    try:
+        done = subprocess.run(
+            [python, "-c", _TORCH_PROBE],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=TORCH_PROBE_TIMEOUT,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+    try:
+        return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = done.stderr.decode(errors="replace").strip().splitlines()
+        return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
+
+
+def _disk_free(path: str) -> Any:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _tcp_error(host: str, port: int) -> str:
+    """ "" when a TCP connection to host:port opens (the listener need not accept it), else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=TCP_PROBE_TIMEOUT):
+            return ""
+    except socket.timeout:  # noqa: UP041 - not yet TimeoutError on the Python 3.7 a host may have
+        return f"no answer within {TCP_PROBE_TIMEOUT:.0f}s (a firewall dropping packets?)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _listen() -> socket.socket:
+    """A socket on a free port of every address, open until the agent exits: the kernel completes
+    connections to it (backlog) without the agent ever accepting them."""
+    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
+    try:  # IPv6 and IPv4 at once where the host has IPv6
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(("::", 0))
+    except OSError:
+        sock.close()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("", 0))
+    sock.listen(64)
+    return sock
+
+
+def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
+    received = time.time()
     route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
     devices = device_facts()
+    cwd = request.cwd or "."
+    script = request.script
+    extra: dict[str, Any] = {}
+    if listener is not None:
+        extra["listen_port"] = listener.getsockname()[1]
+    if request.check:
+        extra.update(
+            python_version=".".join(str(part) for part in sys.version_info[:3]),
+            disk_free=_disk_free(cwd),
+            time=received,
+            torch=_torch(request.python or sys.executable),
+        )
+        if request.connect_to and request.connect_port:
+            extra["tcp_port"] = request.connect_port
+            extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
     return Facts(
         hostname=socket.gethostname(),
         python=sys.executable,
         python_found=_which(request.python) if request.python else True,
-        cwd_exists=os.path.isdir(request.cwd or "."),
+        script_found=not script or os.path.isfile(os.path.join(cwd, script)),
+        cwd_exists=os.path.isdir(cwd),
         gpu_count=len(devices["gpus"]),
         free_ports=_free_ports(request.ports),
         route_addr=route_addr,
         route_ifname=route_ifname,
         devices=devices,
+        **extra,
     )
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
 
 
 # ------------------------------------------------------------------------------------------------- the agent
@@ -262,6 +351,7 @@ class _Rank:
         self.rank = rank
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the rank leads its own process group
+        self.started = time.monotonic()
         self.returncode: int | None = None
         assert proc.stdout is not None and proc.stderr is not None
         self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
@@ -279,6 +369,7 @@ class Agent:
         self.dead_after = 0.0
         self.last_heard = time.monotonic()
         self.next_beat = 0.0
+        self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -309,13 +400,19 @@ class Agent:
     def probe(self, request: ProbeRequest) -> None:
         self.beat_every = request.heartbeat
         self.dead_after = request.dead_after
-        self.send(encode_message(FACTS, host_facts(request)))
+        if request.listen and self.listener is None:
+            self.listener = _listen()
+        self.send(encode_message(FACTS, host_facts(request, self.listener)))
 
     def start(self, spec: StartRequest) -> None:
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
-        base = dict(os.environ)
+        # Leftovers of another launcher go first; the launcher's environment comes over them.
+        prefixes = tuple(spec.unset_prefixes)
+        unset = set(spec.unset)
+        base = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith(prefixes)}
+        base.update(spec.env)
         die_with_agent = _die_with_agent()
         for r in spec.ranks:
             env = dict(base)
@@ -398,10 +495,31 @@ class Agent:
 
     def _reap(self) -> None:
         for entry in self.ranks.values():
-            if entry.returncode is None and entry.proc.poll() is not None:
-                entry.returncode = entry.proc.returncode
-                self._drain(entry)
-                self.send(encode_message(EXIT, RankExited(entry.returncode), entry.rank))
+            if entry.returncode is not None:
+                continue
+            # wait4, not poll(): the same reaping, plus the resource usage of the rank and what it waited for.
+            try:
+                pid, status, usage = os.wait4(entry.proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status, usage = -1, 0, None
+            if pid == 0:
+                continue
+            if usage is None:  # reaped elsewhere (cannot happen in the agent, but Popen must not hang)
+                code = entry.proc.poll()
+                exited = RankExited(-signal.SIGKILL if code is None else code, entry.proc.pid)
+            else:
+                code = _returncode(status)
+                entry.proc.returncode = code  # so Popen never waits for it again
+                exited = RankExited(
+                    code,
+                    entry.proc.pid,
+                    time.monotonic() - entry.started,
+                    cpu_s=usage.ru_utime + usage.ru_stime,
+                    max_rss_kb=usage.ru_maxrss,  # KiB on Linux
+                )
+            entry.returncode = exited.returncode
+            self._drain(entry)
+            self.send(encode_message(EXIT, exited, entry.rank))
 
     # -- control from the launcher
 

@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
@@ -23,12 +23,13 @@ from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
-from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
-from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
+from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
+from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
 from launcher.facts import Rendezvous
+from launcher.forward import job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
-from launcher.locality import is_obviously_local
-from launcher.plan import Plan, make_plan, plural
+from launcher.locality import refuse_this_machine_twice, runs_here
+from launcher.plan import Plan, implicit_localhost, make_plan, plural
 
 ENV_PREFIX = "DISTRUN"
 
@@ -41,6 +42,11 @@ Examples:
 \b
 Every option can also be set as DISTRUN_<OPTION> (DISTRUN_NUM_PROC=4, DISTRUN_HOSTS=a:4,b:4) or as a key
 of the --config YAML file; the command line wins over the environment, which wins over the file.
+
+\b
+Subcommands (the first word only; `distrun -- check` launches a command of that name):
+  distrun check -H host1:4,host2:4     is every host ready for a launch? (see its --help)
+  distrun ssh-setup -H host1,host2     passwordless SSH to every host
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
@@ -87,6 +93,20 @@ def _level(source: ParameterSource | None) -> int:
 @_option("--master-addr", metavar="ADDR", help="Address of rank 0's host as every host reaches it.")
 @_option("--master-port", type=_PORT, help="Rendezvous port [default: a free port on rank 0's host].")
 @_option("-x", "--export", multiple=True, metavar="VAR[=VALUE]", help="Set VAR for every rank (repeatable).")
+@_option("--env-file", multiple=True, metavar="PATH", help="KEY=VALUE lines for every rank (before -x).")
+@_option(
+    "--forward-env/--no-forward-env",
+    default=True,
+    show_default=True,
+    help="Start every rank from this shell's environment (less a deny-list).",
+)
+@_option(
+    "--redact", multiple=True, metavar="GLOB", help="Never print values of these variables (repeatable)."
+)
+@_option("--report", metavar="FILE.json", help="Write the run's account as JSON (docs/report.schema.json).")
+@_option(
+    "--oversubscribe", is_flag=True, help="Allow more ranks than slots (max_slots, or this machine's cores)."
+)
 @_option("--prefix", type=click.Choice(["rank", "host", "none"]), default="rank", show_default=True)
 @_option("--timestamp", is_flag=True, help="Prefix console lines with the time.")
 @_option("--output-dir", metavar="DIR", help="Also write each rank's raw output to DIR.")
@@ -167,8 +187,8 @@ def _level(source: ParameterSource | None) -> int:
 @click.pass_context
 def cli(ctx: click.Context, /, **options: Any) -> Request:
     """Run COMMAND as one rank per slot on every host, with the torch/Horovod/TF environment set."""
-    values, levels = _merge_config_file(ctx, options)
-    return _build_request(values, levels)
+    values, sources = _merge_config_file(ctx, options)
+    return _build_request(values, sources)
 
 
 def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
@@ -177,15 +197,21 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
     }
 
 
-def _load_config_file(path: str) -> dict[str, Any]:
+# Options naming files: in a config file they are relative to the file, not to where distrun runs.
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report"})
+
+
+def _load_config_file(path: str) -> dict[str, tuple[Any, int]]:
+    """Each top-level key with its value and line; a top-level key given twice is an error."""
     import yaml  # only config-file users pay for importing yaml
 
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
         raise UsageError(f"cannot read config file {path}: {reason}") from None
     try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
@@ -193,48 +219,96 @@ def _load_config_file(path: str) -> dict[str, Any]:
         raise UsageError(f"{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
     if data is None:
         return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
         raise UsageError(f"config file {path}: expected a mapping of option names to values")
-    return data
+    lines: dict[str, int] = {}
+    for key_node, _ in root.value:
+        key, line = str(key_node.value), key_node.start_mark.line + 1
+        # YAML keeps the last of two equal keys without a word; one of them is surely a mistake.
+        if key in lines:
+            raise UsageError(f"{path}:{line}: {key!r} is already set at line {lines[key]}")
+        lines[key] = line
+    return {str(key): (value, lines.get(str(key), 1)) for key, value in data.items()}
 
 
-def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
-    """Fill options still at their defaults from the --config file; report each option's precedence level."""
+def _config_value(param: click.Parameter, raw: Any, base: Path, label: str) -> Any:
+    """A config file value in the form click would have parsed from the command line."""
+    value = raw
+    if param.name == "hosts" and isinstance(value, list):
+        value = ",".join(str(item) for item in value)
+    if param.multiple and not isinstance(value, list):
+        value = [value]
+    elif not param.multiple and isinstance(value, (list, dict)):
+        raise UsageError(f"{label} takes a single value")
+    items = value if param.multiple else [value]
+    if isinstance(param.type, click.types.IntParamType) and any(
+        isinstance(item, (bool, float)) for item in items
+    ):
+        # click would truncate 2.7 to 2 silently.
+        raise UsageError(f"{label}: expected a whole number, got {items[0]!r}")
+    if param.name in _PATH_OPTIONS:
+        items = [str(base / Path(str(item)).expanduser()) for item in items]
+        value = items if param.multiple else items[0]
+    return value
+
+
+@dataclass
+class _Sources:
+    """Where each option's value came from: its precedence level and the name to use in messages."""
+
+    levels: dict[str, int]
+    labels: dict[str, str]
+    file_counts: dict[str, int]  # of a repeatable option's values, how many came first from the file
+    file_labels: dict[str, str]  # and the name of the file's part in messages
+
+    def label(self, name: str, flag: str) -> str:
+        return self.labels.get(name, flag)
+
+
+def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], _Sources]:
+    """Fill options still at their defaults from the --config file; report each option's precedence level.
+
+    Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
+    """
     values = dict(options)
-    levels = {name: _level(ctx.get_parameter_source(name)) for name in options}
+    sources = _Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
     path = options["config"]
     if path is None:
-        return values, levels
+        return values, sources
     params = _config_params(ctx)
     params.pop("config")
+    base = Path(path).expanduser().parent
     seen: dict[str, str] = {}
-    for key, raw in _load_config_file(path).items():
-        name = str(key).replace("-", "_")
+    for key, (raw, line) in _load_config_file(path).items():
+        name = key.replace("-", "_")
+        label = f"{path}:{line}: {key}"
         if name not in params:
-            raise UsageError(f"config file {path}: unknown option {key!r}")
+            raise UsageError(f"{path}:{line}: unknown option {key!r}")
         if name in seen:
-            raise UsageError(f"config file {path}: {seen[name]!r} and {key!r} set the same option")
-        seen[name] = str(key)
-        if raw is None or levels[name] > 0:
+            raise UsageError(f"{path}:{line}: {seen[name]!r} and {key!r} set the same option")
+        seen[name] = key
+        param = params[name]
+        if raw is None or (sources.levels[name] > 0 and not param.multiple):
             continue
-        param, value = params[name], raw
-        if name == "hosts" and isinstance(value, list):
-            value = ",".join(str(item) for item in value)
-        if param.multiple and not isinstance(value, list):
-            value = [value]
-        elif not param.multiple and isinstance(value, (list, dict)):
-            raise UsageError(f"config file {path}: {key!r} takes a single value")
         try:
-            values[name] = param.type_cast_value(ctx, value)
+            value = param.type_cast_value(ctx, _config_value(param, raw, base, label))
         except click.BadParameter as err:
-            raise UsageError(f"config file {path}: {key!r}: {err.message}") from None
-        levels[name] = _CONFIG_LEVEL
-    return values, levels
+            raise UsageError(f"{label}: {err.message}") from None
+        if sources.levels[name] > 0:
+            sources.file_counts[name] = len(value)
+            sources.file_labels[name] = label
+            values[name] = (*value, *values[name])
+            continue
+        values[name] = value
+        sources.levels[name] = _CONFIG_LEVEL
+        sources.labels[name] = label
+    return values, sources
 
 
-def _hosts(values: Mapping[str, Any], levels: Mapping[str, int]) -> tuple[Host, ...] | None:
+def _hosts(values: Mapping[str, Any], sources: _Sources) -> tuple[Host, ...] | None:
     """-H or --hostfile, whichever was given at the higher precedence level; both at one level is an error."""
     hosts, hostfile = values["hosts"], values["hostfile"]
+    levels = sources.levels
     if hosts is not None and hostfile is not None:
         if levels["hosts"] == levels["hostfile"]:
             raise UsageError("use either -H/--hosts or --hostfile, not both")
@@ -243,20 +317,20 @@ def _hosts(values: Mapping[str, Any], levels: Mapping[str, int]) -> tuple[Host, 
         else:
             hosts = None
     if hosts is not None:
-        return parse_host_list(hosts)
+        return parse_host_list(hosts, sources.label("hosts", "-H"))
     if hostfile is not None:
-        return parse_hostfile(Path(hostfile))
+        return parse_hostfile(Path(hostfile).expanduser())
     return None
 
 
-def _output_dir(value: str | None) -> Path | None:
+def _output_dir(value: str | None, label: str) -> Path | None:
     """The directory may not exist yet (it is created at launch), but nothing on its path may be a file."""
     if value is None:
         return None
-    path = Path(value)
+    path = Path(value).expanduser()
     for part in (path, *path.parents):
         if part.exists() and not part.is_dir():
-            raise UsageError(f"--output-dir {value}: {part} is a file, not a directory")
+            raise UsageError(f"{label} {value}: {part} is a file, not a directory")
     return path
 
 
@@ -300,48 +374,99 @@ def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions
     )
 
 
-def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Request:
+def _exports(values: Mapping[str, Any], sources: _Sources) -> tuple[tuple[str, str], ...]:
+    """The file's exports, then the command line's (or DISTRUN_EXPORT's), which win name by name."""
+    given = tuple(values["export"])
+    in_file = sources.file_counts.get("export", 0)
+    exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
+    exports.update(parse_exports(given[in_file:], os.environ, sources.label("export", "-x")))
+    return tuple(exports.items())
+
+
+def _report_path(value: str | None, label: str) -> Path | None:
+    """Checked before the run, so that a long job does not end by failing to write its report."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise UsageError(f"{label} {value}: is a directory; give a file name such as run.json")
+    if not path.parent.is_dir():
+        raise UsageError(f"{label} {value}: directory {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"{label} {value}: cannot write in {path.parent}")
+    return path
+
+
+def _env_files(paths: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    merged: dict[str, str] = {}
+    for path in paths:
+        merged.update(parse_env_file(Path(path), os.environ))
+    return tuple(merged.items())
+
+
+def _redact_patterns(patterns: Sequence[str], label: str) -> tuple[str, ...]:
+    for pattern in patterns:
+        if not pattern.strip():
+            raise UsageError(f"{label}: expected a variable name or glob such as 'MYCO_*'")
+    return tuple(patterns)
+
+
+def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
     command = tuple(values["command"])
     resolve_command(command, values["python"] or sys.executable)
     num_proc: int | None = values["num_proc"]
-    hosts = _hosts(values, levels) or (Host("localhost", slots=num_proc or 1, origin="localhost (no -H)"),)
-    plan = make_plan(hosts, num_proc)
+    oversubscribe = bool(values["oversubscribe"])
+    hosts = _hosts(values, sources) or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
+    refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
+    plan = make_plan(hosts, num_proc, oversubscribe)
     ranks = values["ranks"]
     placement = Placement(values["gpus_per_rank"], values["bind_cores"], values["numa_binding"])
+    label = sources.label
     config = LaunchConfig(
         command=command,
         hosts=hosts,
         num_proc=plan.world_size,
-        master_addr=_word(values["master_addr"], "--master-addr"),
+        master_addr=_word(values["master_addr"], label("master_addr", "--master-addr")),
         master_port=values["master_port"],
-        exports=parse_exports(values["export"], os.environ),
+        exports=_exports(values, sources),
+        env_file=_env_files(values["env_file"]),
+        forward_env=values["forward_env"],
+        redact=_redact_patterns(values["redact"], label("redact", "--redact")),
+        oversubscribe=oversubscribe,
+        report=_report_path(values["report"], label("report", "--report")),
         prefix=cast(PrefixMode, values["prefix"]),
         timestamp=values["timestamp"],
-        output_dir=_output_dir(values["output_dir"]),
+        output_dir=_output_dir(values["output_dir"], label("output_dir", "--output-dir")),
         console_ranks=None if ranks is None else parse_rank_filter(ranks, plan.world_size),
-        timeout=None if values["timeout"] is None else _seconds(values["timeout"], "--timeout"),
-        grace_period=_seconds(values["grace_period"], "--grace-period"),
+        timeout=None
+        if values["timeout"] is None
+        else _seconds(values["timeout"], label("timeout", "--timeout")),
+        grace_period=_seconds(values["grace_period"], label("grace_period", "--grace-period")),
         restart=_restart_options(values, plan.world_size),
-        python=_word(values["python"], "--python"),
-        network_interface=_word(values["network_interface"], "--network-interface"),
+        python=_word(values["python"], label("python", "--python")),
+        network_interface=_word(
+            values["network_interface"], label("network_interface", "--network-interface")
+        ),
         gpus_per_rank=placement.gpus_per_rank,
         bind_cores=placement.bind_cores,
         numa_binding=placement.numa_binding,
         color=values["color"],
         ssh=SshOptions(
             port=values["ssh_port"],
-            identity_files=tuple(values["ssh_identity_file"]),
+            identity_files=tuple(Path(p).expanduser() for p in values["ssh_identity_file"]),
             host_key_policy=cast("HostKeyPolicy | None", values["host_key_policy"]),
-            connect_timeout=_seconds(values["ssh_connect_timeout"], "--ssh-connect-timeout"),
-            keepalive_interval=_seconds(values["ssh_keepalive"], "--ssh-keepalive"),
+            connect_timeout=_seconds(
+                values["ssh_connect_timeout"], label("ssh_connect_timeout", "--ssh-connect-timeout")
+            ),
+            keepalive_interval=_seconds(values["ssh_keepalive"], label("ssh_keepalive", "--ssh-keepalive")),
         ),
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
 
 def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
-    """The plan, one header line per rank followed by its contract environment (secrets redacted)."""
-    plan = make_plan(config.hosts, config.num_proc)
+    """The plan: what every rank inherits, then one header line per rank and its own variables (redacted)."""
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     python = config.python or sys.executable
     master_port = "auto" if config.master_port is None else str(config.master_port)
     # Ports are probed on the hosts at launch; distinct stand-ins satisfy rank_env, then show as "auto".
@@ -352,34 +477,48 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         tf_ports=tuple(tuple(s.rank for s in plan.node_slots(n)) for n in range(plan.node_count)),
     )
     workers = [join_host_port(rdzv.node_addrs[s.node_rank], "auto") for s in plan.slots]
+    jenv = job_env(environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports)
+    travelling = jenv.travelling
+    source = "this shell (less the deny-list), --env-file, -x" if config.forward_env else "--env-file, -x"
     lines = [
         f"dry run: {plural(plan.world_size, 'process', 'processes')} on "
         f"{plural(plan.node_count, 'host', 'hosts')}; nothing is started",
         f"command: {shlex.join(resolve_command(config.command, python))}",
+        f"every rank gets, from {source}:",
+        *(
+            f"    {name}={shlex.quote(value)}"
+            for name, value in sorted(redact(travelling, config.redact).items())
+        ),
     ]
     placed, placement_lines = _dry_run_placement(plan, config.placement)
     lines.extend(placement_lines)
+    if jenv.unset:
+        lines.append(f"removed from every rank (left by another launcher): {' '.join(jenv.unset)}")
     for slot in plan.slots:
         env, defaults = rank_env(
             slot,
             plan,
             rdzv,
             run_id="auto",
-            exports=dict(config.exports),
+            exports=travelling,
+            explicit=jenv.explicit,
             ifname=config.network_interface,
-            launcher_env=environ if is_obviously_local(slot.host.name) else None,
+            launcher_env=jenv.here if runs_here(slot.host) else None,
             workers=workers,
             devices=placed[slot.rank] if placed else None,
         )
         env.update(MASTER_PORT=master_port)
+        own, defaults = own_part(env, travelling), own_part(defaults, travelling)
         if config.placement.binds and "OMP_NUM_THREADS" in defaults:
             defaults["OMP_NUM_THREADS"] = "auto"  # the rank's core count, known once its host is probed
         host = slot.host.name if slot.host.user is None else f"{slot.host.user}@{slot.host.name}"
         lines.append(f"rank {slot.rank}: host={host} local_rank={slot.local_rank} node_rank={slot.node_rank}")
-        lines.extend(f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(env).items()))
+        lines.extend(
+            f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(own, config.redact).items())
+        )
         lines.extend(
             f"    {name}={shlex.quote(value)}  # unless the host sets it"
-            for name, value in sorted(redact(defaults).items())
+            for name, value in sorted(redact(defaults, config.redact).items())
         )
     return "\n".join(lines)
 
@@ -410,9 +549,161 @@ def _dry_run_placement(plan: Plan, placement: Placement) -> tuple[tuple[RankDevi
     return placed, lines
 
 
+# Subcommands are the first word only: `distrun -- check` or `./check` still launch a command named check.
+_CHECK_EPILOG = """\b
+Examples:
+  distrun check -H node1:4,node2:4
+  distrun check --hostfile hosts.txt --python /opt/venv/bin/python
+
+\b
+Exit codes: 0 every host is ready; 3 a host has a problem (each with its fix); 2 bad input.
+"""
+
+
+@click.pass_context
+def _check_command(ctx: click.Context, /, **options: Any) -> int:
+    """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory, disk,
+    clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per host."""
+    values, sources = _merge_config_file(ctx, {**options, "command": ("check",), "dry_run": False})
+    request = _build_request(values, sources)
+    _configure_logging(request.verbose)
+    return _run_check(request.config)
+
+
+check_cli = click.Command(
+    name="distrun check",
+    callback=_check_command,
+    params=[p for p in cli.params if p.name not in ("command", "dry_run")],
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
+    epilog=_CHECK_EPILOG,
+    help=_check_command.__doc__,
+)
+
+
+def _run_check(config: LaunchConfig) -> int:
+    import threading
+
+    from launcher.check import findings, row, table, verdict
+    from launcher.checkrun import check_hosts
+    from launcher.supervise import signal_pipe
+
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
+    live = sys.stderr.isatty()
+    color = config.color if config.color is not None else sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    lock = threading.Lock()
+
+    def progress(done: int, total: int) -> None:
+        if live:
+            with lock:
+                click.echo(f"\rchecking {done}/{total} hosts", nl=False, err=True)
+
+    progress(0, len(hosts))
+    with signal_pipe() as wake_fd:
+        checks = check_hosts(hosts, config, wake_fd, progress)
+    if live:
+        click.echo("\r\033[K", nl=False, err=True)
+    cwd = os.getcwd()
+    problems = [
+        f
+        for c in checks
+        for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
+    ]
+    lines = table([row(c) for c in checks])
+    click.echo(click.style(lines[0], bold=True) if color else lines[0])
+    for line, check in zip(lines[1:], checks, strict=True):
+        state = "red" if any(f.fatal and f.host == check.host for f in problems) else "green"
+        if any(not f.fatal and f.host == check.host for f in problems) and state == "green":
+            state = "yellow"
+        click.echo(click.style(line, fg=state) if color else line)
+    for finding in problems:
+        label = "problem" if finding.fatal else "warning"
+        click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")
+    final = verdict(checks, problems)
+    ready = final.startswith("ready")
+    click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)
+    return EXIT_OK if ready else EXIT_HOST
+
+
+@click.command(
+    name="distrun ssh-setup",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\nExample:\n  distrun ssh-setup -H node1,node2,alice@node3\n"
+    '  echo "$PW" | distrun ssh-setup --hostfile hosts.txt --password-stdin',
+)
+@click.option("-H", "--hosts", metavar="HOST,...", help="Hosts, as for a launch (slots are ignored).")
+@click.option("--hostfile", metavar="PATH", help="Hostfile, as for a launch.")
+@click.option("--ssh-port", type=_PORT, help="SSH port [default: ~/.ssh/config, else 22].")
+@click.option(
+    "-i",
+    "--ssh-identity-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Key to install [default: ~/.ssh/id_ed25519 (created if you have no key), id_ecdsa, id_rsa].",
+)
+@click.option(
+    "--host-key-policy",
+    type=click.Choice(["strict", "accept-new", "ignore"]),
+    help="Unknown host keys [default: accept-new, recorded in known_hosts].",
+)
+@click.option("--ssh-connect-timeout", type=float, metavar="SECONDS", default=10.0, show_default=True)
+@click.option(
+    "--password-stdin", is_flag=True, help="Read the password from standard input, not the terminal."
+)
+@click.option("-v", "--verbose", count=True, help="Say more (-vv: SSH details).")
+def ssh_setup_cli(**options: Any) -> int:
+    """Make passwordless SSH work on every host: create a key if needed, record host keys, install the
+    public key (asking for the password once) and verify key login. Running it again changes nothing."""
+    from launcher.sshsetup import ensure_key, setup_hosts
+
+    _configure_logging(options["verbose"])
+    hosts = _hosts(options, _Sources({"hosts": 3, "hostfile": 3}, {}, {}, {}))
+    if not hosts:
+        raise UsageError("ssh-setup: which hosts? give -H or --hostfile")
+    ssh = SshOptions(
+        port=options["ssh_port"],
+        identity_files=(options["ssh_identity_file"],) if options["ssh_identity_file"] else (),
+        host_key_policy=cast("HostKeyPolicy | None", options["host_key_policy"]),
+        connect_timeout=_seconds(options["ssh_connect_timeout"], "--ssh-connect-timeout"),
+    )
+    key = ensure_key(ssh.identity_files)
+    if key.created:
+        click.echo(f"created the key {key.path} (ed25519, no passphrase) and {key.path}.pub")
+    results = setup_hosts(hosts, ssh, key, functools.partial(_ask_password, options["password_stdin"]))
+    for result in results:
+        click.echo(result.detail, err=result.state == "failed")
+    failed = [r.host for r in results if r.state == "failed"]
+    if failed:
+        raise HostError(f"ssh-setup failed on {plural(len(failed), 'host', 'hosts')}: {', '.join(failed)}")
+    installed = sum(r.state == "installed" for r in results)
+    click.echo(f"ssh-setup: key login works on {plural(len(results), 'host', 'hosts')} ({installed} changed)")
+    return EXIT_OK
+
+
+def _ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
+    """The password, once: from standard input's first line, or typed on the terminal without echo."""
+    import getpass
+
+    if from_stdin:
+        line = sys.stdin.readline()
+        if not line:
+            raise UsageError("--password-stdin: standard input is empty")
+        return line.rstrip("\r\n")
+    try:
+        with open("/dev/tty"):
+            pass
+    except OSError:
+        raise UsageError("no terminal to ask for the password on; pipe it with --password-stdin") from None
+    shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+    return getpass.getpass(f"password for {shown}: ")
+
+
 def _parse(argv: Sequence[str]) -> Request | int:
     """The request, or the exit code when click already answered (--help, --version)."""
     try:
+        if argv and argv[0] in ("ssh-setup", "check"):
+            command = ssh_setup_cli if argv[0] == "ssh-setup" else check_cli
+            with command.make_context(f"distrun {argv[0]}", list(argv[1:])) as ctx:
+                return cast(int, command.invoke(ctx))
         with cli.make_context("distrun", list(argv)) as ctx:
             return cast(Request, cli.invoke(ctx))
     except click.exceptions.Exit as done:

@@ -59,6 +59,12 @@ class LaunchConfig:
     master_addr: str | None = None
     master_port: int | None = None
     exports: tuple[tuple[str, str], ...] = ()
+    # What --env-file set (before -x); False: ranks do not start from the launcher's environment.
+    env_file: tuple[tuple[str, str], ...] = ()
+    forward_env: bool = True
+    redact: tuple[str, ...] = ()  # --redact globs: names whose values are never printed
+    oversubscribe: bool = False
+    report: Path | None = None  # --report: the run's account as JSON
     prefix: PrefixMode = "rank"
     timestamp: bool = False
     output_dir: Path | None = None

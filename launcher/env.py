@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,18 @@ OWNED_NAMES = frozenset(
         "TF_CONFIG",
     }
 )
-OWNED_PREFIXES = ("TORCHELASTIC_", "DISTRUN_")
+# Only the TORCHELASTIC_*/DISTRUN_* names distrun sets: others (torchrun's TORCHELASTIC_USE_AGENT_STORE) are
+# leftovers that distrun drops (launcher/forward.py) and that `-x` may set on purpose.
+CONTRACT_NAMES = frozenset(
+    {
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "DISTRUN_RUN_ID",
+        "DISTRUN_HOSTNAME",
+        "DISTRUN_RESTART_COUNT",
+    }
+)
 _OPTION_FOR = {"MASTER_ADDR": "--master-addr", "MASTER_PORT": "--master-port"}
 
 # Set "unless set": the host's own environment wins over these, so they travel apart (see split_defaults).
@@ -48,8 +60,13 @@ DEFAULTED_NAMES = frozenset(
     }
 )
 
-SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
+# Anywhere in the name (AWS_SECRET_ACCESS_KEY, HF_TOKEN, db_password, GIT_CREDENTIALS) ...
+SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+# ... or as a whole `_`-separated word, since they are also parts of harmless words (PATH, AUTHOR, PASSES).
+SECRET_WORDS = frozenset({"PAT", "AUTH", "AUTHORIZATION", "PASS", "PW", "PWD"})
 REDACTED = "<redacted>"
+# The password in `scheme://user:password@host` (HTTPS_PROXY, database and git URLs), whatever the name.
+_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RANK_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z")
@@ -57,18 +74,39 @@ _RANK_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z")
 
 def is_owned(name: str) -> bool:
     """True for the rank-identity variables that only distrun sets."""
-    return name in OWNED_NAMES or name.startswith(OWNED_PREFIXES)
+    return name in OWNED_NAMES or name in CONTRACT_NAMES
 
 
-def is_secret(name: str) -> bool:
-    """True when the name suggests a credential (AWS_SECRET_ACCESS_KEY, HF_TOKEN, db_password, ...)."""
+def check_name(name: str, where: str) -> None:
+    """Refuse a name `-x` or `--env-file` cannot set; `where` is `-x` or `FILE:LINE`."""
+    if not _NAME_RE.match(name):
+        raise UsageError(f"{where}: {name!r} is not a valid environment variable name")
+    if is_owned(name):
+        hint = f"use {_OPTION_FOR[name]}" if name in _OPTION_FOR else "it is part of each rank's identity"
+        raise UsageError(f"{where} {name}: distrun sets {name} for every rank; {hint}")
+
+
+def is_secret(name: str, patterns: Sequence[str] = ()) -> bool:
+    """True when the name suggests a credential (HF_TOKEN, GITHUB_PAT, ...) or matches a --redact glob."""
     upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
+    if any(marker in upper for marker in SECRET_MARKERS) or not SECRET_WORDS.isdisjoint(upper.split("_")):
+        return name != "PWD"  # the shell's working directory, the one PWD that is no password
+    return any(fnmatch.fnmatchcase(upper, pattern.upper()) for pattern in patterns)
 
 
-def redact(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy safe to print or log: the values of secret-looking names are replaced."""
-    return {name: REDACTED if is_secret(name) else value for name, value in env.items()}
+def redact_value(value: str) -> str:
+    """The value with passwords inside URLs replaced."""
+    return _URL_PASSWORD_RE.sub(rf"\1:{REDACTED}@", value)
+
+
+def redact(env: Mapping[str, str], patterns: Sequence[str] = ()) -> dict[str, str]:
+    """A copy safe to print or log: secret-looking values and passwords in URLs are replaced.
+
+    `patterns` are the user's `--redact` globs (case-insensitive) for names the rule would miss.
+    """
+    return {
+        name: REDACTED if is_secret(name, patterns) else redact_value(value) for name, value in env.items()
+    }
 
 
 def join_host_port(host: str, port: int | str) -> str:
@@ -196,38 +234,49 @@ def rank_env(
     restart_count: int = 0,
     max_restarts: int = 0,
     devices: RankDevices | None = None,
+    explicit: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """One rank's (forced, defaults), as `split_defaults` gives them, for launches and dry runs alike.
 
-    `launcher_env` is the environment the rank inherits when it runs on this machine, None on a remote host.
+    `exports` is what travels to every rank (launcher/forward.py's `travelling_env`); `explicit` the part of
+    it the user named (-x, --env-file: these beat distrun's defaults even where the host sets them), all of
+    `exports` when not given. `launcher_env` is the environment the rank inherits when it runs on this
+    machine (less what forward.dropped_here removes), None on a remote host.
     """
     user_env = {**launcher_env, **exports} if launcher_env is not None else exports
     env = worker_env(
         slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname, workers=workers,
         restart_count=restart_count, max_restarts=max_restarts, devices=devices,
     )  # fmt: skip
-    return split_defaults(env, exports)
+    return split_defaults(env, exports if explicit is None else explicit)
 
 
-def parse_exports(values: Sequence[str], environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    """Parse `-x VAR=VALUE` and `-x VAR` (VAR's value taken from `environ`) into (name, value) pairs."""
+def own_part(env: Mapping[str, str], shared: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` that `shared` does not already give with the same value."""
+    return {k: v for k, v in env.items() if shared.get(k) != v}
+
+
+def parse_exports(
+    values: Sequence[str], environ: Mapping[str, str], source: str = "-x"
+) -> tuple[tuple[str, str], ...]:
+    """Parse `-x VAR=VALUE` and `-x VAR` (VAR's value taken from `environ`) into (name, value) pairs.
+
+    `source` names the option in messages: `-x`, or `FILE:LINE: export` for a config file.
+    """
     exports: dict[str, str] = {}
     for item in values:
         name, equals, value = item.partition("=")
         # Messages name the variable, never its value: it may be a secret.
-        if not _NAME_RE.match(name):
-            raise UsageError(f"-x: {name!r} is not a valid environment variable name")
-        if is_owned(name):
-            hint = f"use {_OPTION_FOR[name]}" if name in _OPTION_FOR else "it is part of each rank's identity"
-            raise UsageError(f"-x {name}: distrun sets {name} for every rank; {hint}")
+        check_name(name, source)
         if not equals:
             if name not in environ:
-                raise UsageError(f"-x {name}: {name} is not set here; give its value as -x {name}=VALUE")
+                form = f"-x {name}=VALUE" if source == "-x" else f"{name}=VALUE"
+                raise UsageError(f"{source} {name}: {name} is not set here; give its value as {form}")
             value = environ[name]
         if "\0" in value:
-            raise UsageError(f"-x {name}: the value contains a NUL byte")
+            raise UsageError(f"{source} {name}: the value contains a NUL byte")
         if name in exports:
-            raise UsageError(f"-x {name} is given twice")
+            raise UsageError(f"{source} {name} is given twice")
         exports[name] = value
     return tuple(exports.items())
 

@@ -19,6 +19,7 @@ EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_HOST = 3
 EXIT_TIMEOUT = 124
+EXIT_NOT_FOUND = 127
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
 
@@ -73,3 +74,9 @@ class HostError(DistrunError):
     def __init__(self, message: str, host: str | None = None) -> None:
         super().__init__(message)
         self.host = host
+
+
+class CommandNotFound(DistrunError):
+    """The script a `.py` command names is not on a host: exit 127, as a shell says for a missing command."""
+
+    exit_code = EXIT_NOT_FOUND

@@ -105,24 +105,27 @@ def _host_key(host: Host) -> str:
         return host.name.lower()
 
 
-def parse_host_list(spec: str) -> tuple[Host, ...]:
-    """Parse a `-H` value: comma-separated `host`, `host:slots`, `user@host:slots`, `[ipv6]:slots`."""
+def parse_host_list(spec: str, source: str = "-H") -> tuple[Host, ...]:
+    """Parse a `-H` value: comma-separated `host`, `host:slots`, `user@host:slots`, `[ipv6]:slots`.
+
+    `source` names where the value came from in messages: `-H`, or `FILE:LINE: hosts` for a config file.
+    """
     if not spec.strip():
-        raise HostSpecError("-H is empty: expected hosts such as host1:4,host2:4")
+        raise HostSpecError(f"{source} is empty: expected hosts such as host1:4,host2:4")
     hosts: list[Host] = []
     seen: dict[str, str] = {}
     for raw in spec.split(","):
         token = raw.strip()
         if not token:
-            raise HostSpecError(f"-H {spec!r} has an empty entry (a stray comma?)")
+            raise HostSpecError(f"{source} {spec!r} has an empty entry (a stray comma?)")
         try:
             parsed = _parse_token(token)
         except ValueError as err:
-            raise HostSpecError(f"-H entry {token!r}: {err}") from None
-        host = Host(name=parsed.name, slots=parsed.slots or 1, user=parsed.user, origin=f"-H {token!r}")
+            raise HostSpecError(f"{source} entry {token!r}: {err}") from None
+        host = Host(name=parsed.name, slots=parsed.slots or 1, user=parsed.user, origin=f"{source} {token!r}")
         key = _host_key(host)
         if key in seen:
-            raise HostSpecError(f"-H names the same host twice: {seen[key]!r} and {token!r}")
+            raise HostSpecError(f"{source} names the same host twice: {seen[key]!r} and {token!r}")
         seen[key] = token
         hosts.append(host)
     return tuple(hosts)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
+from collections.abc import Sequence
+
+from launcher.errors import HostSpecError
+from launcher.hosts import Host
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 
@@ -39,3 +44,32 @@ def local_addresses() -> frozenset[str]:
     import psutil  # only needed for names that are not obviously local
 
     return frozenset(a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
+def current_user() -> str:
+    """The login name of this process's user (not $USER, which the environment can say anything about)."""
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def runs_here(host: Host, user: str | None = None) -> bool:
+    """The host is this machine by name and would run as this user: no SSH.
+
+    `nobody@localhost` is this machine under another user: only SSH can run it as that user.
+    """
+    return is_obviously_local(host.name) and host.user in (None, user or current_user())
+
+
+def refuse_this_machine_twice(hosts: Sequence[Host], local: Sequence[bool]) -> None:
+    """Two entries that are both this machine would be two nodes sharing its ports, GPUs and LOCAL_RANKs."""
+    first: Host | None = None
+    for host, is_local in zip(hosts, local, strict=True):
+        if not is_local:
+            continue
+        if first is not None:
+            raise HostSpecError(
+                f"{first.origin or first.name} and {host.origin or host.name} are both this machine; "
+                f"list it once with all its slots (e.g. {first.name}:{first.slots + host.slots})"
+            )
+        first = host

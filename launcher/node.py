@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.locality import is_local_host, is_obviously_local, local_addresses
+from launcher.locality import (
+    current_user,
+    is_local_host,
+    local_addresses,
+    refuse_this_machine_twice,
+    runs_here,
+)
 from launcher.plan import Slot
 from launcher.progress import ProgressFn
 from launcher.protocol import HELLO, VERSION, Facts, FrameReader, Hello, decode_message
@@ -79,19 +85,29 @@ class Node:
 
 
 def locality(hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
-    """Which hosts are this machine (they run through a local agent, without SSH)."""
-    local = [is_obviously_local(h.name) for h in hosts]
-    if all(local):
-        return local
-    from launcher.transport.sshconn import load_ssh_config, resolve_target
+    """Which hosts are this machine (they run through a local agent, without SSH).
 
-    # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
-    ssh_config = load_ssh_config(config.ssh.config_file)
-    mine = local_addresses()  # once: listing every interface, per host, was 1.2 s of 256 hosts' launch
-    return [
-        is_local or is_local_host(resolve_target(h, config.ssh, ssh_config).hostname, mine)
-        for h, is_local in zip(hosts, local, strict=True)
-    ]
+    A host named with another user (`nobody@localhost`) is never local: only SSH runs it as that user. Two
+    entries that are both this machine are refused (HostSpecError): they would share ports and LOCAL_RANKs.
+    """
+    me = current_user()
+    local = [runs_here(h, me) for h in hosts]
+    if not all(local):
+        from launcher.transport.sshconn import load_ssh_config, resolve_target
+
+        # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
+        ssh_config = load_ssh_config(config.ssh.config_file)
+        mine = local_addresses()  # once: listing every interface, per host, was 1.2 s of 256 hosts' launch
+        local = [
+            is_local
+            or (
+                h.user in (None, me)
+                and is_local_host(resolve_target(h, config.ssh, ssh_config).hostname, mine)
+            )
+            for h, is_local in zip(hosts, local, strict=True)
+        ]
+    refuse_this_machine_twice(hosts, local)
+    return local
 
 
 def remote_transport(config: LaunchConfig, progress: ProgressFn | None = None) -> Transport:

@@ -9,6 +9,13 @@ from dataclasses import dataclass
 from launcher.errors import PlanError
 from launcher.hosts import Host
 
+# Each rank costs its host's agent two pipes, and the usual open-file limit is 1024; no training host has more
+# cores than this either, so a bigger count is a typo (`-np 99999999999`), not a plan.
+MAX_RANKS_PER_HOST = 1024
+# Without -H, ranks per CPU core on this machine before --oversubscribe is needed: enough for the usual
+# "-np 4 on a laptop" (ranks that wait on each other), far below a fork bomb.
+LOCAL_RANKS_PER_CORE = 4
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -55,8 +62,28 @@ def plural(count: int, noun: str, nouns: str) -> str:
     return f"{count} {noun if count == 1 else nouns}"
 
 
-def _ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[int]:
-    """Fill each host's slots in order; beyond the slots, spread the rest round-robin up to max_slots."""
+def implicit_localhost(num_proc: int | None, cpus: int, oversubscribe: bool) -> Host:
+    """The host used without -H/--hostfile: this machine, with `-np` slots within a bound of its cores."""
+    count = num_proc or 1
+    limit = max(1, cpus) * LOCAL_RANKS_PER_CORE
+    if count > limit and not oversubscribe:
+        raise PlanError(
+            f"-np {count}: this machine has {plural(cpus, 'CPU core', 'CPU cores')} and distrun starts"
+            f" at most {limit} ranks here ({LOCAL_RANKS_PER_CORE} per core); use --oversubscribe for more"
+        )
+    return Host("localhost", slots=count, origin="localhost (no -H)")
+
+
+def _ranks_per_host(hosts: Sequence[Host], num_proc: int, oversubscribe: bool) -> list[int]:
+    """Fill each host's slots in order; beyond the slots, spread the rest round-robin up to max_slots.
+
+    `oversubscribe` lifts max_slots (as mpirun's --oversubscribe): the rest is spread evenly over every host.
+    """
+    if num_proc > MAX_RANKS_PER_HOST * len(hosts):
+        raise PlanError(
+            f"requested {plural(num_proc, 'process', 'processes')} on {plural(len(hosts), 'host', 'hosts')}: "
+            f"distrun starts at most {MAX_RANKS_PER_HOST} per host"
+        )
     counts = []
     left = num_proc
     for host in hosts:
@@ -64,6 +91,10 @@ def _ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[int]:
         left -= counts[-1]
     if left == 0:
         return counts
+    if oversubscribe:
+        # Round-robin keeps the oversubscription even, so no single host is slowed much more than the others.
+        each, extra = divmod(left, len(hosts))
+        return [count + each + (index < extra) for index, count in enumerate(counts)]
     slots = sum(host.slots for host in hosts)
     capacity = sum(host.capacity for host in hosts)
     if num_proc > capacity:
@@ -73,8 +104,7 @@ def _ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[int]:
         )
         if capacity > slots:
             message += f" ({capacity} with max_slots)"
-        raise PlanError(message)
-    # Round-robin keeps the oversubscription even, so no single host is slowed much more than the others.
+        raise PlanError(message + "; add --oversubscribe to place more ranks than slots")
     while left:
         for index, host in enumerate(hosts):
             if left and counts[index] < host.capacity:
@@ -83,7 +113,7 @@ def _ranks_per_host(hosts: Sequence[Host], num_proc: int) -> list[int]:
     return counts
 
 
-def make_plan(hosts: Sequence[Host], num_proc: int | None) -> Plan:
+def make_plan(hosts: Sequence[Host], num_proc: int | None, oversubscribe: bool = False) -> Plan:
     """Give ranks to hosts in the order given, contiguous per host; `num_proc` None means every slot."""
     if not hosts:
         raise PlanError("no hosts to run on")
@@ -91,9 +121,16 @@ def make_plan(hosts: Sequence[Host], num_proc: int | None) -> Plan:
         num_proc = sum(host.slots for host in hosts)
     if num_proc <= 0:
         raise PlanError(f"the number of processes must be positive, got {num_proc}")
+    counts = _ranks_per_host(hosts, num_proc, oversubscribe)
+    for host, count in zip(hosts, counts, strict=True):
+        if count > MAX_RANKS_PER_HOST:
+            raise PlanError(
+                f"{host.origin or host.name}: {count} ranks on one host;"
+                f" distrun starts at most {MAX_RANKS_PER_HOST}"
+            )
     slots: list[Slot] = []
     nodes: list[Host] = []
-    for host, count in zip(hosts, _ranks_per_host(hosts, num_proc), strict=True):
+    for host, count in zip(hosts, counts, strict=True):
         if count == 0:
             continue
         first_rank, node_rank = len(slots), len(nodes)

@@ -61,6 +61,14 @@ class ProbeRequest:
     python: str | None = None
     heartbeat: float = 0.0
     dead_after: float = 0.0
+    # The script a `.py` command runs (relative to cwd): a missing one is exit 127 before anything starts.
+    script: str | None = None
+    # `distrun check`: also report versions, disk and clock (`check`), keep a TCP port open (`listen`), or
+    # connect to one on another host (`connect_to`/`connect_port`).
+    check: bool = False
+    listen: bool = False
+    connect_to: str | None = None
+    connect_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,16 @@ class Facts:
     route_ifname: str | None = None
     python_found: bool = True
     devices: dict[str, Any] = field(default_factory=dict)
+    script_found: bool = True
+    # Only when the probe asked `check`: `time` is when the agent read the question (time.time()); `torch` is
+    # {"version", "cuda", "gpus"} or {"error"} from the host's interpreter; `tcp_error` "" means connected.
+    python_version: str = ""
+    disk_free: int | None = None
+    time: float = 0.0
+    torch: dict[str, Any] | None = None
+    listen_port: int = 0
+    tcp_port: int = 0
+    tcp_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,16 +119,31 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class StartRequest:
+    """`env` is what every rank of the host starts from (the launcher's forwarded environment, --env-file,
+    -x); before it, names in `unset` and names starting with `unset_prefixes` leave the host's environment
+    (leftovers of another launcher)."""
+
     cwd: str
     grace: float
     ranks: list[RankSpec]
+    env: dict[str, str] = field(default_factory=dict)
+    unset: list[str] = field(default_factory=list)
+    unset_prefixes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class RankExited:
-    """`returncode`: as subprocess reports it, -N for a death by signal N."""
+    """`returncode`: as subprocess reports it, -N for a death by signal N.
+
+    The rest is measured by the agent (os.wait4): the rank's pid, its wall time from start to exit,
+    user+system CPU time and peak RSS (KiB) of the rank and the children it waited for; 0: not measured.
+    """
 
     returncode: int
+    pid: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_kb: int = 0
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -17,13 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.discovery import discover
-from launcher.env import rank_env, tf_workers
-from launcher.errors import DistrunError, HostError
+from launcher.env import own_part, rank_env, tf_workers
+from launcher.errors import CommandNotFound, DistrunError, HostError
 from launcher.facts import Rendezvous
+from launcher.forward import LEFTOVER_PREFIXES, job_env
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, Node, close_all, connect
@@ -31,7 +33,7 @@ from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
 from launcher.restart import GiveUp, HostBook, cause, decide
-from launcher.result import HostLost, Outcome, Signalled
+from launcher.result import HostLost, Outcome, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.summary import summarize
 from launcher.supervise import STOP_SIGNALS, Supervisor, probe, read_signals, signal_pipe, supervise
 
@@ -44,7 +46,7 @@ HEARTBEAT = 1.0
 
 def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
-    plan = make_plan(config.hosts, config.num_proc)
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
         out or sys.stdout.buffer,
@@ -65,8 +67,13 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
             job = Job(config, relay, wake_fd, nodes)
-            with job.heartbeat:
-                outcome = job.run(plan)
+            try:
+                with job.heartbeat:
+                    outcome = job.run(plan)
+            finally:
+                # Whatever ended the job, once ranks ran: the account, as a table and as --report.
+                if job.accounts:
+                    _account(config, job, relay)
             relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
@@ -108,6 +115,10 @@ class Job:
         self.heartbeat = Heartbeat(nodes, self.check_every)
         self.started = time.monotonic()
         self.attempts: list[AttemptRecord] = []
+        self.accounts: list[
+            Attempt
+        ] = []  # what the agents measured, per attempt, for the account and --report
+        self.failure: Failure | None = None
         self.book = HostBook()
         self.give_up: GiveUp | None = None
         self._last_port: int | None = None
@@ -233,9 +244,47 @@ class Job:
             dead_after=self.dead_after,
             now=self.started,
         )
-        outcome = supervise(sup, self.wake_fd, self.check_every)
+        started = time.time()
+        try:
+            outcome = supervise(sup, self.wake_fd, self.check_every)
+        finally:
+            self.record(attempt, started, sup, nodes)
         self.relay.finish()
         return outcome
+
+    def record(self, number: int, started: float, sup: Supervisor, nodes: Sequence[Node]) -> None:
+        """The attempt's ranks as the agents measured them, for the account and --report."""
+        out = self.config.output_dir
+        ranks = []
+        for node in nodes:
+            for slot in node.slots:
+                m = sup.measured.get(slot.rank)
+                usage = Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None
+                ranks.append(
+                    RankRecord(
+                        slot.rank,
+                        node.name,
+                        pid=(m.pid or None) if m is not None else None,
+                        returncode=m.returncode if m is not None else None,
+                        usage=usage,
+                        log_dir=None if out is None else out / f"rank.{slot.rank}",
+                    )
+                )
+        outcome = sup.outcome()
+        self.accounts.append(
+            Attempt(
+                number, started, time.time(), OUTCOME_NAMES[type(outcome)], outcome.exit_code, tuple(ranks)
+            )
+        )
+        lines = summarize(outcome, self.relay.stderr_tail)
+        failed = outcome.failure if isinstance(outcome, RankFailed) else None
+        if lines:
+            self.failure = Failure(
+                failed.rank if failed else None,
+                failed.host if failed else getattr(outcome, "host", None),
+                lines[0],
+                tuple(self.relay.stderr_tail(failed.rank)) if failed else (),
+            )
 
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
@@ -268,6 +317,7 @@ class Job:
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if node.link.heartbeat else 0.0,
                 dead_after=self.dead_after if node.link.heartbeat else 0.0,
+                script=_script(self.config.command),
             )
             for i, node in enumerate(nodes)
         ]
@@ -281,6 +331,10 @@ class Job:
             if not facts.cwd_exists:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
+                )
+            if not facts.script_found:
+                raise CommandNotFound(
+                    f"host {node.name}: {self.config.command[0]} not found in {self.cwd} there"
                 )
             if self.config.python and not facts.python_found:
                 raise HostError(
@@ -338,7 +392,10 @@ class Job:
         placed: Sequence[RankDevices] | None = None,
     ) -> None:
         config = self.config
-        exports = dict(config.exports)
+        jenv = job_env(
+            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
+        )
+        travelling = jenv.travelling
         try:
             workers = tf_workers(plan, rdzv)
         except ValueError:
@@ -356,14 +413,25 @@ class Job:
             for slot in node.slots:
                 devices = placed[slot.rank] if placed else None
                 env, defaults = rank_env(
-                    slot, plan, rdzv, run_id=self.run_id, exports=exports,
+                    slot, plan, rdzv, run_id=self.run_id, exports=travelling, explicit=jenv.explicit,
                     ifname=config.network_interface or facts.route_ifname,
-                    launcher_env=os.environ if node.local else None, workers=workers,
+                    launcher_env=jenv.here if node.local else None, workers=workers,
                     restart_count=attempt, max_restarts=config.restart.max_restarts, devices=devices,
                 )  # fmt: skip
                 cpus = list(devices.cores) if devices and devices.cores is not None else None
-                ranks.append(RankSpec(slot.rank, argv, env, defaults, cpus))
-            node.send(encode_message(START, StartRequest(self.cwd, config.grace_period, ranks)))
+                # What every rank shares travels once per host (StartRequest.env), not once per rank.
+                ranks.append(
+                    RankSpec(slot.rank, argv, own_part(env, travelling), own_part(defaults, travelling), cpus)
+                )
+            request = StartRequest(
+                self.cwd,
+                config.grace_period,
+                ranks,
+                env=travelling,
+                unset=list(jenv.unset) if node.local else [],
+                unset_prefixes=list(LEFTOVER_PREFIXES),
+            )
+            node.send(encode_message(START, request))
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
@@ -385,6 +453,38 @@ def _ranks_on_hosts(plan: Plan) -> str:
 
 def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
     return [plan.node_slots(i) for i in range(plan.node_count)]
+
+
+def _script(command: Sequence[str]) -> str | None:
+    """The script file a `.py` command runs, checked on every host before anything starts."""
+    return command[0] if command and command[0].endswith(".py") else None
+
+
+OUTCOME_NAMES: dict[type, str] = {
+    Succeeded: "succeeded",
+    RankFailed: "rank-failed",
+    HostLost: "host-lost",
+    Signalled: "signalled",
+    TimedOut: "timed-out",
+}
+
+
+def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
+    last = job.accounts[-1]
+    if len(last.ranks) > 1:
+        relay.note(format_account(last.ranks).splitlines())
+    if config.report is not None:
+        report = build_report(
+            run_id=job.run_id,
+            command=config.command,
+            exit_code=last.exit_code,
+            attempts=job.accounts,
+            failure=job.failure,
+        )
+        try:
+            write_report(config.report, report)
+        except OSError as err:
+            log.error("cannot write the report %s: %s", config.report, err.strerror or err)
 
 
 def _use_color(config: LaunchConfig) -> bool:

@@ -153,6 +153,7 @@ class Supervisor:
         self.grace = grace
         self.dead_after = dead_after
         self.exits: dict[int, RankExit] = {}
+        self.measured: dict[int, RankExited] = {}  # what each rank's agent measured (pid, times, memory)
         self.cause: Outcome | None = None  # why the attempt is stopping; None while it runs
         self.stop_at: float | None = None
         self.killed = False
@@ -198,7 +199,9 @@ class Supervisor:
         elif kind == ERR:
             self.relay.feed(rank, "stderr", payload)
         elif kind == EXIT:
-            code = decode_message(RankExited, payload).returncode
+            exited = decode_message(RankExited, payload)
+            self.measured[rank] = exited
+            code = exited.returncode
             ended = RankExit(rank, self.rank_hosts.get(rank, node.name), code)
             self.exits[rank] = ended
             if code != 0:

@@ -88,10 +88,11 @@ def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
 
 
-def start_shipped_agent() -> subprocess.Popen[bytes]:
+def start_shipped_agent(**env: str) -> subprocess.Popen[bytes]:
     """The agent as a remote host gets it: the bootstrap with -S from /, its modules' sources on stdin.
 
-    Nothing of distrun is importable there, as on a host without it; the caller writes frames next.
+    Nothing of distrun is importable there, as on a host without it; the caller writes frames next. `env`:
+    variables besides PATH in the agent's (the host's) environment.
     """
     from launcher.transport.bootstrap import bootstrap_args, shipped_sources
 
@@ -102,9 +103,22 @@ def start_shipped_agent() -> subprocess.Popen[bytes]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd="/",
-        env={"PATH": os.environ.get("PATH", "")},
+        env={"PATH": os.environ.get("PATH", ""), **env},
     )
     assert proc.stdin is not None
     for source in sources:
         proc.stdin.write(source)
     return proc
+
+
+def read_terminal(fd: int) -> bytes:
+    """Everything a child started with pty.fork() writes, until it closes the terminal (EIO on Linux)."""
+    output = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            return output
+        if not chunk:
+            return output
+        output += chunk

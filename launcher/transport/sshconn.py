@@ -312,6 +312,10 @@ class _Transient(Exception):
     """A failure worth another attempt (dropped by MaxStartups, reset during the handshake)."""
 
 
+class AuthRefused(HostError):
+    """The host answered but took none of the keys (or not the password): `distrun ssh-setup` fixes that."""
+
+
 class _Refused(Exception):
     """A failure no retry will fix; its message is the reason shown to the user."""
 
@@ -356,6 +360,10 @@ class _KnownHostsCache:
 
 
 _known_hosts = _KnownHostsCache()
+
+
+class _AuthRefused(_Refused):
+    """The host refused every key, or the password, offered."""
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
@@ -407,6 +415,11 @@ def _files_with_key(target: SshTarget, name: str) -> list[Path]:
     return found
 
 
+def has_known_key(target: SshTarget) -> bool:
+    """Whether a known_hosts file already lists the host (`distrun check` reports new keys as recorded)."""
+    return bool(_files_with_key(target, target.known_hosts_name))
+
+
 def _key_candidates(target: SshTarget) -> tuple[list[str], bool]:
     """Key files to offer, and whether paramiko should also try ssh-agent and ~/.ssh/id_*."""
     files = [str(p) for p in target.identity_files if p.is_file()]
@@ -443,9 +456,12 @@ def _open_socket(target: SshTarget, timeout: float, via: paramiko.SSHClient | No
         raise _Transient(f"cannot connect to {target.hostname}:{target.port}: {exc}") from exc
 
 
-def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClient | None) -> SshClient:
+def _connect_once(
+    target: SshTarget, options: SshOptions, via: paramiko.SSHClient | None, password: str | None = None
+) -> SshClient:
+    """One attempt; with `password` (distrun ssh-setup only) that is the one method offered, no keys."""
     timeout = options.connect_timeout
-    key_files, use_defaults = _key_candidates(target)
+    key_files, use_defaults = _key_candidates(target) if password is None else ([], False)
     sock = _open_socket(target, timeout, via)
     client = SshClient()
     try:
@@ -467,6 +483,7 @@ def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClien
             key_filename=key_files or None,  # type: ignore[arg-type]
             allow_agent=use_defaults,
             look_for_keys=use_defaults,
+            password=password,
             sock=sock,
             timeout=timeout,
             banner_timeout=timeout,
@@ -478,7 +495,7 @@ def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClien
         with contextlib.suppress(Exception):
             sock.close()
         if isinstance(exc, Exception):
-            raise _classify(target, exc, key_files) from exc
+            raise _classify(target, exc, key_files, by_password=password is not None) from exc
         raise
     transport = client.get_transport()
     if transport is not None and options.keepalive_interval > 0:
@@ -486,10 +503,19 @@ def _connect_once(target: SshTarget, options: SshOptions, via: paramiko.SSHClien
     return client
 
 
-def _classify(target: SshTarget, exc: Exception, key_files: list[str]) -> Exception:
+def _classify(
+    target: SshTarget, exc: Exception, key_files: list[str], by_password: bool = False
+) -> Exception:
     """Turn what paramiko raised into _Refused (final) or _Transient (retry) with a readable reason."""
     if isinstance(exc, _Refused | _Transient):
         return exc
+    if by_password and isinstance(exc, paramiko.BadAuthenticationType):
+        allowed = ", ".join(exc.allowed_types) or "none"
+        return _AuthRefused(
+            f"user {target.user} cannot log in with a password there (the host allows: {allowed})"
+        )
+    if by_password and isinstance(exc, paramiko.AuthenticationException):
+        return _AuthRefused(f"password refused for user {target.user}")
     if isinstance(exc, paramiko.BadHostKeyException):
         name = target.known_hosts_name
         files = _files_with_key(target, name) or list(target.known_hosts_files[:1])
@@ -506,12 +532,12 @@ def _classify(target: SshTarget, exc: Exception, key_files: list[str]) -> Except
     if isinstance(exc, paramiko.SSHException) and "No authentication methods available" in str(exc):
         # paramiko's way of saying it found no key at all to offer: final, like a refused key.
         where = "the configured identity files" if target.identities_only else "ssh-agent or ~/.ssh/id_*"
-        return _Refused(f"authentication refused for user {target.user}: no usable key in {where}")
+        return _AuthRefused(f"authentication refused for user {target.user}: no usable key in {where}")
     if isinstance(exc, paramiko.AuthenticationException):
         tried = [*key_files]
         if not target.identities_only:
             tried = ["ssh-agent", *tried, "~/.ssh/id_*"]
-        return _Refused(
+        return _AuthRefused(
             f"authentication refused for user {target.user} (tried {', '.join(tried) or 'no keys'})"
         )
     if isinstance(exc, TimeoutError | socket.timeout):
@@ -620,6 +646,7 @@ def _connect_with_retries(
     options: SshOptions,
     window: Window,
     via: paramiko.SSHClient | None = None,
+    password: str | None = None,
 ) -> SshClient:
     """`options.retries` more attempts after transient failures of handshakes that had the window to
     themselves; a drop among several handshakes in flight is congestion, which the window answers, so it is
@@ -632,7 +659,7 @@ def _connect_with_retries(
         ticket = None
         try:
             with window.slot() as ticket:
-                client = _connect_once(target, options, via)
+                client = _connect_once(target, options, via, password)
             window.completed()
             return client
         except _Transient as exc:
@@ -655,8 +682,12 @@ def connect_target(
     options: SshOptions,
     jumps: Sequence[SshTarget] = (),
     window: Window | None = None,
+    password: str | None = None,
 ) -> SshClient:
-    """Connect to one resolved target through `jumps` (first hop first); raises HostError naming the host."""
+    """Connect to one resolved target through `jumps` (first hop first); raises HostError naming the host.
+
+    `password` authenticates the target (not the jump hosts) by password instead of keys.
+    """
     window = window or Window(1)
     opened: list[SshClient] = []
     hop_name = target.host
@@ -667,13 +698,14 @@ def connect_target(
             via = _connect_with_retries(jump, options, window, via)
             opened.append(via)
         hop_name = target.host
-        final = _connect_with_retries(target, options, window, via)
+        final = _connect_with_retries(target, options, window, via, password)
     except BaseException as exc:
         for client in reversed(opened):
             client.close()
         if isinstance(exc, _Refused):
             where = f" (via jump host {hop_name})" if hop_name != target.host else ""
-            raise HostError(f"{target.host}: {exc}{where}", host=target.host) from exc
+            error = AuthRefused if isinstance(exc, _AuthRefused) and not where else HostError
+            raise error(f"{target.host}: {exc}{where}", host=target.host) from exc
         raise
     # Closing the target's connection must also close the tunnels beneath it.
     final.jumps = list(opened)

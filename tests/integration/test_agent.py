@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from launcher.protocol import (
     DONE,
@@ -40,10 +43,14 @@ def _read_until(
     return frames
 
 
+def _agent(**env: str) -> tuple[subprocess.Popen[bytes], FrameReader]:
+    """The shipped agent, with `env` besides PATH in its (the host's) environment."""
+    return start_shipped_agent(**env), FrameReader(after_magic=True)
+
+
 def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() -> None:
-    proc = start_shipped_agent()
+    proc, reader = _agent()
     assert proc.stdin is not None
-    reader = FrameReader(after_magic=True)
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=2, cwd="/")))
     proc.stdin.flush()
     frames = _read_until(proc, reader, FACTS)
@@ -58,6 +65,60 @@ def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() 
         frames = _read_until(proc, reader, DONE)
         assert (OUT, 0, f"attempt {attempt}\n".encode()) in frames
         exits = [decode_message(RankExited, p) for k, _, p in frames if k == EXIT]
-        assert exits == [RankExited(code)]
+        assert [e.returncode for e in exits] == [code]
+        # Measured with wait4 by the agent: the rank's pid, wall time, CPU time and peak RSS.
+        assert exits[0].pid > 0 and exits[0].wall_s > 0 and exits[0].cpu_s > 0
+        assert 1000 < exits[0].max_rss_kb < 10_000_000
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_start_request_env_replaces_leftovers_and_is_shared_by_ranks() -> None:
+    proc, reader = _agent(TORCHELASTIC_USE_AGENT_STORE="True", KEEP="host")
+    assert proc.stdin is not None
+    names = ("TORCHELASTIC_USE_AGENT_STORE", "KEEP", "SHARED", "OWN")
+    dump = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
+    ranks = [RankSpec(r, [sys.executable, "-c", dump], {"OWN": str(r)}) for r in range(2)]
+    spec = StartRequest("/", 1.0, ranks, env={"SHARED": "yes"}, unset_prefixes=["TORCHELASTIC_"])
+    proc.stdin.write(encode_message(START, spec))
+    proc.stdin.flush()
+    frames = _read_until(proc, reader, DONE)
+    seen = {rank: json.loads(payload) for kind, rank, payload in frames if kind == OUT}
+    assert seen == {
+        r: {"TORCHELASTIC_USE_AGENT_STORE": None, "KEEP": "host", "SHARED": "yes", "OWN": str(r)}
+        for r in range(2)
+    }
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+
+
+def test_check_probe_reports_versions_disk_clock_and_tcp(tmp_path: Path) -> None:
+    proc, reader = _agent()
+    assert proc.stdin is not None
+    before = time.time()
+    request = ProbeRequest(
+        ports=0, cwd=str(tmp_path), python=sys.executable, check=True, listen=True, script="x.py"
+    )
+    proc.stdin.write(encode_message(PROBE, request))
+    proc.stdin.flush()
+    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2])
+    assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
+    assert facts.disk_free and facts.disk_free > 0
+    assert before <= facts.time <= time.time()
+    assert facts.torch is not None and facts.torch.get("version", "").startswith("2.")
+    assert facts.listen_port > 0
+    assert not facts.script_found
+    # A second question connects to the port the first one opened: it stays open between probes.
+    request = ProbeRequest(
+        ports=0, cwd="/", connect_to="127.0.0.1", connect_port=facts.listen_port, check=True
+    )
+    proc.stdin.write(encode_message(PROBE, request))
+    proc.stdin.flush()
+    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2])
+    assert facts.tcp_error == ""
+    closed = ProbeRequest(ports=0, cwd="/", connect_to="127.0.0.1", connect_port=1, check=True)
+    proc.stdin.write(encode_message(PROBE, closed))
+    proc.stdin.flush()
+    assert decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2]).tcp_error == "Connection refused"
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0

@@ -110,7 +110,7 @@ CASES = {
     ),
     "config-unknown-key": Case(
         ("--config", "{tmp}/c.yaml"),
-        "config file {tmp}/c.yaml: unknown option 'workers'",
+        "{tmp}/c.yaml:1: unknown option 'workers'",
         files={"c.yaml": "workers: 4\n"},
     ),
     "config-not-a-mapping": Case(
@@ -118,7 +118,7 @@ CASES = {
     ),
     "config-bad-value": Case(
         ("--config", "{tmp}/c.yaml"),
-        "config file {tmp}/c.yaml: 'timeout': 'never' is not a valid float",
+        "{tmp}/c.yaml:1: timeout: 'never' is not a valid float",
         files={"c.yaml": "timeout: never\n"},
     ),
     "config-missing": Case(
@@ -136,6 +136,54 @@ CASES = {
     "unknown-option": Case(("--num-procs", "2"), "No such option '--num-procs'"),
     "host-key-policy-unknown": Case(("--host-key-policy", "trust-all"), "'trust-all' is not one of"),
     "identity-file-missing": Case(("-i", "{tmp}/id_none"), "'{tmp}/id_none' does not exist"),
+    # Issue 10's hardening: each of these used to start something, hang or pick the wrong meaning.
+    "np-far-beyond-this-machine": Case(
+        ("-np", "99999999999", "--dry-run"), "-np 99999999999: this machine has", command=True
+    ),
+    "np-far-beyond-even-oversubscribed": Case(
+        ("-np", "99999999999", "--oversubscribe", "--dry-run"), "distrun starts at most 1024 per host"
+    ),
+    "hosts-slots-absurd": Case(("-H", "a:99999999999"), "requested 99999999999 processes on 1 host"),
+    "same-machine-two-names": Case(
+        ("-H", "localhost:2,127.0.0.1:2"), "-H 'localhost:2' and -H '127.0.0.1:2' are both this machine"
+    ),
+    "config-float-for-integer": Case(
+        ("--config", "{tmp}/c.yaml"),
+        "{tmp}/c.yaml:1: num-proc: expected a whole number, got 2.7",
+        files={"c.yaml": "num-proc: 2.7\n"},
+    ),
+    "config-duplicate-key": Case(
+        ("--config", "{tmp}/c.yaml"),
+        "{tmp}/c.yaml:3: 'timeout' is already set at line 1",
+        files={"c.yaml": "timeout: 5\nnum-proc: 1\ntimeout: 6\n"},
+    ),
+    "config-value-names-file-and-key": Case(
+        ("--config", "{tmp}/c.yaml"),
+        "{tmp}/c.yaml:1: timeout must be a positive number of seconds",
+        files={"c.yaml": "timeout: -1\n"},
+    ),
+    "config-relative-hostfile": Case(
+        ("--config", "{tmp}/c.yaml"),
+        "{tmp}/h.txt:1: slots must be a positive integer",
+        files={"c.yaml": "hostfile: h.txt\n", "h.txt": "a slots=x\n"},
+    ),
+    "env-file-bad-line": Case(
+        ("--env-file", "{tmp}/job.env"),
+        "{tmp}/job.env:2: 'HF-TOKEN' is not a valid",
+        files={"job.env": "A=1\nHF-TOKEN=hf_secret123\n"},
+    ),
+    "env-file-rank": Case(
+        ("--env-file", "{tmp}/job.env"),
+        "{tmp}/job.env:1 RANK: distrun sets RANK",
+        files={"job.env": "RANK=1\n"},
+    ),
+    "env-file-missing": Case(("--env-file", "{tmp}/none.env"), "cannot read env file {tmp}/none.env"),
+    "report-in-missing-directory": Case(
+        ("--report", "{tmp}/no/such/dir/r.json"),
+        "--report {tmp}/no/such/dir/r.json: directory {tmp}/no/such/dir",
+    ),
+    "report-is-directory": Case(("--report", "{tmp}"), "--report {tmp}: is a directory"),
+    "redact-empty": Case(("--redact", " "), "--redact: expected a variable name or glob"),
 }
 
 

@@ -30,7 +30,9 @@ def test_bind_cores_pins_each_rank_to_a_disjoint_share_with_as_many_omp_threads(
     assert sum(len(c) for c in cores) == len(set().union(*cores)), f"ranks share cores: {placed}"
     assert set().union(*cores) <= set(ALLOWED)
     assert [r["omp"] for r in placed] == [str(len(c)) for c in cores]
-    mapping = [line for line in result.stderr.decode().splitlines() if line.startswith("distrun: host ")]
+    mapping = [
+        line for line in result.stderr.decode().splitlines() if line.startswith("distrun: host localhost: ")
+    ]
     assert len(mapping) == 1 and "rank 0: cores " in mapping[0] and f"rank {ranks - 1}: cores " in mapping[0]
 
 

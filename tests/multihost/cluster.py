@@ -453,6 +453,88 @@ class Cluster:
         self._spawn_sshd(self._host(host))
         self._wait_ready([host])
 
+    def add_password_user(self, host: str, user: str, password: str) -> Path:
+        """Give `host` (only) a login `user` with `password`, turn password logins on there; returns its home.
+
+        The user exists only inside that host: `ip netns exec` lays /etc/netns/<ns>/passwd and shadow over
+        /etc, so the machine's own files stay untouched. It has uid 0, so that it can run the interpreters and
+        code of the shared filesystem; its keys live in its own `~/.ssh/authorized_keys`, which starts absent.
+        """
+        h = self._host(host)
+        home = self.workdir / f"home-{host}-{user}"
+        home.mkdir(mode=0o755)
+        crypted = subprocess.run(
+            ["openssl", "passwd", "-6", "-stdin"], input=password, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        ns_dir = ETC_NETNS / h.netns
+        for name, line in (
+            ("passwd", f"{user}:x:0:0:distrun test:{home}:/bin/sh"),
+            ("shadow", f"{user}:{crypted}:19000::::::"),
+        ):
+            own = (Path("/etc") / name).read_text()
+            (ns_dir / name).write_text(own.rstrip("\n") + "\n" + line + "\n")
+        (ns_dir / "shadow").chmod(0o640)
+        config = Path(h.dir) / "sshd_config"
+        text = config.read_text()
+        for old, new in (
+            ("PasswordAuthentication no", "PasswordAuthentication yes"),
+            ("PermitRootLogin prohibit-password", "PermitRootLogin yes"),
+            (
+                f"AuthorizedKeysFile {self.workdir}/authorized_keys",
+                f"AuthorizedKeysFile {self.workdir}/authorized_keys .ssh/authorized_keys",
+            ),
+        ):
+            text = text.replace(old, new)
+        config.write_text(text)
+        self.start_sshd(host)
+        return home
+
+    def hide_path(self, host: str, path: Path) -> None:
+        """Make `path` (a directory) look empty on `host` only, as on a host that lacks the shared filesystem.
+
+        An empty tmpfs is mounted over it in the mount namespace of the host's sshd, which every session there
+        inherits; `ip netns exec` made that namespace a slave of this machine's, so nothing leaks out, and the
+        mount goes away with the namespace.
+        """
+        pid = self.sshd_pid(host)
+        if pid is None:
+            raise ClusterError(f"{host}: sshd is not running")
+        subprocess.run(
+            [
+                "nsenter",
+                "-t",
+                str(pid),
+                "-m",
+                "--",
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                "size=1m",
+                "tmpfs",
+                str(path),
+            ],
+            check=True,
+            capture_output=True,
+        )
+
+    def block_tcp(self, host: str, to_addr: str) -> None:
+        """A firewall rule inside `host`'s namespace: TCP from it to `to_addr` is dropped (not refused),
+        except SSH. Other hosts and this machine are unaffected; the rule goes away with the namespace."""
+        rules = (
+            "add table inet distrun_test\n"
+            "add chain inet distrun_test out { type filter hook output priority 0 ; }\n"
+            f"add rule inet distrun_test out ip daddr {to_addr} tcp dport != 22 drop\n"
+        )
+        proc = subprocess.run(
+            ["ip", "netns", "exec", self.netns(host), "nft", "-f", "-"],
+            input=rules,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            raise ClusterError(f"{host}: nft failed: {proc.stderr.strip()}")
+
     def host_key(self, host: str) -> str:
         """The host's current public key line (`ssh-ed25519 AAAA...`)."""
         key_type, key = (Path(self._host(host).dir) / "ssh_host_ed25519_key.pub").read_text().split()[:2]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import types
@@ -259,8 +260,8 @@ def test_output_dir_checks(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
         ("bogus: 1\n", "unknown option 'bogus'"),
         ("config: other.yaml\n", "unknown option 'config'"),
         ("num-proc: 2\nnum_proc: 3\n", "'num-proc' and 'num_proc' set the same option"),
-        ("num-proc: lots\n", "'num-proc': 'lots' is not a valid integer"),
-        ("timeout: [1, 2]\n", "'timeout' takes a single value"),
+        ("num-proc: lots\n", ":1: num-proc: 'lots' is not a valid integer"),
+        ("timeout: [1, 2]\n", ":1: timeout takes a single value"),
     ],
 )
 def test_bad_config_file_names_the_file(
@@ -374,3 +375,168 @@ def test_resolve_empty_command() -> None:
 
     with pytest.raises(UsageError, match="missing command"):
         resolve_command((), "/py")
+
+
+def test_config_paths_are_relative_to_the_file(
+    launched: list[LaunchConfig],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "hosts").write_text("a slots=2\n")
+    (conf / "job.env").write_text("LR=0.1\n")
+    (tmp_path / "id_test").write_text("k")
+    (conf / "c.yaml").write_text(
+        "hostfile: hosts\nenv-file: job.env\noutput-dir: logs\nssh-identity-file: ~/id_test\n"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(REPO)
+    config = config_of(launched, capsys, "--config", str(conf / "c.yaml"), "x")
+    assert [(h.name, h.slots) for h in config.hosts] == [("a", 2)]
+    assert config.env_file == (("LR", "0.1"),)
+    assert config.output_dir == conf / "logs"
+    assert config.ssh.identity_files == (tmp_path / "id_test",)
+
+
+def test_config_file_itself_may_start_with_tilde(
+    launched: list[LaunchConfig],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (tmp_path / "c.yaml").write_text("num-proc: 2\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert config_of(launched, capsys, "--config", "~/c.yaml", "x").num_proc == 2
+
+
+def test_x_on_the_command_line_adds_to_the_file_exports(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "c.yaml").write_text("export: [A=1, B=2]\n")
+    config = config_of(launched, capsys, "--config", str(tmp_path / "c.yaml"), "-x", "B=3", "-x", "C=4", "x")
+    assert config.exports == (("A", "1"), ("B", "3"), ("C", "4"))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("num-proc: 2.7\n", "c.yaml:1: num-proc: expected a whole number, got 2.7"),
+        ("timeout: 5\nnum-proc: yes\n", "c.yaml:2: num-proc: expected a whole number, got True"),
+        ("timeout: 5\ntimeout: 6\n", "c.yaml:2: 'timeout' is already set at line 1"),
+        ("timeout: 0\n", "c.yaml:1: timeout must be a positive number of seconds, got 0"),
+        ("grace-period: -1\n", "c.yaml:1: grace-period must be a positive number of seconds"),
+        ("hosts: [a:2, 'b:x']\n", "c.yaml:1: hosts entry 'b:x': slots must be a positive integer"),
+        ("export: [RANK=1]\n", "c.yaml:1: export RANK: distrun sets RANK for every rank"),
+        ("python: two words\n", "c.yaml:1: python 'two words': expected one word"),
+        ("hostfile: missing.txt\n", "cannot read hostfile {dir}/missing.txt"),
+        ("ssh-identity-file: id_none\n", "c.yaml:1: ssh-identity-file: File '{dir}/id_none' does not exist"),
+    ],
+)
+def test_config_value_errors_name_file_line_and_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, message: str
+) -> None:
+    (tmp_path / "c.yaml").write_text(text)
+    code, out, err = run(capsys, "--config", str(tmp_path / "c.yaml"), "x")
+    assert (code, out) == (2, "")
+    assert message.replace("{dir}", str(tmp_path)) in err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        ("localhost:2,127.0.0.1:2", "-H 'localhost:2' and -H '127.0.0.1:2' are both this machine"),
+        (f"{socket.gethostname()}:1,localhost:1", "are both this machine; list it once"),
+        ("[::1]:1,localhost:1", "are both this machine"),
+    ],
+)
+def test_this_machine_under_two_names_is_refused(
+    capsys: pytest.CaptureFixture[str], hosts: str, message: str
+) -> None:
+    code, _, err = run(capsys, "--dry-run", "-H", hosts, "x")
+    assert code == 2
+    assert message in err
+
+
+def test_another_user_on_this_machine_is_not_run_as_me(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nobody@localhost` goes through SSH as nobody: the dry run shows what a remote rank would get."""
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    code, out, _ = run(capsys, "--dry-run", "-H", "nobody@localhost:1", "x")
+    assert code == 0
+    assert "rank 0: host=nobody@localhost" in out
+    assert "    TORCH_NCCL_ASYNC_ERROR_HANDLING=1  # unless the host sets it" in out.splitlines()
+
+
+def test_runs_here() -> None:
+    from launcher.hosts import Host
+    from launcher.locality import runs_here
+
+    assert runs_here(Host("localhost"), user="me")
+    assert runs_here(Host("127.0.0.1", user="me"), user="me")
+    assert not runs_here(Host("localhost", user="nobody"), user="me")
+    assert not runs_here(Host("h1"), user="me")
+
+
+def test_np_beyond_this_machine_needs_oversubscribe(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    code, _, err = run(capsys, "-np", "9", "x")
+    assert code == 2
+    assert "-np 9: this machine has 2 CPU cores" in err
+    assert config_of(launched, capsys, "-np", "9", "--oversubscribe", "x").num_proc == 9
+    assert config_of(launched, capsys, "-np", "3", "-H", "a:2", "--oversubscribe", "x").num_proc == 3
+
+
+def test_dry_run_shows_the_forwarded_environment_redacted(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FAIL_CODE", "5")
+    monkeypatch.setenv("HOSTNAME", "launcher-box")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("GIT_URL", "https://me:hunter2@git.example/x")
+    monkeypatch.setenv("MYCO_SIGNING", "s3cret")
+    monkeypatch.setenv("GITHUB_PAT", "ghp_abc")
+    (tmp_path / "job.env").write_text("FROM_FILE=1\nFAIL_CODE=6\n")
+    args = ("--dry-run", "-H", "localhost:1,h1:1", "--env-file", str(tmp_path / "job.env"))
+    code, out, _ = run(capsys, *args, "--redact", "myco_*", "-x", "FAIL_CODE=7", "x")
+    assert code == 0
+    for secret in ("hunter2", "s3cret", "ghp_abc"):
+        assert secret not in out
+    lines = out.splitlines()
+    shared = lines[lines.index("every rank gets, from this shell (less the deny-list), --env-file, -x:") :]
+    shared = shared[: next(i for i, line in enumerate(shared) if line.startswith("rank 0"))]
+    assert "    FAIL_CODE=7" in shared
+    assert "    FROM_FILE=1" in shared
+    assert "    GIT_URL='https://me:<redacted>@git.example/x'" in shared
+    assert "    MYCO_SIGNING='<redacted>'" in shared
+    assert not any(line.startswith(("    HOSTNAME=", "    TORCHELASTIC_USE")) for line in shared)
+    assert "removed from every rank (left by another launcher): TORCHELASTIC_USE_AGENT_STORE" in lines
+
+    code, out, _ = run(capsys, *args, "--no-forward-env", "x")
+    shared = out.split("every rank gets, from --env-file, -x:\n")[1].split("rank 0")[0]
+    assert shared.splitlines()[:2] == ["    FAIL_CODE=6", "    FROM_FILE=1"]
+    assert shared.splitlines()[2].startswith("removed from every rank")
+
+
+def test_subcommands_are_the_first_word_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """`distrun -- ssh-setup` and `./ssh-setup` launch a command of that name (here in a dry run)."""
+    code, out, _ = run(capsys, "--dry-run", "--", "ssh-setup", "-H", "x")
+    assert code == 0
+    assert "command: ssh-setup -H x" in out.splitlines()
+    assert "command: ./ssh-setup" in run(capsys, "--dry-run", "./ssh-setup")[1]
+    code, _, err = run(capsys, "ssh-setup")
+    assert (code, err) == (2, "distrun: error: ssh-setup: which hosts? give -H or --hostfile\n")
+
+
+def test_file_exports_errors_name_the_file_even_with_x_given(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "c.yaml").write_text("num-proc: 1\nexport: [RANK=1]\n")
+    code, _, err = run(capsys, "--config", str(tmp_path / "c.yaml"), "-x", "A=1", "x")
+    assert code == 2
+    assert f"{tmp_path}/c.yaml:2: export RANK: distrun sets RANK" in err

@@ -29,7 +29,11 @@ def devices_of(out: str) -> list[str]:
 def test_dry_run_shows_two_gpus_per_rank_on_two_hosts(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "--dry-run", "-H", "a:2,b:2", "--gpus-per-rank", "2", "train.py")
     assert (code, err) == (0, "")
-    assert out.splitlines()[: len(GPU_HEADER)] == GPU_HEADER
+    lines = out.splitlines()
+    assert lines[:2] == GPU_HEADER[:2]
+    # The forwarded environment's block comes between; the mapping leads into the ranks.
+    start = lines.index(GPU_HEADER[2])
+    assert lines[start : start + 4] == GPU_HEADER[2:]
     assert devices_of(out) == [
         "rank 0: host=a local_rank=0 node_rank=0",
         "    CUDA_VISIBLE_DEVICES=0,1",

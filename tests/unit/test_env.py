@@ -214,10 +214,40 @@ def test_export_given_twice() -> None:
         ("PATH", False),
         ("RANK", False),
         ("KEYBOARD", True),
+        ("DB_PASSWD", True),
+        ("GITHUB_PAT", True),
+        ("GIT_CREDENTIALS", True),
+        ("NPM_AUTH", True),
+        ("BASIC_AUTH_USER", True),
+        ("SMTP_PASS", True),
+        ("DB_PWD", True),
+        ("PWD", False),
+        ("PYTHONPATH", False),
+        ("GIT_AUTHOR_NAME", False),
+        ("PASSES", False),
     ],
 )
 def test_is_secret(name: str, secret: bool) -> None:
     assert is_secret(name) is secret
+
+
+def test_redact_patterns_are_case_insensitive_globs() -> None:
+    assert is_secret("MYCO_SIGNING", ["myco_*"])
+    assert not is_secret("OTHER", ["myco_*"])
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("https://user:pw@host/repo.git", "https://user:<redacted>@host/repo.git"),
+        ("postgres://app:s3cr3t@db:5432/x", "postgres://app:<redacted>@db:5432/x"),
+        ("http://proxy:3128", "http://proxy:3128"),
+        ("https://user@host/x", "https://user@host/x"),
+        ("a=https://u:p@h1,https://v:q@h2", "a=https://u:<redacted>@h1,https://v:<redacted>@h2"),
+    ],
+)
+def test_passwords_in_urls_are_redacted(value: str, shown: str) -> None:
+    assert redact({"ANY_URL": value}) == {"ANY_URL": shown}
 
 
 def test_redact() -> None:
@@ -254,3 +284,13 @@ def test_parse_rank_filter_without_world_size() -> None:
 def test_parse_rank_filter_errors(spec: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         parse_rank_filter(spec, 4)
+
+
+def test_x_may_set_leftovers_distrun_does_not_own() -> None:
+    """torchrun's TORCHELASTIC_USE_AGENT_STORE is not distrun's: dropped by default, settable on purpose."""
+    assert parse_exports(["TORCHELASTIC_USE_AGENT_STORE=False", "DISTRUN_MY_FLAG=1"], {}) == (
+        ("TORCHELASTIC_USE_AGENT_STORE", "False"),
+        ("DISTRUN_MY_FLAG", "1"),
+    )
+    with pytest.raises(UsageError, match="distrun sets TORCHELASTIC_RESTART_COUNT"):
+        parse_exports(["TORCHELASTIC_RESTART_COUNT=3"], {})

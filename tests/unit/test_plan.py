@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from launcher.errors import PlanError
 from launcher.hosts import Host
-from launcher.plan import Plan, make_plan
+from launcher.plan import Plan, implicit_localhost, make_plan
+
+OVER = "; add --oversubscribe to place more ranks than slots"
 
 
 def layout(plan: Plan) -> list[tuple[int, int, int, str]]:
@@ -52,19 +56,21 @@ def test_oversubscription_is_even() -> None:
 def test_too_many_processes() -> None:
     with pytest.raises(PlanError) as info:
         make_plan([Host("a", 4), Host("b", 8)], 16)
-    assert str(info.value) == "requested 16 processes but the hosts provide 12 slots"
+    assert str(info.value) == f"requested 16 processes but the hosts provide 12 slots{OVER}"
 
 
 def test_too_many_processes_mentions_max_slots() -> None:
     with pytest.raises(PlanError) as info:
         make_plan([Host("a", 4, max_slots=6), Host("b", 8)], 16)
-    assert str(info.value) == "requested 16 processes but the hosts provide 12 slots (14 with max_slots)"
+    assert (
+        str(info.value) == f"requested 16 processes but the hosts provide 12 slots (14 with max_slots){OVER}"
+    )
 
 
 def test_singular_slot() -> None:
     with pytest.raises(PlanError) as info:
         make_plan([Host("a")], 2)
-    assert str(info.value) == "requested 2 processes but the hosts provide 1 slot"
+    assert str(info.value) == f"requested 2 processes but the hosts provide 1 slot{OVER}"
 
 
 @pytest.mark.parametrize("num_proc", [0, -1])
@@ -76,3 +82,41 @@ def test_non_positive(num_proc: int) -> None:
 def test_no_hosts() -> None:
     with pytest.raises(PlanError, match="no hosts"):
         make_plan([], 1)
+
+
+def test_oversubscribe_spreads_beyond_slots_evenly() -> None:
+    plan = make_plan([Host("a", 2), Host("b", 2, max_slots=3)], 9, oversubscribe=True)
+    assert [plan.local_size(n) for n in range(plan.node_count)] == [5, 4]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "num_proc", "message"),
+    [
+        (
+            [Host("a", 99999999999)],
+            None,
+            "requested 99999999999 processes on 1 host: distrun starts at most 1024",
+        ),
+        ([Host("a", 2)], 99999999999, "distrun starts at most 1024 per host"),
+        ([Host("a", 1), Host("b", 2000, origin="-H 'b:2000'")], 1500, "-H 'b:2000': 1499 ranks on one host"),
+    ],
+)
+def test_ranks_per_host_are_capped_even_when_oversubscribing(
+    hosts: list[Host], num_proc: int | None, message: str
+) -> None:
+    with pytest.raises(PlanError, match=re.escape(message)):
+        make_plan(hosts, num_proc, oversubscribe=True)
+
+
+@pytest.mark.parametrize(
+    ("num_proc", "cpus", "oversubscribe", "slots"),
+    [(None, 2, False, 1), (4, 2, False, 4), (8, 2, False, 8), (9, 2, True, 9), (4, 1, False, 4)],
+)
+def test_implicit_localhost(num_proc: int | None, cpus: int, oversubscribe: bool, slots: int) -> None:
+    host = implicit_localhost(num_proc, cpus, oversubscribe)
+    assert (host.name, host.slots) == ("localhost", slots)
+
+
+def test_implicit_localhost_is_bounded_by_cores() -> None:
+    with pytest.raises(PlanError, match=r"-np 1000: this machine has 2 CPU cores .* at most 8 ranks here"):
+        implicit_localhost(1000, 2, False)

@@ -259,7 +259,7 @@ def test_fan_out_returns_clients_in_the_order_given() -> None:
 def test_transient_failures_are_retried_then_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[int] = []
 
-    def flaky(target: SshTarget, options: SshOptions, via: Any) -> Any:
+    def flaky(target: SshTarget, options: SshOptions, via: Any, password: str | None) -> Any:
         attempts.append(1)
         raise sshconn._Transient("SSH handshake with h:22 failed: Error reading SSH protocol banner")
 
@@ -274,7 +274,7 @@ def test_transient_failures_are_retried_then_reported(monkeypatch: pytest.Monkey
 def test_final_failures_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     attempts: list[int] = []
 
-    def refused(target: SshTarget, options: SshOptions, via: Any) -> Any:
+    def refused(target: SshTarget, options: SshOptions, via: Any, password: str | None) -> Any:
         attempts.append(1)
         raise sshconn._Refused("authentication refused for user root (tried ssh-agent)")
 
@@ -395,7 +395,7 @@ def test_abort_wakes_hosts_waiting_for_a_slot() -> None:
 def test_retries_give_up_at_once_when_another_host_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     window = sshconn.Window(4)
 
-    def dropped(target: SshTarget, options: SshOptions, via: Any) -> Any:
+    def dropped(target: SshTarget, options: SshOptions, via: Any, password: str | None = None) -> Any:
         window.abort()  # another host fails while this one is in its handshake
         raise sshconn._Transient("SSH handshake with h:22 failed: Error reading SSH protocol banner")
 

@@ -1,0 +1,192 @@
+"""The end-of-run account: per-rank exit, wall time, peak RSS and CPU time, as a table and as `--report` JSON.
+
+Pure: the run gives what happened (`RankRecord`s, attempts), this module only formats it. The JSON follows
+docs/report.schema.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPORT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the agent measured for one rank's process tree (os.wait4: the rank and what it waited for)."""
+
+    wall_s: float
+    cpu_s: float
+    max_rss_kb: int
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank in one attempt. `returncode` as Popen's (negative: its signal); None: no exit seen."""
+
+    rank: int
+    host: str
+    pid: int | None = None
+    returncode: int | None = None
+    usage: Usage | None = None
+    log_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One try of the job; the loop around the supervisor makes one per (re)start."""
+
+    number: int
+    started: float  # time.time()
+    ended: float
+    outcome: str  # succeeded, rank-failed, host-lost, signalled, timed-out
+    exit_code: int
+    ranks: tuple[RankRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int | None
+    host: str | None
+    detail: str
+    stderr_tail: tuple[str, ...] = field(default_factory=tuple)
+
+
+def signal_name(returncode: int | None) -> str | None:
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def exit_text(returncode: int | None) -> str:
+    if returncode is None:
+        return "-"
+    return signal_name(returncode) or str(returncode)
+
+
+def _seconds(value: float) -> str:
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, seconds = divmod(round(value), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _memory(kb: int) -> str:
+    value, unit = float(kb), "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.0f} {unit}" if unit in ("KiB", "MiB") else f"{value:.1f} {unit}"
+
+
+def format_account(ranks: Sequence[RankRecord]) -> str:
+    """One row per rank, grouped by host (the host named on its first row), aligned columns."""
+    header = ("host", "rank", "exit", "wall", "peak RSS", "CPU")
+    rows: list[tuple[str, ...]] = []
+    last_host = None
+    for record in sorted(ranks, key=lambda r: r.rank):
+        usage = record.usage
+        rows.append(
+            (
+                record.host if record.host != last_host else "",
+                str(record.rank),
+                exit_text(record.returncode),
+                _seconds(usage.wall_s) if usage else "-",
+                _memory(usage.max_rss_kb) if usage else "-",
+                _seconds(usage.cpu_s) if usage else "-",
+            )
+        )
+        last_host = record.host
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    # Text left-aligned, numbers right-aligned, so that columns of figures compare at a glance.
+    lines = []
+    for row in (header, *rows):
+        pairs = enumerate(zip(row, widths, strict=True))
+        cells = [cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in pairs]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _rank_json(record: RankRecord) -> dict[str, Any]:
+    usage = record.usage
+    logs = None
+    if record.log_dir is not None:
+        logs = {"stdout": str(record.log_dir / "stdout"), "stderr": str(record.log_dir / "stderr")}
+    return {
+        "rank": record.rank,
+        "host": record.host,
+        "pid": record.pid,
+        "exit_code": None if record.returncode is None else (
+            128 - record.returncode if record.returncode < 0 else record.returncode
+        ),
+        "signal": signal_name(record.returncode),
+        "wall_seconds": None if usage is None else round(usage.wall_s, 3),
+        "cpu_seconds": None if usage is None else round(usage.cpu_s, 3),
+        "peak_rss_bytes": None if usage is None else usage.max_rss_kb * 1024,
+        "logs": logs,
+    }  # fmt: skip
+
+
+def build_report(
+    *,
+    run_id: str,
+    command: Sequence[str],
+    exit_code: int,
+    attempts: Sequence[Attempt],
+    failure: Failure | None,
+) -> dict[str, Any]:
+    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`."""
+    last = attempts[-1] if attempts else None
+    return {
+        "version": REPORT_VERSION,
+        "run_id": run_id,
+        "command": list(command),
+        "started": _iso(attempts[0].started) if attempts else None,
+        "ended": _iso(last.ended) if last else None,
+        "exit_code": exit_code,
+        "outcome": last.outcome if last else "not-started",
+        "restarts": max(0, len(attempts) - 1),
+        "ranks": [_rank_json(r) for r in (last.ranks if last else ())],
+        "failure": None
+        if failure is None
+        else {
+            "rank": failure.rank,
+            "host": failure.host,
+            "detail": failure.detail,
+            "stderr_tail": list(failure.stderr_tail),
+        },
+        "attempts": [
+            {
+                "attempt": a.number,
+                "started": _iso(a.started),
+                "ended": _iso(a.ended),
+                "outcome": a.outcome,
+                "exit_code": a.exit_code,
+                "ranks": [_rank_json(r) for r in a.ranks],
+            }
+            for a in attempts
+        ],
+    }
+
+
+def write_report(path: Path, report: dict[str, Any]) -> None:
+    """Written whole or not at all: a reader never sees half a report."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

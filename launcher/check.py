@@ -1,0 +1,184 @@
+"""`distrun check`: is every host ready for a launch? A row per host, a verdict, a fix per problem (pure).
+
+The side effects (connecting, probing) live in launcher/checkrun.py; this module judges what they found.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Below this much free space in the launch directory, checkpoints and logs are likely to fail mid-run.
+MIN_FREE_BYTES = 1 << 30
+# Clocks further apart than this make logs of different hosts hard to line up and can upset TLS/Kerberos.
+MAX_CLOCK_OFFSET = 2.0
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """What checking one host found. `error` set: it could not be reached (or its agent did not answer).
+
+    `error_kind`: `auth` (no key accepted), `host-key` (changed key), `unreachable`, or `other`.
+    `probe` is the agent's answer (launcher.protocol Facts as a dict plus the check fields).
+    """
+
+    host: str
+    slots: int
+    login_s: float | None = None
+    host_key: str | None = None  # known, recorded (accept-new), unchecked (ignore), local
+    error: str | None = None
+    error_kind: str | None = None
+    probe: dict[str, Any] | None = None
+    clock_offset_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A problem (fails the check) or a warning, with the one-line fix."""
+
+    host: str
+    what: str
+    fix: str
+    fatal: bool = True
+
+
+def _gib(value: int) -> str:
+    return f"{value / (1 << 30):.1f} GiB"
+
+
+def findings(
+    check: HostCheck, *, cwd: str, rank0: str, python_option: str | None, hosts_option: str
+) -> list[Finding]:
+    """Every problem of one host, each with its fix."""
+    host = check.host
+    if check.error is not None:
+        if check.error_kind == "auth":
+            fix = f"distrun ssh-setup -H {shlex.quote(host)}"
+        elif check.error_kind == "host-key":
+            fix = "if the host was reinstalled, remove the old key with the ssh-keygen -R command above"
+        elif check.error_kind == "unreachable":
+            fix = f"check that {host} is up and sshd listens there (ssh {shlex.quote(host)} true)"
+        else:
+            fix = f"see what `ssh {shlex.quote(host)} true` says; -vv shows distrun's SSH details"
+        return [Finding(host, check.error, fix)]
+    probe = check.probe or {}
+    found: list[Finding] = []
+    if not probe.get("cwd_exists", True):
+        found.append(
+            Finding(
+                host, f"launch directory {cwd} is missing", f"create or mount {cwd} on {host} (same path)"
+            )
+        )
+    if not probe.get("python_found", True):
+        found.append(
+            Finding(host, f"interpreter {python_option} not found", "install it there or give --python PATH")
+        )
+    torch = probe.get("torch") or {}
+    if torch.get("error"):
+        option = f"--python {python_option}" if python_option else "--python PATH"
+        found.append(
+            Finding(
+                host,
+                f"torch does not import with {probe.get('python', 'python')}: {torch['error']}",
+                f"pip install torch there, or point {option} at an interpreter that has it",
+            )
+        )
+    gpus = int(probe.get("gpu_count", 0))
+    if gpus and check.slots > gpus:
+        found.append(
+            Finding(
+                host,
+                f"{check.slots} slots but {gpus} GPUs",
+                f"give it at most {gpus} slots ({hosts_option} {host}:{gpus}) so no two ranks share a GPU",
+                fatal=False,
+            )
+        )
+    free = probe.get("disk_free")
+    if free is not None and int(free) < MIN_FREE_BYTES:
+        found.append(
+            Finding(host, f"only {_gib(int(free))} free in {cwd}", "free some space there", fatal=False)
+        )
+    if check.clock_offset_s is not None and abs(check.clock_offset_s) > MAX_CLOCK_OFFSET:
+        found.append(
+            Finding(
+                host,
+                f"clock is {check.clock_offset_s:+.1f}s off this machine",
+                "synchronise clocks (chrony or systemd-timesyncd)",
+                fatal=False,
+            )
+        )
+    tcp = probe.get("tcp_error")
+    if tcp:
+        port = probe.get("tcp_port", "")
+        found.append(
+            Finding(
+                host,
+                f"cannot open a TCP connection to rank 0's host {rank0}:{port} ({tcp})",
+                f"allow TCP from {host} to {rank0} (rendezvous and NCCL/gloo ports): check nftables/iptables"
+                " and security groups on both hosts",
+            )
+        )
+    return found
+
+
+def row(check: HostCheck) -> tuple[str, ...]:
+    """The cells of one host's row, in HEADER's order."""
+    if check.error is not None or check.probe is None:
+        return (check.host, "FAIL", "-", "-", "-", "-", "-", "-", "-", "-", "-")
+    probe = check.probe
+    torch = probe.get("torch") or {}
+    if torch.get("error"):
+        torch_text = "missing"
+    elif torch:
+        torch_text = f"{torch.get('version')} " + (f"CUDA {torch['cuda']}" if torch.get("cuda") else "cpu")
+    else:
+        torch_text = "-"
+    free = probe.get("disk_free")
+    disk = "missing" if not probe.get("cwd_exists", True) else (_gib(int(free)) if free is not None else "-")
+    clock = "-" if check.clock_offset_s is None else f"{check.clock_offset_s:+.2f}s"
+    tcp_error = probe.get("tcp_error")
+    tcp = "-" if tcp_error is None else ("ok" if tcp_error == "" else "blocked")
+    return (
+        check.host,
+        "ok",
+        "-" if check.login_s is None else f"{check.login_s:.2f}s",
+        str(probe.get("hostname", "-")),
+        f"{probe.get('python_version', '?')} {probe.get('python', '')}".strip(),
+        torch_text,
+        f"{probe.get('gpu_count', 0)}/{check.slots}",
+        disk,
+        clock,
+        str(probe.get("route_ifname") or "-"),
+        tcp,
+    )
+
+
+HEADER = (
+    "host",
+    "ssh",
+    "login",
+    "hostname",
+    "python",
+    "torch",
+    "GPUs/slots",
+    "free",
+    "clock",
+    "route",
+    "tcp→rank 0",
+)
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in (HEADER, *rows)) for i in range(len(HEADER))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (HEADER, *rows)]
+
+
+def verdict(checks: Sequence[HostCheck], problems: Sequence[Finding]) -> str:
+    failing = sorted({f.host for f in problems if f.fatal})
+    warnings = sum(not f.fatal for f in problems)
+    if failing:
+        return f"NOT READY: {len(failing)} of {len(checks)} hosts have problems ({', '.join(failing)})"
+    note = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
+    return f"ready: all {len(checks)} hosts passed{note}"

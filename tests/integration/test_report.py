@@ -1,0 +1,123 @@
+"""The end-of-run account and --report, from real runs: success, failure and timeout (issue 10)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from tests.support import REPO, SCRIPTS, clean_env, run_distrun
+
+SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
+# A rank that holds ~40 MB and burns a little CPU, so the measured figures have something to show.
+WORK = "b = bytearray(40 << 20); sum(range(2_000_000))"
+
+
+def report_of(path: Path) -> dict[str, Any]:
+    doc = json.loads(path.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
+def test_success_prints_the_account_and_writes_the_report(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    result = run_distrun(
+        "-np", "2", "--report", report, "--output-dir", tmp_path / "logs", "python", "-c", WORK
+    )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    lines = err.splitlines()
+    assert lines[0].split() == ["distrun:", "host", "rank", "exit", "wall", "peak", "RSS", "CPU"]
+    assert lines[1].split()[1:4] == ["localhost", "0", "0"]
+    doc = report_of(report)
+    assert (doc["outcome"], doc["exit_code"], doc["restarts"], doc["failure"]) == ("succeeded", 0, 0, None)
+    assert doc["command"] == ["python", "-c", WORK]
+    assert len(doc["run_id"]) == 12
+    for rank, entry in enumerate(doc["ranks"]):
+        assert (entry["rank"], entry["host"], entry["exit_code"], entry["signal"]) == (
+            rank,
+            "localhost",
+            0,
+            None,
+        )
+        assert entry["pid"] > 0
+        assert entry["peak_rss_bytes"] > 40 << 20, "the 40 MB the rank holds"
+        assert entry["cpu_seconds"] > 0 and entry["wall_seconds"] >= entry["cpu_seconds"] * 0.5
+        assert entry["logs"] == {
+            "stdout": str(tmp_path / "logs" / f"rank.{rank}" / "stdout"),
+            "stderr": str(tmp_path / "logs" / f"rank.{rank}" / "stderr"),
+        }
+    assert doc["attempts"][0]["ranks"] == doc["ranks"]
+
+
+def test_failure_report_names_the_rank_and_its_stderr(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    result = run_distrun(
+        "-np", "3", "--report", report, SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--fail-rank", "1",
+        "--code", "5",
+    )  # fmt: skip
+    assert result.returncode == 5
+    doc = report_of(report)
+    assert (doc["outcome"], doc["exit_code"]) == ("rank-failed", 5)
+    assert doc["failure"]["rank"] == 1 and doc["failure"]["host"] == "localhost"
+    assert doc["failure"]["stderr_tail"] == ["rank 1 is failing on purpose"]
+    assert doc["failure"]["detail"].startswith("rank 1 (host localhost) exited with code 5")
+    by_rank = {r["rank"]: r for r in doc["ranks"]}
+    assert by_rank[1]["exit_code"] == 5
+    assert {by_rank[0]["signal"], by_rank[2]["signal"]} == {"SIGTERM"}, "the others were stopped"
+    err = result.stderr.decode()
+    assert err.index("peak RSS") < err.index("rank 1 (host localhost) exited with code 5"), (
+        "table, then summary"
+    )
+
+
+def test_timeout_report(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    result = run_distrun(
+        "-np", "2", "--timeout", "3", "--report", report, SCRIPTS / "behave.py", "--pid-dir", pid_dir
+    )
+    assert result.returncode == 124
+    doc = report_of(report)
+    assert (doc["outcome"], doc["exit_code"]) == ("timed-out", 124)
+    assert doc["failure"]["rank"] is None and "timed out after 3s" in doc["failure"]["detail"]
+    assert all(r["signal"] == "SIGTERM" for r in doc["ranks"])
+
+
+def test_single_rank_run_prints_no_table_but_still_reports(tmp_path: Path) -> None:
+    report = tmp_path / "one.json"
+    result = run_distrun("--report", report, "python", "-c", "pass")
+    assert result.returncode == 0
+    assert result.stderr == b""
+    assert len(report_of(report)["ranks"]) == 1
+
+
+def test_stale_torchelastic_agent_store_does_not_hang_a_local_gloo_job() -> None:
+    env = clean_env(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RUN_ID="outer", RANK="5")
+    result = run_distrun("-np", "2", "--timeout", "60", SCRIPTS / "allreduce.py", env=env)
+    assert result.returncode == 0, result.stderr.decode()
+    assert "sum=3" in result.stdout.decode()
+
+
+def test_missing_script_is_127_before_anything_starts(tmp_path: Path) -> None:
+    result = run_distrun("-np", "2", "no_such_script.py", cwd=tmp_path)
+    assert result.returncode == 127
+    assert result.stderr.decode() == (
+        f"distrun: error: host localhost: no_such_script.py not found in {tmp_path} there\n"
+    )
+
+
+def test_another_user_on_this_machine_is_not_run_as_me(tmp_path: Path) -> None:
+    """`nobody@localhost` must go through SSH as nobody; it never silently runs as the current user."""
+    marker = tmp_path / "ran"
+    env = {**clean_env(), "HOME": str(tmp_path)}  # no keys: SSH cannot log in as nobody
+    result = run_distrun("-H", "nobody@localhost", "--ssh-connect-timeout", "5", "touch", marker, env=env)
+    assert result.returncode == 3
+    assert not marker.exists()
+    # Here no sshd listens on localhost; with one, SSH would refuse nobody's login: exit 3 either way.
+    assert result.stderr.decode().startswith("distrun: error: localhost: ")

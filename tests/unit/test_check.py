@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from launcher.check import HostCheck, findings, row, table, verdict
+
+GOOD: dict[str, Any] = {
+    "hostname": "h1",
+    "python": "/usr/bin/python3",
+    "python_version": "3.11.7",
+    "cwd_exists": True,
+    "python_found": True,
+    "gpu_count": 0,
+    "disk_free": 50 << 30,
+    "route_ifname": "eth0",
+    "torch": {"version": "2.13.0", "cuda": None},
+    "tcp_error": "",
+    "tcp_port": 40000,
+}
+
+
+def judge(check: HostCheck) -> list[tuple[str, str, bool]]:
+    found = findings(check, cwd="/work/job", rank0="h1", python_option=None, hosts_option="-H")
+    return [(f.what, f.fix, f.fatal) for f in found]
+
+
+def test_healthy_host_has_no_findings_and_a_full_row() -> None:
+    check = HostCheck("h2", 2, login_s=0.31, host_key="known", probe=GOOD, clock_offset_s=0.004)
+    assert judge(check) == []
+    assert row(check) == (
+        "h2", "ok", "0.31s", "h1", "3.11.7 /usr/bin/python3", "2.13.0 cpu",
+        "0/2", "50.0 GiB", "+0.00s", "eth0", "ok",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("check", "what", "fix"),
+    [
+        (
+            HostCheck("h2", 1, error="h2: authentication refused for user root", error_kind="auth"),
+            "authentication refused",
+            "distrun ssh-setup -H h2",
+        ),
+        (
+            HostCheck(
+                "h2",
+                1,
+                error="h2: connection refused by 1.2.3.4:22 (is sshd running?)",
+                error_kind="unreachable",
+            ),
+            "connection refused",
+            "check that h2 is up and sshd listens there (ssh h2 true)",
+        ),
+        (
+            HostCheck("h2", 1, probe={**GOOD, "cwd_exists": False}),
+            "launch directory /work/job is missing",
+            "create or mount /work/job on h2",
+        ),
+        (
+            HostCheck(
+                "h2", 1, probe={**GOOD, "torch": {"error": "ModuleNotFoundError: No module named 'torch'"}}
+            ),
+            "torch does not import with /usr/bin/python3",
+            "pip install torch there, or point --python PATH",
+        ),
+        (
+            HostCheck("h2", 1, probe={**GOOD, "tcp_error": "timed out"}),
+            "cannot open a TCP connection to rank 0's host h1:40000 (timed out)",
+            "check nftables/iptables",
+        ),
+    ],
+)
+def test_problems_come_with_their_fix(check: HostCheck, what: str, fix: str) -> None:
+    (found,) = judge(check)
+    assert what in found[0]
+    assert fix in found[1]
+    assert found[2] is True
+
+
+def test_warnings_do_not_fail_the_verdict() -> None:
+    check = HostCheck("h2", 4, probe={**GOOD, "gpu_count": 2, "disk_free": 1 << 20}, clock_offset_s=-7.5)
+    found = findings(check, cwd="/w", rank0="h1", python_option=None, hosts_option="-H")
+    assert [(f.what, f.fatal) for f in found] == [
+        ("4 slots but 2 GPUs", False),
+        ("only 0.0 GiB free in /w", False),
+        ("clock is -7.5s off this machine", False),
+    ]
+    assert verdict([check], found) == "ready: all 1 hosts passed (3 warnings)"
+
+
+def test_verdict_names_failing_hosts_and_table_aligns() -> None:
+    ok = HostCheck("h1", 1, login_s=0.2, probe=GOOD)
+    bad = HostCheck("h10", 1, error="h10: unreachable", error_kind="unreachable")
+    problems = findings(bad, cwd="/w", rank0="h1", python_option=None, hosts_option="-H")
+    assert verdict([ok, bad], problems) == "NOT READY: 1 of 2 hosts have problems (h10)"
+    lines = table([row(ok), row(bad)])
+    assert lines[0].startswith("host  ssh   login")
+    assert lines[2].startswith("h10   FAIL")
+    assert lines[1].index("ok") == lines[2].index("FAIL") == lines[0].index("ssh"), "columns line up"
