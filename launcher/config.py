@@ -61,6 +61,7 @@ class LaunchConfig:
     exports: tuple[tuple[str, str], ...] = ()
     prefix: PrefixMode = "rank"
     timestamp: bool = False
+    progress_interval: float = 5.0
     output_dir: Path | None = None
     console_ranks: frozenset[int] | None = None
     timeout: float | None = None
