@@ -173,7 +173,7 @@ class TerminalProgress:
         # Above a screenful: the slowest and the fastest bar, and how many there are.
         ranked = sorted(statuses, key=_progress_of)
         slowest, fastest = ranked[0], ranked[-1]
-        note = f"distrun: {len(statuses)} bars in progress; showing the slowest and the fastest".encode()
+        note = f"distrun: {len(statuses)} bars; the slowest and the fastest shown".encode()
         summary = _Status(b"", 0, note, 0, "")
         return [slowest, fastest, summary][: max(1, room)]
 
