@@ -36,11 +36,15 @@ QUIET_SECONDS = 0.05
 _COLORS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
 
 
-def prefix_lines(block: bytes, prefix: bytes) -> bytes:
-    """`block` is whole lines, each ending in b"\\n"; every line gets `prefix`."""
+def prefix_lines(block: bytes, prefix: bytes) -> tuple[bytes | memoryview, ...]:
+    """`block` is whole lines, each ending in b"\\n": the pieces that write each line with `prefix` in front.
+
+    Pieces, not one joined value: the console gathers them in one write, so the block is copied only once.
+    """
     if not prefix:
-        return block
-    return prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+        return (block,)
+    body = block.replace(b"\n", b"\n" + prefix)
+    return prefix, memoryview(body)[: len(body) - len(prefix)]
 
 
 def collapse_redraws(block: bytes) -> bytes:
@@ -246,7 +250,7 @@ class LogRelay:
                 if not block:
                     return
         self._progress.before_lines()
-        self._console.write(key[1], prefix_lines(block, self._prefix(key[0])))
+        self._console.write(key[1], *prefix_lines(block, self._prefix(key[0])))
 
     def _show(self, key: tuple[int, str], buf: LineBuffer, now: float) -> None:
         text = buf.text
