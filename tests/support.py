@@ -108,3 +108,14 @@ def start_shipped_agent() -> subprocess.Popen[bytes]:
     for source in sources:
         proc.stdin.write(source)
     return proc
+
+
+def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> bytes:
+    """distrun's stdout, line by line, until `needle` was seen `count` times."""
+    assert proc.stdout is not None
+    seen = b""
+    while seen.count(needle) < count:
+        line = proc.stdout.readline()
+        assert line, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
+        seen += line
+    return seen
