@@ -254,7 +254,7 @@ class LogRelay:
 
     def _show(self, key: tuple[int, str], buf: LineBuffer, now: float) -> None:
         text = buf.text
-        if text:
+        if text or buf.shown:  # a redraw to nothing clears what was shown
             buf.shown = True
             self._progress.show(key, self._prefix(key[0]), text, now)
 

@@ -125,6 +125,7 @@ class TerminalProgress:
             group = self._hosts.get(key[0], "") if self._group_by_host else str(key)
             self._statuses[key] = _Status(label, width, text, self._seq, group)
         else:
+            status.label = label  # with --timestamp it changes
             status.text = text
             status.seq = self._seq
         self._dirty = True
