@@ -18,7 +18,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import Literal
 
 from launcher.console import Console, same_terminal, write_all
 from launcher.errors import UsageError
@@ -143,11 +143,7 @@ class LogOptions:
 class LogRelay:
     """Routes each rank's chunks to the console (prefixed lines, live progress) and `--output-dir` (raw)."""
 
-    def __init__(
-        self, out: int | BinaryIO, err: int | BinaryIO, hosts: dict[int, str], options: LogOptions
-    ) -> None:
-        out_fd = out if isinstance(out, int) else out.fileno()
-        err_fd = err if isinstance(err, int) else err.fileno()
+    def __init__(self, out_fd: int, err_fd: int, hosts: dict[int, str], options: LogOptions) -> None:
         self._options = options
         self._hosts = dict(hosts)  # shared with a terminal's progress display, which groups by host
         self._buffers: dict[tuple[int, str], LineBuffer] = {}

@@ -15,7 +15,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
@@ -42,13 +41,13 @@ PROBE_STALL = 30.0
 HEARTBEAT = 1.0
 
 
-def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
+def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = make_plan(config.hosts, config.num_proc)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
-        out or sys.stdout.buffer,
-        err or sys.stderr.buffer,
+        out_fd,
+        err_fd,
         _rank_hosts(plan),
         LogOptions(
             prefix=config.prefix,
@@ -56,6 +55,7 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             color=_use_color(config),
             console_ranks=config.console_ranks,
             output_dir=config.output_dir,
+            progress_interval=config.progress_interval,
         ),
     )
     job: Job | None = None
