@@ -211,7 +211,8 @@ class Supervisor:
         if signum in FORWARDED_SIGNALS or signum == signal.SIGCONT:
             self._forward(signum)
         elif signum == signal.SIGTSTP:
-            # SIGSTOP, not SIGTSTP: each rank leads its own session, where the kernel drops SIGTSTP.
+            # SIGSTOP, not SIGTSTP: each rank leads its own session, so its process group is orphaned, and
+            # the kernel ignores SIGTSTP sent to an orphaned group.
             self._forward(signal.SIGSTOP)
             self.suspend = True
         elif signum not in STOP_SIGNALS:

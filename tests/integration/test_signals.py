@@ -40,6 +40,16 @@ def test_ctrl_c_reaches_every_rank_as_sigint_first(pid_dir: Path) -> None:
     assert_all_gone(recorded_pids(pid_dir))
 
 
+def test_a_rank_deaf_to_ctrl_c_gets_sigterm_halfway_through_the_grace_period(pid_dir: Path) -> None:
+    proc = start_distrun("-np", "2", "--grace-period", "2", SCRIPTS / "signals.py", pid_dir, "--ignore-int")
+    wait_for_files(pid_dir, "rank*.pid", 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert out.count(b"got SIGTERM") == 2 and b"KeyboardInterrupt" not in out
+    assert_all_gone(recorded_pids(pid_dir))
+
+
 def test_sigterm_reaches_every_rank_as_sigterm(pid_dir: Path) -> None:
     proc = _start(pid_dir)
     proc.send_signal(signal.SIGTERM)

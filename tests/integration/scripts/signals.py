@@ -19,6 +19,8 @@ def on_user_signal(signum: int, _frame: object) -> None:
         sys.exit(0)
 
 
+if "--ignore-int" in sys.argv:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGUSR1, on_user_signal)
 signal.signal(signal.SIGUSR2, on_user_signal)
 signal.signal(signal.SIGTERM, lambda *_: (print(f"rank {rank} got SIGTERM", flush=True), sys.exit(143)))
