@@ -499,13 +499,7 @@ class Agent:
                     self.next_beat = now + self.beat_every
                 silent = now - self.last_heard > self.dead_after and not self.paused
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
-                if (
-                    self.dead_after
-                    and silent
-                    and control_open
-                    and not self.paused
-                    and not _readable(self.in_fd)
-                ):
+                if self.dead_after and silent and control_open and not _readable(self.in_fd):
                     self._lost_launcher()
             for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
                 if deadline is not None:

@@ -84,6 +84,14 @@ def suspend_self() -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
+def forward_signal(nodes: Sequence[Node], signum: int) -> None:
+    """Have every host's agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
+    frame = encode_message(SIGNAL, SignalRequest(signal.Signals(signum).name))
+    for node in nodes:
+        if not node.finished:
+            node.send(frame)
+
+
 def probe(
     nodes: Sequence[Node],
     requests: Sequence[ProbeRequest],
@@ -127,7 +135,10 @@ def probe(
                     if stops:
                         raise Interrupted.from_signals(stops)
                     if signal.SIGTSTP in received:
-                        suspend_self()  # no rank runs yet: there is nobody else to stop
+                        # No rank runs yet; the agents only must not take our silence for death.
+                        forward_signal(nodes, signal.SIGSTOP)
+                        suspend_self()
+                        forward_signal(nodes, signal.SIGCONT)
                     continue
                 frames = node.read()
                 if frames is None:
@@ -202,18 +213,15 @@ class Supervisor:
         self.killed = True
         self._send_all(encode(KILL))
 
-    def _forward(self, signum: int) -> None:
-        self._send_all(encode_message(SIGNAL, SignalRequest(signal.Signals(signum).name)))
-
     # -- events
 
     def on_signal(self, signum: int, now: float) -> None:
         if signum in FORWARDED_SIGNALS or signum == signal.SIGCONT:
-            self._forward(signum)
+            forward_signal(self.nodes, signum)
         elif signum == signal.SIGTSTP:
             # SIGSTOP, not SIGTSTP: each rank leads its own session, so its process group is orphaned, and
             # the kernel ignores SIGTSTP sent to an orphaned group.
-            self._forward(signal.SIGSTOP)
+            forward_signal(self.nodes, signal.SIGSTOP)
             self.suspend = True
         elif signum not in STOP_SIGNALS:
             return
