@@ -96,9 +96,6 @@ class Console:
         except OSError:
             self._closed(fd)
 
-    def is_open(self, stream: str) -> bool:
-        return stream in self._fds
-
     def _closed(self, fd: int) -> None:
         """The reader of our stdout/stderr went away (`distrun ... | head`): the job goes on unseen.
 

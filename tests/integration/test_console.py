@@ -195,3 +195,12 @@ def test_unfinished_lines_are_written_at_the_end() -> None:
     result = run_distrun("-np", "1", "python", "-c", "import sys; sys.stderr.write('\\r 10%\\r 55%')")
     assert result.returncode == 0
     assert result.stderr == b"[0]  55%\n"
+
+
+def test_a_negative_progress_interval_is_bad_input() -> None:
+    result = run_distrun("--progress-interval", "-1", "true")
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == b"distrun: error: --progress-interval must be zero or a positive number of seconds, got -1\n"
+    )
