@@ -125,7 +125,7 @@ def _level(source: ParameterSource | None) -> int:
     metavar="SECONDS",
     default=5.0,
     show_default=True,
-    help="SIGTERM to SIGKILL delay.",
+    help="SIGTERM (Ctrl-C: SIGINT) to SIGKILL delay.",
 )
 @_option(
     "--progress-interval",
