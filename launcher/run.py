@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import os
 import select
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -32,7 +33,15 @@ from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, Signalled
 from launcher.summary import summarize
-from launcher.supervise import STOP_SIGNALS, Supervisor, probe, read_signals, signal_pipe, supervise
+from launcher.supervise import (
+    FORWARDED_SIGNALS,
+    STOP_SIGNALS,
+    Supervisor,
+    probe,
+    read_signals,
+    signal_pipe,
+    supervise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +70,10 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     job: Job | None = None
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
+        # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
+        # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
