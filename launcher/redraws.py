@@ -162,7 +162,7 @@ class TerminalProgress:
         self._drawn = len(lines)
 
     def _visible(self, room: int) -> list[_Status]:
-        statuses = list(self._statuses.values())
+        statuses = [status for _, status in sorted(self._statuses.items())]  # by rank, then stream
         if self._group_by_host:
             newest: dict[str, _Status] = {}
             for s in statuses:

@@ -52,8 +52,8 @@ def _relay(term: Terminal, ranks: int, **options: object) -> LogRelay:
 
 def test_bars_live_at_the_bottom_while_lines_scroll_above(term: Terminal) -> None:
     relay = _relay(term, 2)
-    relay.feed(0, "stderr", b"\r 10%|#         |")
     relay.feed(1, "stderr", b"\r 20%|##        |")
+    relay.feed(0, "stderr", b"\r 10%|#         |")  # shown in rank order, not arrival order
     relay.tick(1.0)
     assert term.lines()[:2] == ["[0]  10%|#         |", "[1]  20%|##        |"]
     relay.feed(0, "stdout", b"epoch 1 loss 0.5\n")
