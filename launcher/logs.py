@@ -216,12 +216,11 @@ class LogRelay:
         if whole:
             self._lines(key, buf, whole)
         if buf.pending:
+            self._quiet.pop(key, None)
             if buf.redrawn:
-                self._quiet.pop(key, None)
                 self._show(key, buf, time.monotonic())
             else:
                 # Re-inserted at the end: the dict stays ordered by deadline.
-                self._quiet.pop(key, None)
                 self._quiet[key] = time.monotonic() + self._quiet_seconds
 
     def _write_file(self, key: tuple[int, str], fd: int, data: bytes) -> None:
