@@ -127,11 +127,11 @@ def test_output_dir_is_live_and_survives_sigkill_of_distrun(tmp_path: Path) -> N
         time.sleep(0.05)
     assert proc.poll() is None, "the job should still be running"
     assert stdout.read_bytes() == expected, "not on disk while the job runs"
-    rank_pid = psutil.Process(proc.pid).children(recursive=True)[-1].pid
+    descendants = psutil.Process(proc.pid).children(recursive=True)  # the agent and the rank
     proc.kill()
     proc.communicate(timeout=30)
-    with contextlib.suppress(psutil.NoSuchProcess):
-        psutil.Process(rank_pid).wait(timeout=30)  # the agent takes its rank down with it
+    _, alive = psutil.wait_procs(descendants, timeout=30)  # the agent takes its rank down with it
+    assert not alive
     assert stdout.read_bytes() == expected
 
 
