@@ -22,7 +22,7 @@ from typing import Literal
 
 from launcher.console import Console, same_terminal, write_all
 from launcher.errors import UsageError
-from launcher.redraws import LineProgress, Progress, TerminalProgress
+from launcher.redraws import RedrawDisplay, RedrawLines, StatusArea
 
 Stream = Literal["stdout", "stderr"]
 log = logging.getLogger(__name__)
@@ -168,10 +168,10 @@ class LogRelay:
         # Off a terminal a partial line, once written, stays: show it only if it stays unfinished a while.
         self._quiet_seconds = QUIET_SECONDS if terminal else max(QUIET_SECONDS, options.progress_interval)
         self._console = Console(out_fd, err_fd, merged=terminal)
-        self._progress: Progress = (
-            TerminalProgress(self._console, out_fd, group_by_host=options.prefix == "host", hosts=self._hosts)
+        self._display: RedrawDisplay = (
+            StatusArea(self._console, out_fd, group_by_host=options.prefix == "host", hosts=self._hosts)
             if terminal
-            else LineProgress(self._console, options.progress_interval)
+            else RedrawLines(self._console, options.progress_interval)
         )
 
     def _make_prefix(self, rank: int, host: str) -> bytes:
@@ -238,27 +238,27 @@ class LogRelay:
         block = collapse_redraws(whole)
         if buf.shown:
             buf.shown = False
-            written = self._progress.done(key)
+            written = self._display.done(key)
             # The line's last state already went out as a line of its own: once is enough.
             if written is not None and block.startswith(written + b"\n"):
                 block = block[len(written) + 1 :]
                 if not block:
                     return
-        self._progress.before_lines()
+        self._display.before_lines()
         self._console.write(key[1], *prefix_lines(block, self._prefix(key[0])))
 
     def _show(self, key: tuple[int, str], buf: LineBuffer, now: float) -> None:
         text = buf.text
         if text or buf.shown:  # a redraw to nothing clears what was shown
             buf.shown = True
-            self._progress.show(key, self._prefix(key[0]), text, now)
+            self._display.show(key, self._prefix(key[0]), text, now)
 
     # -- time
 
     def next_deadline(self) -> float | None:
         """When `tick` next has work (time.monotonic() scale); None: only new output can give it any."""
         quiet = next(iter(self._quiet.values()), None)
-        shown = self._progress.next_deadline()
+        shown = self._display.next_deadline()
         if quiet is None or shown is None:
             return shown if quiet is None else quiet
         return min(quiet, shown)
@@ -274,7 +274,7 @@ class LogRelay:
             buf = self._buffers[key]
             if buf.pending:
                 self._show(key, buf, now)
-        self._progress.tick(now)
+        self._display.tick(now)
         self._console.flush()
 
     def flush(self) -> None:
@@ -298,7 +298,7 @@ class LogRelay:
     def note(self, lines: list[str]) -> None:
         """distrun's own words (stopping, the failure summary) on the console's stderr, below the job's."""
         if lines:
-            self._progress.before_lines()
+            self._display.before_lines()
             self._console.write("stderr", "".join(f"distrun: {line}\n" for line in lines).encode())
         self.flush()
 

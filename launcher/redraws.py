@@ -26,7 +26,7 @@ _PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)%")
 _ERASE_LINE = b"\x1b[K"
 
 
-class Progress(Protocol):
+class RedrawDisplay(Protocol):
     """Where the relay puts unfinished lines. `show` may be called for every chunk: it must be cheap."""
 
     def show(self, key: Key, label: bytes, text: bytes, now: float) -> None: ...
@@ -43,7 +43,7 @@ class Progress(Protocol):
     def next_deadline(self) -> float | None: ...
 
 
-class LineProgress:
+class RedrawLines:
     """Redraws as ordinary lines on a pipe or file, at most one per key per `interval` seconds."""
 
     def __init__(self, console: Console, interval: float) -> None:
@@ -99,7 +99,7 @@ class _Status:
     group: str
 
 
-class TerminalProgress:
+class StatusArea:
     """The status area at the bottom of a terminal: one line per rank (or per host), redrawn in place.
 
     The cursor always sits at the start of the line below the area, so erasing it is "up N lines, erase
