@@ -139,6 +139,7 @@ def probe(
                         forward_signal(nodes, signal.SIGSTOP)
                         suspend_self()
                         forward_signal(nodes, signal.SIGCONT)
+                        deadline.progressed(time.monotonic())  # time spent stopped is no agent's fault
                     continue
                 frames = node.read()
                 if frames is None:
