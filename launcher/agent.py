@@ -8,9 +8,10 @@ passes through a shell.
 
 One agent serves every attempt of a job: PROBE -> FACTS, START -> OUT/ERR/EXIT frames while ranks run, DONE
 when all are gone; then it waits for the next PROBE. STOP (or stdin EOF, or SIGTERM/SIGHUP to the agent, or
-the launcher's heartbeats stopping) sends SIGTERM to every rank's process group and SIGKILL after the grace
-period, so a launcher that dies, even by SIGKILL, leaves no rank behind. The agent exits at stdin EOF once its
-ranks are gone.
+the launcher's heartbeats stopping) sends SIGTERM (SIGINT first, when STOP says so) to every rank's process
+group and SIGKILL after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
+SIGNAL forwards a signal (SIGUSR1, SIGSTOP/SIGCONT for Ctrl-Z and fg) to every running rank. The agent exits
+at stdin EOF once its ranks are gone.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from launcher.protocol import (
     OUT,
     PROBE,
     READ_SIZE,
+    SIGNAL,
     START,
     STOP,
     VERSION,
@@ -49,7 +51,9 @@ from launcher.protocol import (
     Hello,
     ProbeRequest,
     RankExited,
+    SignalRequest,
     StartRequest,
+    StopRequest,
     decode_message,
     encode,
     encode_message,
@@ -346,6 +350,12 @@ def _pre_exec(die_with_agent: Any, cpus: list[int] | None) -> Any:
     return hook
 
 
+def _signal_number(name: str) -> int | None:
+    """The local number of a signal sent by name (numbers differ between systems); None if unknown here."""
+    number = getattr(signal, name, None) if name.startswith("SIG") and not name.startswith("SIG_") else None
+    return int(number) if isinstance(number, int) else None
+
+
 class _Rank:
     def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         self.rank = rank
@@ -370,6 +380,7 @@ class Agent:
         self.last_heard = time.monotonic()
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
+        self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -378,6 +389,7 @@ class Agent:
         self.grace = 5.0
         self.started = False
         self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
+        self.term_at: float | None = None  # when stopping with SIGINT first: the SIGTERM deadline
         self.leftovers_at: float | None = None
 
     # -- output to the launcher
@@ -452,13 +464,28 @@ class Agent:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
 
-    def stop(self, grace: float | None = None) -> None:
+    def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
             return  # between attempts there is nothing to stop (a late STOP of the last attempt, say)
-        deadline = time.monotonic() + (self.grace if grace is None else grace)
-        if self.kill_at is None or deadline < self.kill_at:
-            self.kill_at = deadline
-        self._signal_all(signal.SIGTERM, leftovers=True)
+        now = time.monotonic()
+        grace = self.grace if grace is None else grace
+        if self.kill_at is None or now + grace < self.kill_at:
+            self.kill_at = now + grace
+        if first != signal.SIGTERM and self.term_at is None:
+            self.term_at = now + grace / 2
+        self._signal_all(first, leftovers=True)
+
+    def forward(self, request: SignalRequest) -> None:
+        signum = _signal_number(request.name)
+        if signum is None:
+            return
+        if signum == signal.SIGSTOP:
+            self.paused = True
+        elif signum == signal.SIGCONT:
+            self.paused = False
+            self.last_heard = time.monotonic()
+        if self.started:
+            self._signal_all(signum)
 
     def kill(self) -> None:
         if not self.started:
@@ -540,7 +567,10 @@ class Agent:
             elif kind == START:
                 self.start(decode_message(StartRequest, payload))
             elif kind == STOP:
-                self.stop()
+                first = decode_message(StopRequest, payload).first if payload else "SIGTERM"
+                self.stop(first=_signal_number(first) or signal.SIGTERM)
+            elif kind == SIGNAL:
+                self.forward(decode_message(SignalRequest, payload))
             elif kind == KILL:
                 self.kill()
         return True
@@ -585,11 +615,11 @@ class Agent:
                 if now >= self.next_beat:
                     self.send(encode(BEAT))
                     self.next_beat = now + self.beat_every
-                silent = now - self.last_heard > self.dead_after
+                silent = now - self.last_heard > self.dead_after and not self.paused
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
                 if self.dead_after and silent and control_open and not _readable(self.in_fd):
                     self._lost_launcher()
-            for deadline in (self.kill_at, self.leftovers_at, self.next_beat or None):
+            for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))
             events = self.sel.select(timeout)
@@ -614,6 +644,9 @@ class Agent:
             if reap:
                 self._reap()
             now = time.monotonic()
+            if self.term_at is not None and now >= self.term_at:
+                self.term_at = None
+                self._signal_all(signal.SIGTERM, leftovers=True)
             if self.kill_at is not None and now >= self.kill_at and not self._all_exited():
                 self._signal_all(signal.SIGKILL)
             if self.started:

@@ -22,6 +22,7 @@ from click.core import ParameterSource
 from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
+from launcher.console import guard_std_fds
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
@@ -144,7 +145,15 @@ def _level(source: ParameterSource | None) -> int:
     metavar="SECONDS",
     default=5.0,
     show_default=True,
-    help="SIGTERM to SIGKILL delay.",
+    help="SIGTERM (Ctrl-C: SIGINT) to SIGKILL delay.",
+)
+@_option(
+    "--progress-interval",
+    type=float,
+    metavar="SECONDS",
+    default=5.0,
+    show_default=True,
+    help="Off a terminal, write a rank's progress-bar redraws as lines at most this often (0: every one).",
 )
 @_option("--color/--no-color", default=None, help="Color the prefixes [default: when stdout is a terminal].")
 @_option("--python", metavar="PATH", help="Interpreter for *.py commands [default: this one].")
@@ -340,6 +349,12 @@ def _seconds(value: float, option: str) -> float:
     return value
 
 
+def _interval(value: float, option: str) -> float:
+    if not (math.isfinite(value) and value >= 0):
+        raise UsageError(f"{option} must be zero or a positive number of seconds, got {value:g}")
+    return value
+
+
 def _word(value: str | None, option: str) -> str | None:
     if value is not None and (not value or any(c.isspace() for c in value)):
         raise UsageError(f"{option} {value!r}: expected one word")
@@ -436,6 +451,9 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
         report=_report_path(values["report"], label("report", "--report")),
         prefix=cast(PrefixMode, values["prefix"]),
         timestamp=values["timestamp"],
+        progress_interval=_interval(
+            values["progress_interval"], label("progress_interval", "--progress-interval")
+        ),
         output_dir=_output_dir(values["output_dir"], label("output_dir", "--output-dir")),
         console_ranks=None if ranks is None else parse_rank_filter(ranks, plan.world_size),
         timeout=None
@@ -743,4 +761,5 @@ def _error(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point: parse, launch, exit with the job's exit code."""
+    guard_std_fds()
     sys.exit(_run(sys.argv[1:] if argv is None else argv))

@@ -67,6 +67,7 @@ class LaunchConfig:
     report: Path | None = None  # --report: the run's account as JSON
     prefix: PrefixMode = "rank"
     timestamp: bool = False
+    progress_interval: float = 5.0
     output_dir: Path | None = None
     console_ranks: frozenset[int] | None = None
     timeout: float | None = None

@@ -7,7 +7,7 @@ Exit codes (documented in README):
   3    a host could not be reached or failed preflight (nothing was started anywhere), or was lost mid-run
   N    the first failing rank's exit code (128+S when it died of signal S; 126/127: it could not be started)
   124  --timeout expired
-  130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM
+  130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP, 131 by SIGQUIT
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ EXIT_HOST = 3
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
 
 
 class DistrunError(Exception):
@@ -49,7 +48,7 @@ class PlanError(UsageError):
 
 
 class Interrupted(DistrunError):
-    """SIGINT/SIGTERM arrived before any rank started."""
+    """A stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrived before any rank started."""
 
     def __init__(self, signal_name: str, exit_code: int) -> None:
         super().__init__(f"interrupted by {signal_name} before any rank started")
@@ -57,10 +56,10 @@ class Interrupted(DistrunError):
 
     @classmethod
     def from_signals(cls, received: bytes) -> Interrupted:
-        """From the bytes of a signal wake-up pipe: SIGTERM if it is among them, else SIGINT."""
-        if signal.SIGTERM in received:
-            return cls("SIGTERM", EXIT_SIGTERM)
-        return cls("SIGINT", EXIT_SIGINT)
+        """From the stopping signals' bytes of a signal wake-up pipe: SIGTERM if it is among them, else the
+        first; exit code 128+N."""
+        signum = signal.SIGTERM if signal.SIGTERM in received else signal.Signals(received[0])
+        return cls(signum.name, 128 + signum)
 
 
 class HostError(DistrunError):

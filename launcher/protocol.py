@@ -12,7 +12,7 @@ VERSION: the agent announces its version in HELLO and the launcher refuses a mis
 Lifecycle of one connection:
   agent: HELLO
   per attempt: launcher PROBE -> agent FACTS; launcher START -> agent OUT/ERR/EXIT ... DONE
-  any time: launcher STOP / KILL; both ways BEAT (when PROBE asked for heartbeats)
+  any time: launcher STOP / KILL / SIGNAL; both ways BEAT (when PROBE asked for heartbeats)
   launcher closes its end (EOF): the agent stops whatever still runs and exits.
 """
 
@@ -31,7 +31,7 @@ HEADER = struct.Struct("!BiI")  # kind, rank (-1: the agent itself), payload len
 READ_SIZE = 1 << 16
 
 # launcher -> agent
-PROBE, START, STOP, KILL = 1, 2, 3, 4
+PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5
 # agent -> launcher
 HELLO, FACTS, OUT, ERR, EXIT, DONE = 9, 10, 11, 12, 13, 14
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
@@ -129,6 +129,28 @@ class StartRequest:
     env: dict[str, str] = field(default_factory=dict)
     unset: list[str] = field(default_factory=list)
     unset_prefixes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Stop every rank: `first` (a signal name) at once; SIGTERM halfway through the grace period when `first`
+    is gentler (SIGINT, so `except KeyboardInterrupt` clean-up runs); SIGKILL when the grace period ends.
+
+    Signals travel by name: their numbers differ between systems. An empty STOP body means SIGTERM first.
+    """
+
+    first: str = "SIGTERM"
+
+
+@dataclass(frozen=True)
+class SignalRequest:
+    """Send signal `name` to every running rank's process group; the job goes on.
+
+    SIGSTOP (distrun was suspended: Ctrl-Z) also pauses the agent's watch for the launcher's heartbeats, which
+    a stopped launcher cannot send, until SIGCONT.
+    """
+
+    name: str
 
 
 @dataclass(frozen=True)

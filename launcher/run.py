@@ -11,11 +11,11 @@ import dataclasses
 import logging
 import os
 import select
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
 from launcher.command import resolve_command
@@ -35,7 +35,15 @@ from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.summary import summarize
-from launcher.supervise import STOP_SIGNALS, Supervisor, probe, read_signals, signal_pipe, supervise
+from launcher.supervise import (
+    FORWARDED_SIGNALS,
+    STOP_SIGNALS,
+    Supervisor,
+    probe,
+    read_signals,
+    signal_pipe,
+    supervise,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +52,13 @@ PROBE_STALL = 30.0
 HEARTBEAT = 1.0
 
 
-def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | None = None) -> int:
+def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
-        out or sys.stdout.buffer,
-        err or sys.stderr.buffer,
+        out_fd,
+        err_fd,
         _rank_hosts(plan),
         LogOptions(
             prefix=config.prefix,
@@ -58,11 +66,16 @@ def launch(config: LaunchConfig, out: BinaryIO | None = None, err: BinaryIO | No
             color=_use_color(config),
             console_ranks=config.console_ranks,
             output_dir=config.output_dir,
+            progress_interval=config.progress_interval,
         ),
     )
     job: Job | None = None
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
+        # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
+        # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:

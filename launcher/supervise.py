@@ -27,10 +27,13 @@ from launcher.protocol import (
     KILL,
     OUT,
     PROBE,
+    SIGNAL,
     STOP,
     Facts,
     ProbeRequest,
     RankExited,
+    SignalRequest,
+    StopRequest,
     decode_message,
     encode,
     encode_message,
@@ -41,11 +44,15 @@ log = logging.getLogger(__name__)
 
 # After STOP, how long past the grace period we wait for agents before dropping them.
 TEARDOWN_SLACK = 5.0
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Signals that stop the job (distrun exits 128+N), signals passed on to every rank while the job goes on, and
+# job control (Ctrl-Z, fg). README's "Signals" table says the same.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+HANDLED_SIGNALS = (*STOP_SIGNALS, *FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT)
 
 
 @contextmanager
-def signal_pipe(signums: Sequence[int] = STOP_SIGNALS) -> Iterator[int]:
+def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
     """While active, the returned fd becomes readable with one byte per signal received.
 
     Signals become bytes on a pipe the selector watches, so handlers never run job logic.
@@ -72,6 +79,19 @@ def read_signals(wake_fd: int) -> bytes:
         return b""
 
 
+def suspend_self() -> None:
+    """Stop this process as Ctrl-Z would have, had we not caught it; returns when `fg` continues us."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def forward_signal(nodes: Sequence[Node], signum: int) -> None:
+    """Have every host's agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
+    frame = encode_message(SIGNAL, SignalRequest(signal.Signals(signum).name))
+    for node in nodes:
+        if not node.finished:
+            node.send(frame)
+
+
 def probe(
     nodes: Sequence[Node],
     requests: Sequence[ProbeRequest],
@@ -84,7 +104,7 @@ def probe(
     The wait follows progress: it gives up only when no agent at all has answered for `stall` seconds, so
     hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
-    A SIGINT/SIGTERM meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
+    A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     """
     for node, request in zip(nodes, requests, strict=True):
         node.facts = None
@@ -111,8 +131,15 @@ def probe(
                 node = key.data
                 if node is None:
                     received = read_signals(wake_fd)
-                    if received:
-                        raise Interrupted.from_signals(received)
+                    stops = bytes(signum for signum in received if signum in STOP_SIGNALS)
+                    if stops:
+                        raise Interrupted.from_signals(stops)
+                    if signal.SIGTSTP in received:
+                        # No rank runs yet; the agents only must not take our silence for death.
+                        forward_signal(nodes, signal.SIGSTOP)
+                        suspend_self()
+                        forward_signal(nodes, signal.SIGCONT)
+                        deadline.progressed(time.monotonic())  # time spent stopped is no agent's fault
                     continue
                 frames = node.read()
                 if frames is None:
@@ -157,6 +184,7 @@ class Supervisor:
         self.cause: Outcome | None = None  # why the attempt is stopping; None while it runs
         self.stop_at: float | None = None
         self.killed = False
+        self.suspend = False  # Ctrl-Z: the ranks were told to stop; the loop now stops this process
 
     @property
     def done(self) -> bool:
@@ -167,28 +195,47 @@ class Supervisor:
 
     # -- stopping
 
-    def _stop(self, cause: Callable[[tuple[int, ...]], Outcome], now: float) -> None:
+    def _stop(
+        self, cause: Callable[[tuple[int, ...]], Outcome], now: float, first: int = signal.SIGTERM
+    ) -> None:
         """Stop every host once, for the first cause; `cause` gets the ranks still running."""
         if self.cause is not None:
             return
         self.cause = cause(tuple(sorted(r for r in self.rank_hosts if r not in self.exits)))
         self.stop_at = now
         log.info("stopping every rank: %s", type(self.cause).__name__)
+        self._send_all(encode_message(STOP, StopRequest(signal.Signals(first).name)))
+
+    def _send_all(self, frame: bytes) -> None:
         for node in self.nodes:
             if not node.finished:
-                node.send(encode(STOP))
+                node.send(frame)
 
     def _kill_now(self) -> None:
         self.killed = True
-        for node in self.nodes:
-            if not node.finished:
-                node.send(encode(KILL))
+        self._send_all(encode(KILL))
 
     # -- events
 
     def on_signal(self, signum: int, now: float) -> None:
-        if self.cause is None:
-            self._stop(lambda stopped: Signalled(signum, stopped), now)
+        if signum in FORWARDED_SIGNALS or signum == signal.SIGCONT:
+            forward_signal(self.nodes, signum)
+        elif signum == signal.SIGTSTP:
+            # SIGSTOP, not SIGTSTP: each rank leads its own session, so its process group is orphaned, and
+            # the kernel ignores SIGTSTP sent to an orphaned group.
+            forward_signal(self.nodes, signal.SIGSTOP)
+            self.suspend = True
+        elif signum not in STOP_SIGNALS:
+            return
+        elif self.cause is None:
+            # Ctrl-C reaches the ranks as SIGINT, so `except KeyboardInterrupt:` clean-up runs.
+            first = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+            self._stop(lambda stopped: Signalled(signum, stopped), now, first)
+            name = signal.Signals(signum).name
+            said = f"{name}: stopping every rank (grace period {self.grace:g}s)"
+            if signum == signal.SIGINT:
+                said += "; press Ctrl-C again to kill every rank at once"
+            self.relay.note([said])
         elif signum == signal.SIGINT and not self.killed:
             # A second Ctrl-C means "now": no more grace period.
             self._kill_now()
@@ -254,6 +301,9 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
             until = sup.until_deadline(now)
             if until is not None:
                 wait = min(wait, until)
+            relay_due = sup.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
+            if relay_due is not None:
+                wait = min(wait, relay_due - now)
             events = sel.select(max(0.0, wait))
             selected = time.monotonic()
             for key, _ in events:
@@ -271,7 +321,10 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
                     sup.on_frame(node, kind, rank, payload, selected)
                 if node.finished:
                     sel.unregister(node.link)
-            sup.relay.flush()
+            sup.relay.tick(time.monotonic())
+            if sup.suspend:
+                sup.suspend = False
+                suspend_self()
             now = time.monotonic()
             if now - selected > check_every:
                 # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import io
 import os
+import tempfile
 
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
@@ -87,6 +87,19 @@ def fake_nodes(ranks_per_host: dict[str, int], *, heartbeat: bool = False) -> li
     return nodes
 
 
-def memory_relay(ranks: dict[int, str]) -> tuple[LogRelay, io.BytesIO, io.BytesIO]:
-    out, err = io.BytesIO(), io.BytesIO()
-    return LogRelay(out, err, ranks, LogOptions()), out, err
+class CapturedFd:
+    """A real file descriptor (the relay writes to descriptors) whose content a test reads back."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the test's relay
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def getvalue(self) -> bytes:
+        return os.pread(self.fileno(), 1 << 20, 0)
+
+
+def memory_relay(ranks: dict[int, str]) -> tuple[LogRelay, CapturedFd, CapturedFd]:
+    out, err = CapturedFd(), CapturedFd()
+    return LogRelay(out.fileno(), err.fileno(), ranks, LogOptions()), out, err

@@ -122,3 +122,14 @@ def read_terminal(fd: int) -> bytes:
         if not chunk:
             return output
         output += chunk
+
+
+def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> bytes:
+    """distrun's stdout, line by line, until `needle` was seen `count` times."""
+    assert proc.stdout is not None
+    seen = b""
+    while seen.count(needle) < count:
+        line = proc.stdout.readline()
+        assert line, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
+        seen += line
+    return seen

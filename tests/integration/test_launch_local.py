@@ -227,10 +227,9 @@ def test_log_integrity_under_load(tmp_path: Path) -> None:
         assert len(got) == lines + 4
         expected = [f"r{rank} line {i} ünïcödé ✓".encode() for i in range(lines)]
         assert got[:lines] == expected, f"rank {rank}: lost, duplicated or reordered lines"
-        prefix = f"[{rank}] ".encode()
         assert got[lines:] == [
             "split ☃ end".encode(),
-            b"progress 10%\r" + prefix + b"progress 50%\r" + prefix + b"progress 100%",
+            b"progress 100%",  # off a terminal, a finished bar is its last state
             b"bad utf8 \xff\xfe here",
             b"final without newline",
         ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import signal
 from pathlib import Path
 
@@ -11,13 +10,13 @@ import pytest
 from launcher.config import LaunchConfig, RestartOptions
 from launcher.discovery import DiscoveryError, parse_discovery_output
 from launcher.hosts import Host
-from launcher.logs import LogOptions, LogRelay
 from launcher.node import Node
 from launcher.plan import Plan, make_plan
 from launcher.restart import GiveUp, HostBook, Restart, decide
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.run import Job
 from launcher.supervise import signal_pipe
+from tests.fakes import memory_relay
 
 A, B, C = Host("a", slots=2), Host("b", slots=2), Host("c", slots=2)
 FAILED_ON_B = RankFailed(RankExit(2, "b", 1))
@@ -103,8 +102,8 @@ class ScriptedJob(Job):
     """A Job whose attempts are scripted outcomes: the loop's decisions, without processes."""
 
     def __init__(self, config: LaunchConfig, wake_fd: int, outcomes: list[Outcome]) -> None:
-        self.err = io.BytesIO()
-        super().__init__(config, LogRelay(io.BytesIO(), self.err, {}, LogOptions()), wake_fd, [])
+        relay, _, self.err = memory_relay({})  # the relay writes to file descriptors
+        super().__init__(config, relay, wake_fd, [])
         self.outcomes = outcomes
         self.plans: list[Plan] = []
 

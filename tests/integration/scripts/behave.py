@@ -22,7 +22,9 @@ args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
 if args.ignore_term:
+    # A rank that will not stop when asked: neither Ctrl-C's SIGINT nor the SIGTERM after it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 # A grandchild in the rank's process group, like a DataLoader worker.
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 with open(os.path.join(args.pid_dir, f"rank{rank}.pid"), "w") as f:

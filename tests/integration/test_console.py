@@ -1,0 +1,208 @@
+"""distrun's console with real ranks: live progress bars, bounded memory, live log files, closed streams."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import pty
+import re
+import signal
+import struct
+import subprocess
+import termios
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pyte
+
+from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun, start_distrun
+
+SHAPES = REPO / "benchmarks" / "workers" / "shapes.py"
+# The issue's target for distrun's own memory, whatever the ranks write.
+RSS_LIMIT_MB = 100
+
+
+def test_redraws_reach_the_console_as_they_happen() -> None:
+    proc = start_distrun("-np", "1", "--progress-interval", "0", SCRIPTS / "bar.py", "6", "0.3")
+    assert proc.stderr is not None
+    arrivals: dict[bytes, float] = {}
+    while chunk := proc.stderr.read1(4096):
+        now = time.monotonic()
+        for state in re.findall(rb"(\d+/6)", chunk):
+            arrivals.setdefault(state, now)
+    assert proc.wait(timeout=60) == 0
+    assert len(arrivals) == 7, arrivals
+    times = sorted(arrivals.values())
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # Written 0.3 s apart: live redraws arrive spread out, not together when the bar ends. A loaded machine
+    # may bunch a pair now and then, so most gaps, not every one.
+    assert sum(gap >= 0.2 for gap in gaps) >= len(gaps) // 2 + 1, gaps
+
+
+def _peak_rss_mb(proc: subprocess.Popen[bytes]) -> float:
+    peak = 0.0
+    watched = psutil.Process(proc.pid)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        while proc.poll() is None:
+            peak = max(peak, watched.memory_info().rss / 1e6)
+            time.sleep(0.01)
+    return peak
+
+
+def _relay_to_file(tmp_path: Path, *args: str | os.PathLike[str]) -> tuple[float, bytes]:
+    sink = tmp_path / "console"
+    with open(sink, "wb") as out:
+        proc = subprocess.Popen(distrun_argv(*args), stdout=out, stderr=out, env=clean_env(), cwd=REPO)
+        peak = _peak_rss_mb(proc)
+    assert proc.wait() == 0
+    return peak, sink.read_bytes()
+
+
+def test_memory_stays_bounded_for_an_endless_line(tmp_path: Path) -> None:
+    peak, console = _relay_to_file(tmp_path, "-np", "1", SHAPES, "noline", "50")
+    assert peak < RSS_LIMIT_MB, f"distrun's peak RSS {peak:.0f} MB"
+    pieces = console.split(b"\n")[:-1]
+    assert sum(len(p) - len(b"[0] ") for p in pieces) == console.count(b"x") >= 49_000_000
+    assert all(p.startswith(b"[0] x") and len(p) <= 4 + 65536 for p in pieces)
+
+
+def test_memory_stays_bounded_for_a_million_redraws(tmp_path: Path) -> None:
+    peak, console = _relay_to_file(tmp_path, "-np", "1", SHAPES, "redraws", "1000000")
+    assert peak < RSS_LIMIT_MB, f"distrun's peak RSS {peak:.0f} MB"
+    assert console.endswith(b"[0]  999999/1000000 |####      |\n")
+
+
+def _terminal(cols: int, rows: int) -> tuple[int, int]:
+    parent, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return parent, child
+
+
+def test_status_area_on_a_real_terminal() -> None:
+    parent, child = _terminal(80, 24)
+    proc = subprocess.Popen(
+        distrun_argv("-np", "2", SCRIPTS / "bar.py", "30", "0.05"),
+        stdout=child,
+        stderr=child,
+        env=clean_env(TERM="xterm-256color", NO_COLOR="1"),
+        cwd=REPO,
+    )
+    os.close(child)
+    screen = pyte.Screen(80, 24)
+    stream = pyte.ByteStream(screen)
+    both_live = False
+    raw = b""
+    with contextlib.suppress(OSError):  # EIO once the last writer has closed the terminal
+        while chunk := os.read(parent, 4096):
+            raw += chunk
+            stream.feed(chunk)
+            bars = [line for line in screen.display if re.match(r"\[[01]\] +\d+%\|", line)]
+            unfinished = [line for line in bars if not line.startswith(("[0] 100%", "[1] 100%"))]
+            # Both ranks' bars at once, each on a line of its own: the status area, mid-run.
+            both_live = both_live or {line[:3] for line in unfinished} == {"[0]", "[1]"}
+    os.close(parent)
+    assert proc.wait(timeout=60) == 0
+    assert both_live, "never saw both ranks' bars live at the same time"
+    final = [line.rstrip() for line in screen.display if line.strip()]
+    # Below the ranks' lines and final bars: distrun's end-of-run account.
+    assert any(line.startswith("distrun: host") for line in final), final
+    assert sorted(line for line in final if line.startswith("[")) == [
+        "[0] 100%|##########| 30/30",
+        "[0] rank 0 done",
+        "[1] 100%|##########| 30/30",
+        "[1] rank 1 done",
+    ], final
+    assert b"\x1b[3" not in raw  # NO_COLOR: no colours, though the cursor moves
+
+
+def test_output_dir_is_live_and_survives_sigkill_of_distrun(tmp_path: Path) -> None:
+    out_dir = tmp_path / "logs"
+    proc = start_distrun("-np", "1", "--output-dir", out_dir, SCRIPTS / "live_file.py")
+    stdout = out_dir / "rank.0" / "stdout"
+    expected = b"line 0\nline 1\nline 2\npartial"
+    deadline = time.monotonic() + 60
+    while (not stdout.exists() or stdout.read_bytes() != expected) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the job should still be running"
+    assert stdout.read_bytes() == expected, "not on disk while the job runs"
+    descendants = psutil.Process(proc.pid).children(recursive=True)  # the agent and the rank
+    proc.kill()
+    proc.communicate(timeout=30)
+    _, alive = psutil.wait_procs(descendants, timeout=30)  # the agent takes its rank down with it
+    assert not alive
+    assert stdout.read_bytes() == expected
+
+
+def test_closed_stdout_is_no_traceback_and_keeps_the_exit_code() -> None:
+    proc = subprocess.run(
+        distrun_argv(
+            "-np", "2", "python", "-c", "import os, sys; print('hi'); sys.exit(int(os.environ['RANK']) * 3)"
+        ),
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: os.close(1),  # `distrun ... >&-`
+        env=clean_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err and "rank 1" in err
+
+
+def test_closed_stderr_keeps_the_exit_code() -> None:
+    proc = subprocess.run(
+        distrun_argv(
+            "-np", "1", "python", "-c", "import sys; print('out'); sys.stderr.write('err\\n'); sys.exit(3)"
+        ),
+        stdout=subprocess.PIPE,
+        preexec_fn=lambda: os.close(2),  # `distrun ... 2>&-`
+        env=clean_env(),
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode == 3
+    assert proc.stdout == b"[0] out\n"
+
+
+def test_a_partial_line_on_a_terminal_shows_before_the_line_ends() -> None:
+    parent, child = _terminal(80, 24)
+    script = "import sys, time; sys.stdout.write('Loading... '); sys.stdout.flush(); time.sleep(600)"
+    proc = subprocess.Popen(
+        distrun_argv("-np", "1", "python", "-c", script),
+        stdout=child,
+        stderr=child,
+        env=clean_env(NO_COLOR="1"),
+        cwd=REPO,
+    )
+    os.close(child)
+    seen = b""
+    stop = threading.Timer(60, proc.kill)
+    stop.start()
+    try:
+        while b"Loading... " not in seen:
+            seen += os.read(parent, 4096)
+    finally:
+        stop.cancel()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        os.close(parent)
+    assert b"[0] Loading... " in seen
+
+
+def test_unfinished_lines_are_written_at_the_end() -> None:
+    result = run_distrun("-np", "1", "python", "-c", "import sys; sys.stderr.write('\\r 10%\\r 55%')")
+    assert result.returncode == 0
+    assert result.stderr == b"[0]  55%\n"
+
+
+def test_a_negative_progress_interval_is_bad_input() -> None:
+    result = run_distrun("--progress-interval", "-1", "true")
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == b"distrun: error: --progress-interval must be zero or a positive number of seconds, got -1\n"
+    )
