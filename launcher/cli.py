@@ -21,7 +21,7 @@ from click.core import ParameterSource
 
 from launcher import __version__
 from launcher.command import resolve_command
-from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
+from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMode, RestartOptions, SshOptions
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, UsageError
@@ -29,6 +29,7 @@ from launcher.facts import Rendezvous
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import is_obviously_local
 from launcher.plan import Plan, make_plan, plural
+from launcher.slurm import JOB_ID, allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
 
@@ -158,6 +159,11 @@ def _level(source: ParameterSource | None) -> int:
     default=2.0,
     show_default=True,
     help="Probe interval; a host is dead after 5 missed probes.",
+)
+@_option(
+    "--launcher",
+    type=click.Choice(["ssh", "srun", "local"]),
+    help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
 )
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
@@ -304,7 +310,19 @@ def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Requ
     command = tuple(values["command"])
     resolve_command(command, values["python"] or sys.executable)
     num_proc: int | None = values["num_proc"]
-    hosts = _hosts(values, levels) or (Host("localhost", slots=num_proc or 1, origin="localhost (no -H)"),)
+    hosts = _hosts(values, levels)
+    launcher = cast("LauncherKind | None", values["launcher"])
+    if launcher == "local" and hosts is not None:
+        raise UsageError("--launcher local runs every rank on this machine: drop -H/--hostfile")
+    if launcher == "srun" and not os.environ.get(JOB_ID):
+        raise UsageError(f"--launcher srun needs a Slurm allocation (salloc, sbatch): {JOB_ID} is not set")
+    allocation = allocation_from_env(os.environ) if hosts is None and launcher != "local" else None
+    if allocation is not None:
+        hosts = allocation.hosts
+        num_proc = num_proc or allocation.num_tasks
+    if launcher is None:
+        launcher = "srun" if allocation is not None else "ssh"
+    hosts = hosts or (Host("localhost", slots=num_proc or 1, origin="localhost (no -H)"),)
     plan = make_plan(hosts, num_proc)
     ranks = values["ranks"]
     placement = Placement(values["gpus_per_rank"], values["bind_cores"], values["numa_binding"])
@@ -335,6 +353,7 @@ def _build_request(values: Mapping[str, Any], levels: Mapping[str, int]) -> Requ
             connect_timeout=_seconds(values["ssh_connect_timeout"], "--ssh-connect-timeout"),
             keepalive_interval=_seconds(values["ssh_keepalive"], "--ssh-keepalive"),
         ),
+        launcher=launcher,
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
@@ -357,6 +376,8 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         f"{plural(plan.node_count, 'host', 'hosts')}; nothing is started",
         f"command: {shlex.join(resolve_command(config.command, python))}",
     ]
+    if config.launcher != "ssh":
+        lines.append(f"launcher: {config.launcher}")
     placed, placement_lines = _dry_run_placement(plan, config.placement)
     lines.extend(placement_lines)
     for slot in plan.slots:

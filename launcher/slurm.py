@@ -1,0 +1,161 @@
+"""The Slurm allocation distrun runs in, read from the environment (pure: no Slurm commands are run).
+
+Inside `salloc`/`sbatch` Slurm describes the allocation in variables: `SLURM_JOB_NODELIST` in hostlist syntax
+(`gpu[01-04,07],cpu-a[1-2]`), `SLURM_TASKS_PER_NODE` as run-length counts (`2(x3),1`) in the same node order,
+and `SLURM_NTASKS` when the user asked for a task count.
+
+The hostlist parser is our own, not python-hostlist: the grammar Slurm writes is small, the launcher keeps
+to four runtime dependencies, and python-hostlist is GPL-2.0-or-later while distrun is Apache-2.0.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from launcher.errors import SlurmEnvError
+from launcher.hosts import Host, is_host_name
+
+JOB_ID = "SLURM_JOB_ID"
+NODELIST = "SLURM_JOB_NODELIST"
+TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+NTASKS = "SLURM_NTASKS"
+
+# Slurm refuses larger ranges too (hostlist.c's MAX_RANGE); it also keeps a typo from building a huge list.
+MAX_RANGE = 1 << 16
+_RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z")
+_COUNT_RE = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?\Z")
+_NUMBER_RE = re.compile(r"[0-9]+\Z")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The hosts of a Slurm job with their task slots, and the task count the user asked for, if any."""
+
+    job_id: str
+    hosts: tuple[Host, ...]
+    num_tasks: int | None
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas and blanks outside brackets: `a[1,3],b` is two entries."""
+    entries: list[str] = []
+    depth, start = 0, 0
+    for at, char in enumerate(text):
+        if char == "[":
+            if depth:
+                raise ValueError("nested '['")
+            depth = 1
+        elif char == "]":
+            if not depth:
+                raise ValueError("']' without '['")
+            depth = 0
+        elif not depth and (char == "," or char.isspace()):
+            entries.append(text[start:at])
+            start = at + 1
+    if depth:
+        raise ValueError("missing ']'")
+    entries.append(text[start:])
+    return [entry for entry in entries if entry]
+
+
+def _numbers(ranges: str) -> Iterator[str]:
+    """`01-03,7` -> 01 02 03 7: each range keeps the zero padding of its lower bound, as Slurm does."""
+    for part in ranges.split(","):
+        match = _RANGE_RE.match(part)
+        if match is None:
+            raise ValueError(f"bad range {part!r} (expected N or N-M)")
+        low_text, high_text = match.groups()
+        low = int(low_text)
+        high = low if high_text is None else int(high_text)
+        if high < low:
+            raise ValueError(f"range {part!r} runs backwards")
+        if high - low >= MAX_RANGE:
+            raise ValueError(f"range {part!r} has more than {MAX_RANGE} hosts")
+        width = len(low_text)
+        yield from (str(number).zfill(width) for number in range(low, high + 1))
+
+
+def _expand(entry: str) -> Iterator[str]:
+    """Bracket groups multiply out, the first outermost: `r[1-2]-n[1-2]` -> r1-n1 r1-n2 r2-n1 r2-n2."""
+    open_at = entry.find("[")
+    if open_at < 0:
+        yield entry
+        return
+    close_at = entry.index("]", open_at)
+    prefix, ranges, rest = entry[:open_at], entry[open_at + 1 : close_at], entry[close_at + 1 :]
+    tails = list(_expand(rest))
+    for number in _numbers(ranges):
+        yield from (prefix + number + tail for tail in tails)
+
+
+def expand_hostlist(text: str) -> tuple[str, ...]:
+    """Slurm hostlist syntax to host names in order; ValueError says what is wrong."""
+    names: list[str] = []
+    seen: set[str] = set()
+    for entry in _split_top_level(text):
+        for name in _expand(entry):
+            if not is_host_name(name):
+                raise ValueError(f"bad host name {name!r}")
+            if name in seen:
+                raise ValueError(f"host {name!r} is listed twice")
+            seen.add(name)
+            names.append(name)
+    if not names:
+        raise ValueError("no hosts")
+    return tuple(names)
+
+
+def expand_counts(text: str) -> tuple[int, ...]:
+    """Slurm's per-node counts, `2(x3),1` -> 2 2 2 1; ValueError says what is wrong."""
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _COUNT_RE.match(part.strip())
+        if match is None:
+            raise ValueError(f"bad count {part!r} (expected N or N(xR))")
+        count, repeat = int(match.group(1)), int(match.group(2) or 1)
+        if count == 0 or repeat == 0:
+            raise ValueError(f"count {part!r} is zero")
+        if repeat > MAX_RANGE:
+            raise ValueError(f"count {part!r} repeats more than {MAX_RANGE} times")
+        counts.extend([count] * repeat)
+    return tuple(counts)
+
+
+def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
+    """The allocation described by `env`, or None outside Slurm (no `SLURM_JOB_ID`).
+
+    Without `SLURM_TASKS_PER_NODE` every node gets one slot; without `SLURM_NTASKS` the task count is open.
+    """
+    job_id = env.get(JOB_ID)
+    if not job_id:
+        return None
+    nodelist = env.get(NODELIST)
+    if not nodelist:
+        raise SlurmEnvError(f"{JOB_ID}={job_id} is set but {NODELIST} is not: cannot tell the job's hosts")
+    try:
+        names = expand_hostlist(nodelist)
+    except ValueError as err:
+        raise SlurmEnvError(f"{NODELIST}={nodelist!r}: {err}") from None
+    tasks = env.get(TASKS_PER_NODE)
+    slots: tuple[int, ...] = (1,) * len(names)
+    if tasks is not None:
+        try:
+            slots = expand_counts(tasks)
+        except ValueError as err:
+            raise SlurmEnvError(f"{TASKS_PER_NODE}={tasks!r}: {err}") from None
+        if len(slots) != len(names):
+            raise SlurmEnvError(
+                f"{TASKS_PER_NODE}={tasks!r} gives {len(slots)} task counts "
+                f"for the {len(names)} hosts of {NODELIST}={nodelist!r}"
+            )
+    num_tasks = None
+    ntasks = env.get(NTASKS)
+    if ntasks is not None:
+        if not (_NUMBER_RE.match(ntasks) and int(ntasks) > 0):
+            raise SlurmEnvError(f"{NTASKS}={ntasks!r}: expected a positive integer")
+        num_tasks = int(ntasks)
+    origin = f"{NODELIST} of Slurm job {job_id}"
+    hosts = tuple(Host(name, slots=count, origin=origin) for name, count in zip(names, slots, strict=True))
+    return Allocation(job_id=job_id, hosts=hosts, num_tasks=num_tasks)
