@@ -11,7 +11,7 @@ to four runtime dependencies, and python-hostlist is GPL-2.0-or-later while dist
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import SlurmEnvError
@@ -159,3 +159,26 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     origin = f"{NODELIST} of Slurm job {job_id}"
     hosts = tuple(Host(name, slots=count, origin=origin) for name, count in zip(names, slots, strict=True))
     return Allocation(job_id=job_id, hosts=hosts, num_tasks=num_tasks)
+
+
+def srun_argv(node: str, command: Sequence[str]) -> list[str]:
+    """`srun` running `command` as the single task of a new step on `node` of the current allocation.
+
+    `--overlap` lets the step share the CPUs the job's own steps hold (and gives it every non-GRES resource of
+    the node, so a cgroup cpuset does not squeeze all ranks onto one core); `--unbuffered` keeps slurmstepd
+    from holding output until a newline, which a binary channel would not survive; the explicit task counts
+    win over `SLURM_NTASKS*` that salloc/sbatch put in our environment.
+    """
+    return [
+        "srun",
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--cpu-bind=none",
+        "--unbuffered",
+        "--quiet",
+        "--nodes=1",
+        "--ntasks=1",
+        "--ntasks-per-node=1",
+        f"--nodelist={node}",
+        *command,
+    ]

@@ -6,7 +6,7 @@ import pytest
 
 from launcher.errors import EXIT_USAGE, SlurmEnvError
 from launcher.hosts import Host
-from launcher.slurm import Allocation, allocation_from_env, expand_counts, expand_hostlist
+from launcher.slurm import Allocation, allocation_from_env, expand_counts, expand_hostlist, srun_argv
 
 
 @pytest.mark.parametrize(
@@ -152,3 +152,11 @@ def test_bad_allocation_names_the_variable(env: dict[str, str], message: str) ->
         allocation_from_env({"SLURM_JOB_ID": "9", **env})
     assert str(info.value) == message
     assert info.value.exit_code == EXIT_USAGE
+
+
+def test_srun_argv_runs_one_unbuffered_overlapping_task_on_the_node() -> None:
+    argv = srun_argv("node02", ["python3", "-c", "pass"])
+    assert argv[0] == "srun"
+    assert argv[-4:] == ["--nodelist=node02", "python3", "-c", "pass"]
+    for option in ("--overlap", "--kill-on-bad-exit=1", "--cpu-bind=none", "--unbuffered", "--ntasks=1"):
+        assert option in argv

@@ -1,0 +1,139 @@
+"""distrun inside real Slurm allocations: hosts from Slurm, agents started with srun, no sshd anywhere.
+
+"Clean" always means: every node runs nothing but its slurmd (no agent, rank, slurmstepd or srun task left).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.slurm.cluster import SlurmCluster
+from tests.support import REPO, SCRIPTS, distrun_argv
+
+pytestmark = pytest.mark.slurm
+
+NODES = ["node01", "node02", "node03"]
+
+
+def slurm_env(slurm: SlurmCluster) -> dict[str, str]:
+    return slurm.env(PYTHONPATH=str(REPO))
+
+
+def assert_clean(slurm: SlurmCluster, within: float = 15.0) -> None:
+    left = slurm.wait_clean(timeout=within)
+    assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
+    slurm.wait_idle()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def salloc(slurm: SlurmCluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["salloc", *args], env=slurm_env(slurm), cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_salloc_runs_six_ranks_on_three_nodes_without_ssh(slurm: SlurmCluster) -> None:
+    script = SCRIPTS / "allreduce.py"
+    result = salloc(slurm, "-N3", "--ntasks-per-node=2", *distrun_argv("--prefix", "host", script))
+    assert result.returncode == 0, result.stderr
+    hosts = [NODES[r // 2] for r in range(6)]
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
+        f"[{hosts[r]}:{r}] rank {r} of 6 sum=21 host={hosts[r]}" for r in range(6)
+    ]
+    assert not [p for n in NODES for p in slurm.network.processes(n) if p.name() == "sshd"]
+    assert_clean(slurm)
+
+
+def test_dry_run_inside_an_allocation_shows_the_slurm_nodes(slurm: SlurmCluster) -> None:
+    result = salloc(slurm, "-N2", "--ntasks-per-node=2", *distrun_argv("--dry-run", "x.py"))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "dry run: 4 processes on 2 hosts; nothing is started"
+    assert "launcher: srun" in lines
+    assert [line.split()[2] for line in lines if line.startswith("rank ")] == [
+        "host=node01",
+        "host=node01",
+        "host=node02",
+        "host=node02",
+    ]
+    slurm.wait_idle()
+
+
+def test_sbatch_wait_wrap_runs_distrun_on_the_first_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    output = tmp_path / "job.out"
+    wrap = "hostname; " + shlex.join(distrun_argv("--prefix", "host", SCRIPTS / "allreduce.py"))
+    result = subprocess.run(
+        ["sbatch", "--wait", "-N3", "--ntasks-per-node=1", f"--output={output}", "--wrap", wrap],
+        env=slurm_env(slurm),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    text = output.read_text()
+    assert result.returncode == 0, result.stderr + text
+    lines = text.splitlines()
+    assert lines[0] == "node01", "the batch script (and distrun) runs on the allocation's first node"
+    assert sorted(line for line in lines if line.startswith("[")) == [
+        f"[{NODES[r]}:{r}] rank {r} of 3 sum=6 host={NODES[r]}" for r in range(3)
+    ]
+    assert_clean(slurm)
+
+
+def test_rank_failure_under_slurm_stops_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    args = ("--pid-dir", str(tmp_path), "--fail-rank", "4")
+    result = salloc(slurm, "-N3", "--ntasks-per-node=2", *distrun_argv(SCRIPTS / "behave.py", *args))
+    assert result.returncode == 5, result.stderr
+    assert "rank 4 (host node03) exited with code 5" in result.stderr
+    assert_clean(slurm)
+
+
+def test_sigkill_of_distrun_under_slurm_leaves_nothing_on_any_node(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    """The allocation outlives distrun (the shell sleeps on), so only distrun's own clean-up can stop the
+    job's processes: srun clients that lose their stdin, agents that see EOF or miss heartbeats."""
+    pid_file = tmp_path / "distrun.pid"
+    argv = distrun_argv(SCRIPTS / "behave.py", "--pid-dir", tmp_path)
+    shell = f'"$@" & echo $! > {shlex.quote(str(pid_file))}; wait $!; exec sleep 600'
+    alloc = subprocess.Popen(
+        ["salloc", "-N3", "--ntasks-per-node=1", "sh", "-c", shell, "sh", *argv],
+        env=slurm_env(slurm),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3 and pid_file.exists())
+        assert all(slurm.processes(node) for node in NODES)
+        distrun = psutil.Process(int(pid_file.read_text()))
+        assert [p.name() for p in distrun.children()] == ["srun"] * 3, "one srun client per node"
+        srun_clients = distrun.children(recursive=True)
+        distrun.send_signal(signal.SIGKILL)
+        left = slurm.wait_clean(timeout=20.0)
+        assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
+        _, alive = psutil.wait_procs(srun_clients, timeout=10)
+        assert alive == [], "srun clients outlived their steps"
+    finally:
+        # salloc runs its command in a process group of its own: end the shell's sleep, and salloc follows.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for proc in psutil.Process(alloc.pid).children(recursive=True):
+                proc.kill()
+        alloc.communicate(timeout=60)
+    slurm.wait_idle()
