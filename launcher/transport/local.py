@@ -15,18 +15,20 @@ from launcher.transport.bootstrap import local_argv
 from launcher.transport.link import Link
 
 
-class LocalLink:
-    """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
+class ProcessLink:
+    """An agent behind a child process of ours (the agent itself, or `srun` running it), over its pipes."""
 
     heartbeat = False
     peer_addr: str | None = None
     local_addr: str | None = None
+    # How long the process may take to end after EOF: the agent may still be stopping its ranks.
+    close_wait = ORPHAN_GRACE_CAP + 1.0
 
-    def __init__(self, host: str, python: str = sys.executable) -> None:
+    def __init__(self, host: str, argv: Sequence[str]) -> None:
         self.host = host
         # Own session: the terminal's Ctrl-C reaches only distrun, which then stops the job in order.
         self._proc = subprocess.Popen(
-            local_argv(python),
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -61,7 +63,7 @@ class LocalLink:
                 self._proc.stdin.close()
         # After EOF the agent may still be stopping its ranks (SIGTERM, then SIGKILL): let it finish.
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=ORPHAN_GRACE_CAP + 1.0)
+            self._proc.wait(timeout=self.close_wait)
         if self._proc.poll() is None:
             self.abort()
         for stream in (self._proc.stdout, self._proc.stderr):
@@ -72,6 +74,13 @@ class LocalLink:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+
+
+class LocalLink(ProcessLink):
+    """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
+
+    def __init__(self, host: str, python: str = sys.executable) -> None:
+        super().__init__(host, local_argv(python))
 
 
 class LocalTransport:
