@@ -161,13 +161,50 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     return Allocation(job_id=job_id, hosts=hosts, num_tasks=num_tasks)
 
 
+# What slurmstepd tells the task of a step about that step. For the agent's one-task step it is "task 0 of 1",
+# which is false for every rank the agent starts, and libraries that prefer SLURM_* over torchrun's variables
+# (Lightning reads SLURM_NTASKS and SLURM_PROCID) would make every rank rank 0 of 1. The job's own variables
+# (SLURM_JOB_ID, SLURM_JOB_NODELIST, ...) stay.
+STEP_VARIABLES = (
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_GTIDS",
+    "SLURM_TASK_PID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_NNODES",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEPID",
+    "SLURM_STEP_ID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_STEP_NUM_NODES",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_STEP_LAUNCHER_PORT",
+    "SLURM_SRUN_COMM_HOST",
+    "SLURM_SRUN_COMM_PORT",
+    "SLURM_LAUNCH_NODE_IPADDR",
+    "SLURM_DISTRIBUTION",
+    "SLURM_CPU_BIND",
+    "SLURM_CPU_BIND_LIST",
+    "SLURM_CPU_BIND_TYPE",
+    "SLURM_CPU_BIND_VERBOSE",
+    "SLURM_TOPOLOGY_ADDR",
+    "SLURM_TOPOLOGY_ADDR_PATTERN",
+)
+
+
 def srun_argv(node: str, command: Sequence[str]) -> list[str]:
     """`srun` running `command` as the single task of a new step on `node` of the current allocation.
 
     `--overlap` lets the step share the CPUs the job's own steps hold (and gives it every non-GRES resource of
     the node, so a cgroup cpuset does not squeeze all ranks onto one core); `--unbuffered` keeps slurmstepd
     from holding output until a newline, which a binary channel would not survive; the explicit task counts
-    win over `SLURM_NTASKS*` that salloc/sbatch put in our environment.
+    win over `SLURM_NTASKS*` that salloc/sbatch put in our environment; `--mpi=none`: the agent is no MPI
+    program, so no PMI server is set up for it. `env -u` drops the step's description (`STEP_VARIABLES`)
+    before the agent, and so every rank, inherits it.
     """
     return [
         "srun",
@@ -176,9 +213,12 @@ def srun_argv(node: str, command: Sequence[str]) -> list[str]:
         "--cpu-bind=none",
         "--unbuffered",
         "--quiet",
+        "--mpi=none",
         "--nodes=1",
         "--ntasks=1",
         "--ntasks-per-node=1",
         f"--nodelist={node}",
+        "env",
+        *(arg for name in STEP_VARIABLES for arg in ("-u", name)),
         *command,
     ]

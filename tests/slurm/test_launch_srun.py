@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 import signal
 import subprocess
@@ -56,6 +57,21 @@ def test_salloc_runs_six_ranks_on_three_nodes_without_ssh(slurm: SlurmCluster) -
         f"[{hosts[r]}:{r}] rank {r} of 6 sum=21 host={hosts[r]}" for r in range(6)
     ]
     assert not [p for n in NODES for p in slurm.network.processes(n) if p.name() == "sshd"]
+    assert_clean(slurm)
+
+
+def test_ranks_see_the_job_not_the_agents_step(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """Each rank's SLURM_* describe the job; "task 0 of a 1-task step" (the agent's) would mislead
+    libraries that read SLURM_PROCID/SLURM_NTASKS, so those are gone and distrun's variables rule."""
+    result = salloc(slurm, "-N2", *distrun_argv(SCRIPTS / "envdump.py", tmp_path))
+    assert result.returncode == 0, result.stderr
+    envs = [json.loads((tmp_path / f"{rank}.json").read_text())["env"] for rank in range(2)]
+    for rank, env in enumerate(envs):
+        assert (env["RANK"], env["WORLD_SIZE"], env["DISTRUN_HOSTNAME"]) == (str(rank), "2", NODES[rank])
+        assert env["MASTER_ADDR"] == "node01"
+        assert env["SLURM_JOB_NODELIST"] == "node[01-02]"
+        assert env["SLURM_JOB_ID"] == envs[0]["SLURM_JOB_ID"]
+        assert not {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_LOCALID"} & set(env)
     assert_clean(slurm)
 
 

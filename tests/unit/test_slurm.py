@@ -157,6 +157,9 @@ def test_bad_allocation_names_the_variable(env: dict[str, str], message: str) ->
 def test_srun_argv_runs_one_unbuffered_overlapping_task_on_the_node() -> None:
     argv = srun_argv("node02", ["python3", "-c", "pass"])
     assert argv[0] == "srun"
-    assert argv[-4:] == ["--nodelist=node02", "python3", "-c", "pass"]
+    assert argv[-3:] == ["python3", "-c", "pass"]
+    options = argv[: argv.index("env")]
+    assert "--nodelist=node02" in options
     for option in ("--overlap", "--kill-on-bad-exit=1", "--cpu-bind=none", "--unbuffered", "--ntasks=1"):
-        assert option in argv
+        assert option in options
+    assert argv.index("SLURM_PROCID") == argv.index("-u", argv.index("env")) + 1
