@@ -14,6 +14,8 @@ from launcher.protocol import READ_SIZE, write_all
 from launcher.transport.bootstrap import local_argv
 from launcher.transport.link import Link
 
+LAST_WORDS_WAIT = 2.0
+
 
 class ProcessLink:
     """An agent behind a child process of ours (the agent itself, or `srun` running it), over its pipes."""
@@ -53,7 +55,13 @@ class ProcessLink:
 
     def diagnostics(self) -> str:
         err = self._proc.stderr
-        if err is None or self._proc.poll() is None:
+        if err is None:
+            return ""
+        # Asked once our end of the pipe saw EOF: the process is ending, and srun reports a failed step a
+        # moment after its task is gone. Reading stderr before it exits could block.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=LAST_WORDS_WAIT)
+        if self._proc.poll() is None:
             return ""
         return err.read().decode(errors="replace").strip()
 

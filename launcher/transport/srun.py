@@ -7,6 +7,7 @@ SSH hosts: if distrun dies, even by SIGKILL, each srun loses its stdin and the a
 
 from __future__ import annotations
 
+import re
 import subprocess
 from collections.abc import Sequence
 
@@ -19,6 +20,9 @@ from launcher.transport.bootstrap import remote_command, shipped_sources
 from launcher.transport.link import Link
 from launcher.transport.local import ProcessLink
 
+# srun's lines that say nothing the agent has not said better: "srun: error: node01: task 0: Exited with exit
+# code 127", and the notice that a cluster without task/affinity ignores --cpu-bind.
+_SRUN_NOISE = re.compile(r"srun: (error: \S+: tasks? [0-9,-]+: |.*lacks support for cpu binding)")
 # srun turns SIGTERM into SIGKILL for every task of its step: how long to let it cancel the step.
 CANCEL_WAIT = 5.0
 
@@ -41,6 +45,11 @@ class SrunLink(ProcessLink):
                 write_all(self._in, source)
         except OSError:
             pass  # srun already exited: the closed link and its stderr say why
+
+    def diagnostics(self) -> str:
+        """The agent's last words, without srun's restatement of the task's end after them."""
+        said = super().diagnostics().splitlines()
+        return "\n".join(line for line in said if not _SRUN_NOISE.match(line))
 
     def abort(self) -> None:
         """Cancel the step: srun answers SIGTERM by killing every task of it, wherever it runs."""

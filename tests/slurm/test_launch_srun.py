@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import shlex
 import signal
 import subprocess
@@ -119,37 +121,87 @@ def test_rank_failure_under_slurm_stops_every_node(slurm: SlurmCluster, tmp_path
     assert_clean(slurm)
 
 
-def test_sigkill_of_distrun_under_slurm_leaves_nothing_on_any_node(
-    slurm: SlurmCluster, tmp_path: Path
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (
+            ("--launcher", "srun", "-H", "node09", "hostname"),
+            3,
+            "distrun: error: host node09: the distrun agent exited before answering: srun: error: "
+            "Unable to create step for job [0-9]+: Requested node configuration is not available",
+        ),
+        (
+            ("--python", "/no/python", "x.py"),
+            3,
+            # Both nodes fail alike; whichever distrun hears of first is named.
+            "distrun: error: host node0[12]: the distrun agent exited before answering: "
+            "distrun: no Python interpreter found here \\(tried /no/python\\)",
+        ),
+        (("-np", "5", "hostname"), 2, "distrun: error: requested 5 processes but the hosts provide 2 slots"),
+    ],
+)
+def test_bad_launches_under_slurm_are_one_line(
+    slurm: SlurmCluster, args: tuple[str, ...], code: int, message: str
 ) -> None:
-    """The allocation outlives distrun (the shell sleeps on), so only distrun's own clean-up can stop the
-    job's processes: srun clients that lose their stdin, agents that see EOF or miss heartbeats."""
-    pid_file = tmp_path / "distrun.pid"
-    argv = distrun_argv(SCRIPTS / "behave.py", "--pid-dir", tmp_path)
-    shell = f'"$@" & echo $! > {shlex.quote(str(pid_file))}; wait $!; exec sleep 600'
-    alloc = subprocess.Popen(
-        ["salloc", "-N3", "--ntasks-per-node=1", "sh", "-c", shell, "sh", *argv],
-        env=slurm_env(slurm),
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    result = salloc(slurm, "-N2", *distrun_argv(*args))
+    assert result.returncode == code
+    said = [line for line in result.stderr.splitlines() if line.startswith("distrun")]
+    assert len(said) == 1 and re.fullmatch(message, said[0]), result.stderr
+    assert_clean(slurm)
+
+
+class Stopped:
+    """distrun running under salloc, in the background of a shell that keeps the allocation alive after it
+    (so only distrun's own clean-up, not the end of the job, can stop what it started)."""
+
+    def __init__(self, slurm: SlurmCluster, tmp_path: Path, *args: str | os.PathLike[str]) -> None:
+        self.pid_file, self.code_file = tmp_path / "distrun.pid", tmp_path / "distrun.code"
+        pid, code = shlex.quote(str(self.pid_file)), shlex.quote(str(self.code_file))
+        shell = f'"$@" & echo $! > {pid}; wait $!; echo $? > {code}; exec sleep 600'
+        self.alloc = subprocess.Popen(
+            ["salloc", "-N3", "--ntasks-per-node=1", "sh", "-c", shell, "sh", *distrun_argv(*args)],
+            env=slurm_env(slurm),
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def distrun(self) -> psutil.Process:
+        _wait_for(self.pid_file.exists)
+        return psutil.Process(int(self.pid_file.read_text()))
+
+    def exit_code(self) -> int:
+        _wait_for(lambda: self.code_file.exists() and self.code_file.read_text().strip() != "")
+        return int(self.code_file.read_text())
+
+    def end(self) -> None:
+        # salloc runs its command in a process group of its own: end the shell's sleep, and salloc follows.
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for proc in psutil.Process(self.alloc.pid).children(recursive=True):
+                proc.kill()
+        self.alloc.communicate(timeout=60)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGKILL, 137), (signal.SIGTERM, 143)])
+def test_killing_distrun_under_slurm_leaves_nothing_on_any_node(
+    slurm: SlurmCluster, tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """SIGKILL: srun clients lose their stdin and each agent sees EOF (or misses heartbeats).
+    SIGTERM: distrun stops every rank itself and exits 143."""
+    job = Stopped(slurm, tmp_path, SCRIPTS / "behave.py", "--pid-dir", tmp_path)
     try:
-        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3 and pid_file.exists())
+        distrun = job.distrun()
+        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
         assert all(slurm.processes(node) for node in NODES)
-        distrun = psutil.Process(int(pid_file.read_text()))
         assert [p.name() for p in distrun.children()] == ["srun"] * 3, "one srun client per node"
         srun_clients = distrun.children(recursive=True)
-        distrun.send_signal(signal.SIGKILL)
+        distrun.send_signal(sig)
+        assert job.exit_code() == code
         left = slurm.wait_clean(timeout=20.0)
         assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
         _, alive = psutil.wait_procs(srun_clients, timeout=10)
         assert alive == [], "srun clients outlived their steps"
     finally:
-        # salloc runs its command in a process group of its own: end the shell's sleep, and salloc follows.
-        with contextlib.suppress(psutil.NoSuchProcess):
-            for proc in psutil.Process(alloc.pid).children(recursive=True):
-                proc.kill()
-        alloc.communicate(timeout=60)
+        job.end()
     slurm.wait_idle()
