@@ -65,10 +65,14 @@ class ProcessLink:
             return ""
         return err.read().decode(errors="replace").strip()
 
-    def close(self) -> None:
+    def close_input(self) -> None:
+        """The agent sees EOF on stdin: it stops what still runs and exits."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
+
+    def close(self) -> None:
+        self.close_input()
         # After EOF the agent may still be stopping its ranks (SIGTERM, then SIGKILL): let it finish.
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout=self.close_wait)
