@@ -205,3 +205,41 @@ def test_killing_distrun_under_slurm_leaves_nothing_on_any_node(
     finally:
         job.end()
     slurm.wait_idle()
+
+
+def test_sigkill_of_distrun_and_its_srun_clients_leaves_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """With the srun clients killed too, slurmstepd loses srun's I/O connection and closes the tasks' stdin:
+    each agent sees EOF and stops its ranks."""
+    job = Stopped(slurm, tmp_path, SCRIPTS / "behave.py", "--pid-dir", tmp_path)
+    try:
+        distrun = job.distrun()
+        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+        for proc in [distrun, *distrun.children(recursive=True)]:
+            proc.send_signal(signal.SIGKILL)
+        assert job.exit_code() == 137
+        left = slurm.wait_clean(timeout=30.0)
+        assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
+    finally:
+        job.end()
+    slurm.wait_idle()
+
+
+def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """distrun stopped (SIGSTOP), its srun clients alive, no EOF anywhere: only the missing heartbeats
+    (--ssh-keepalive 1: dead after 5 s) tell the agents, which stop their ranks."""
+    job = Stopped(slurm, tmp_path, "--ssh-keepalive", "1", SCRIPTS / "behave.py", "--pid-dir", tmp_path)
+    try:
+        distrun = job.distrun()
+        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+        ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+        distrun.send_signal(signal.SIGSTOP)
+        _, alive = psutil.wait_procs([psutil.Process(pid) for pid in ranks], timeout=60)
+        assert alive == [], "ranks outlived the silence of their launcher"
+        assert distrun.status() == psutil.STATUS_STOPPED, "the ranks ended while distrun was still stopped"
+        distrun.send_signal(signal.SIGKILL)
+        assert job.exit_code() == 137
+        left = slurm.wait_clean(timeout=30.0)
+        assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
+    finally:
+        job.end()
+    slurm.wait_idle()
