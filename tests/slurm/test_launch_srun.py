@@ -25,6 +25,7 @@ from tests.support import REPO, SCRIPTS, distrun_argv
 pytestmark = pytest.mark.slurm
 
 NODES = ["node01", "node02", "node03"]
+RESTARTABLE = SCRIPTS / "restartable.py"
 
 
 def slurm_env(slurm: SlurmCluster) -> dict[str, str]:
@@ -243,3 +244,57 @@ def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, t
     finally:
         job.end()
     slurm.wait_idle()
+
+
+def _world(out: Path, attempt: int) -> dict[int, tuple[str, str, str]]:
+    """rank -> (host, WORLD_SIZE, MASTER_PORT) as the ranks of that attempt saw it."""
+    found = {}
+    for path in out.glob(f"a{attempt}.r*.json"):
+        env = json.loads(path.read_text())
+        found[int(env["RANK"])] = (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], env["MASTER_PORT"])
+    return found
+
+
+def test_max_restarts_under_slurm_restarts_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    args = ("--max-restarts", "1", "--restart-delay", "0", RESTARTABLE, "--out", tmp_path, "--fail", "0:4:7")
+    result = salloc(slurm, "-N3", "--ntasks-per-node=2", *distrun_argv(*args))
+    assert result.returncode == 0, result.stderr
+    assert "attempt 0 failed: rank 4 (host node03) exited with code 7; restarting" in result.stderr
+    first, second = _world(tmp_path, 0), _world(tmp_path, 1)
+    assert [second[rank][:2] for rank in sorted(second)] == [(NODES[r // 2], "6") for r in range(6)]
+    assert {port for *_, port in second.values()} != {port for *_, port in first.values()}
+    assert_clean(slurm)
+
+
+def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """node03 drops off the network mid-run: distrun misses its heartbeats, names it, and the job goes on
+    elastically on node01 and node02; node03's agent, cut off, stops its own ranks."""
+    proc = subprocess.Popen(
+        [
+            *("salloc", "-N3", "--ntasks-per-node=1"),
+            *distrun_argv(
+                *("--ssh-keepalive", "0.5", "--restart-delay", "0", "--min-np", "2"),
+                *(RESTARTABLE, "--out", tmp_path, "--wait-attempt", "0"),
+            ),
+        ],
+        env=slurm_env(slurm),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for(lambda: len(list(tmp_path.glob("a0.r*.pid"))) == 3)
+    slurm.network.link_down("node03")
+    try:
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "attempt 0 failed: lost host node03" in err
+        assert {r: (h, n) for r, (h, n, _) in _world(tmp_path, 1).items()} == {
+            0: ("node01", "2"),
+            1: ("node02", "2"),
+        }
+        # Only slurmstepd waits on node03, to report its step to a controller it cannot reach.
+        _wait_for(lambda: {p.name() for p in slurm.processes("node03")} <= {"slurmstepd"}, timeout=30)
+    finally:
+        slurm.network.link_up("node03")
+    assert_clean(slurm, within=60.0)
