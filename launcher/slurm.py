@@ -11,8 +11,9 @@ to four runtime dependencies, and python-hostlist is GPL-2.0-or-later while dist
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from launcher.errors import SlurmEnvError
 from launcher.hosts import Host, is_host_name
@@ -27,6 +28,7 @@ MAX_RANGE = 1 << 16
 _RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z")
 _COUNT_RE = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?\Z")
 _NUMBER_RE = re.compile(r"[0-9]+\Z")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,23 @@ def expand_counts(text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def _positive_count(text: str) -> int:
+    if not (_NUMBER_RE.match(text) and int(text) > 0):
+        raise ValueError("expected a positive integer")
+    return int(text)
+
+
+def _read(env: Mapping[str, str], name: str, parse: Callable[[str], _T]) -> _T | None:
+    """`parse` of variable `name`, None when it is unset; a bad value is one line naming the variable."""
+    value = env.get(name)
+    if value is None:
+        return None
+    try:
+        return parse(value)
+    except ValueError as err:
+        raise SlurmEnvError(f"{name}={value!r}: {err}") from None
+
+
 def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     """The allocation described by `env`, or None outside Slurm (no `SLURM_JOB_ID`).
 
@@ -131,34 +150,18 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     job_id = env.get(JOB_ID)
     if not job_id:
         return None
-    nodelist = env.get(NODELIST)
-    if not nodelist:
+    names = _read(env, NODELIST, expand_hostlist)
+    if names is None:
         raise SlurmEnvError(f"{JOB_ID}={job_id} is set but {NODELIST} is not: cannot tell the job's hosts")
-    try:
-        names = expand_hostlist(nodelist)
-    except ValueError as err:
-        raise SlurmEnvError(f"{NODELIST}={nodelist!r}: {err}") from None
-    tasks = env.get(TASKS_PER_NODE)
-    slots: tuple[int, ...] = (1,) * len(names)
-    if tasks is not None:
-        try:
-            slots = expand_counts(tasks)
-        except ValueError as err:
-            raise SlurmEnvError(f"{TASKS_PER_NODE}={tasks!r}: {err}") from None
-        if len(slots) != len(names):
-            raise SlurmEnvError(
-                f"{TASKS_PER_NODE}={tasks!r} gives {len(slots)} task counts "
-                f"for the {len(names)} hosts of {NODELIST}={nodelist!r}"
-            )
-    num_tasks = None
-    ntasks = env.get(NTASKS)
-    if ntasks is not None:
-        if not (_NUMBER_RE.match(ntasks) and int(ntasks) > 0):
-            raise SlurmEnvError(f"{NTASKS}={ntasks!r}: expected a positive integer")
-        num_tasks = int(ntasks)
+    slots = _read(env, TASKS_PER_NODE, expand_counts) or (1,) * len(names)
+    if len(slots) != len(names):
+        raise SlurmEnvError(
+            f"{TASKS_PER_NODE}={env[TASKS_PER_NODE]!r} gives {len(slots)} task counts "
+            f"for the {len(names)} hosts of {NODELIST}={env[NODELIST]!r}"
+        )
     origin = f"{NODELIST} of Slurm job {job_id}"
     hosts = tuple(Host(name, slots=count, origin=origin) for name, count in zip(names, slots, strict=True))
-    return Allocation(job_id=job_id, hosts=hosts, num_tasks=num_tasks)
+    return Allocation(job_id=job_id, hosts=hosts, num_tasks=_read(env, NTASKS, _positive_count))
 
 
 # What slurmstepd tells the task of a step about that step. For the agent's one-task step it is "task 0 of 1",

@@ -32,9 +32,14 @@ def slurm_env(slurm: SlurmCluster) -> dict[str, str]:
     return slurm.env(PYTHONPATH=str(REPO))
 
 
-def assert_clean(slurm: SlurmCluster, within: float = 15.0) -> None:
+def assert_nodes_clean(slurm: SlurmCluster, within: float = 30.0) -> None:
     left = slurm.wait_clean(timeout=within)
     assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
+
+
+def assert_clean(slurm: SlurmCluster, within: float = 30.0) -> None:
+    """Nothing left on the nodes, and no job left in the queue for the next test to wait behind."""
+    assert_nodes_clean(slurm, within)
     slurm.wait_idle()
 
 
@@ -151,16 +156,19 @@ def test_bad_launches_under_slurm_are_one_line(
     assert_clean(slurm)
 
 
-class Stopped:
-    """distrun running under salloc, in the background of a shell that keeps the allocation alive after it
-    (so only distrun's own clean-up, not the end of the job, can stop what it started)."""
+class Outlived:
+    """distrun under salloc on 3 nodes, in the background of a shell that keeps the allocation alive after
+    it, so that only distrun's own clean-up, not the end of the job, can stop what it started. As a context:
+    waits for the 3 ranks on entry; on exit ends the allocation and waits until the queue is empty."""
 
     def __init__(self, slurm: SlurmCluster, tmp_path: Path, *args: str | os.PathLike[str]) -> None:
+        self.slurm, self.pid_dir = slurm, tmp_path
         self.pid_file, self.code_file = tmp_path / "distrun.pid", tmp_path / "distrun.code"
         pid, code = shlex.quote(str(self.pid_file)), shlex.quote(str(self.code_file))
         shell = f'"$@" & echo $! > {pid}; wait $!; echo $? > {code}; exec sleep 600'
+        argv = distrun_argv(*args, SCRIPTS / "behave.py", "--pid-dir", tmp_path)
         self.alloc = subprocess.Popen(
-            ["salloc", "-N3", "--ntasks-per-node=1", "sh", "-c", shell, "sh", *distrun_argv(*args)],
+            ["salloc", "-N3", "--ntasks-per-node=1", "sh", "-c", shell, "sh", *argv],
             env=slurm_env(slurm),
             cwd=REPO,
             stdout=subprocess.DEVNULL,
@@ -168,82 +176,66 @@ class Stopped:
             start_new_session=True,
         )
 
-    def distrun(self) -> psutil.Process:
-        _wait_for(self.pid_file.exists)
+    def __enter__(self) -> psutil.Process:
+        """The distrun process, once all its ranks run."""
+        _wait_for(lambda: self.pid_file.exists() and len(list(self.pid_dir.glob("rank*.pid"))) == 3)
         return psutil.Process(int(self.pid_file.read_text()))
 
     def exit_code(self) -> int:
         _wait_for(lambda: self.code_file.exists() and self.code_file.read_text().strip() != "")
         return int(self.code_file.read_text())
 
-    def end(self) -> None:
+    def __exit__(self, *exc: object) -> None:
         # salloc runs its command in a process group of its own: end the shell's sleep, and salloc follows.
         with contextlib.suppress(psutil.NoSuchProcess):
             for proc in psutil.Process(self.alloc.pid).children(recursive=True):
                 proc.kill()
         self.alloc.communicate(timeout=60)
+        self.slurm.wait_idle()
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGKILL, 137), (signal.SIGTERM, 143)])
 def test_killing_distrun_under_slurm_leaves_nothing_on_any_node(
     slurm: SlurmCluster, tmp_path: Path, sig: signal.Signals, code: int
 ) -> None:
-    """SIGKILL: srun clients lose their stdin and each agent sees EOF (or misses heartbeats).
+    """SIGKILL: srun clients lose their stdin and each agent sees EOF.
     SIGTERM: distrun stops every rank itself and exits 143."""
-    job = Stopped(slurm, tmp_path, SCRIPTS / "behave.py", "--pid-dir", tmp_path)
-    try:
-        distrun = job.distrun()
-        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+    job = Outlived(slurm, tmp_path)
+    with job as distrun:
         assert all(slurm.processes(node) for node in NODES)
         assert [p.name() for p in distrun.children()] == ["srun"] * 3, "one srun client per node"
         srun_clients = distrun.children(recursive=True)
         distrun.send_signal(sig)
         assert job.exit_code() == code
-        left = slurm.wait_clean(timeout=20.0)
-        assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
+        assert_nodes_clean(slurm)
         _, alive = psutil.wait_procs(srun_clients, timeout=10)
         assert alive == [], "srun clients outlived their steps"
-    finally:
-        job.end()
-    slurm.wait_idle()
 
 
 def test_sigkill_of_distrun_and_its_srun_clients_leaves_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
     """With the srun clients killed too, slurmstepd loses srun's I/O connection and closes the tasks' stdin:
     each agent sees EOF and stops its ranks."""
-    job = Stopped(slurm, tmp_path, SCRIPTS / "behave.py", "--pid-dir", tmp_path)
-    try:
-        distrun = job.distrun()
-        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+    job = Outlived(slurm, tmp_path)
+    with job as distrun:
         for proc in [distrun, *distrun.children(recursive=True)]:
             proc.send_signal(signal.SIGKILL)
         assert job.exit_code() == 137
-        left = slurm.wait_clean(timeout=30.0)
-        assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
-    finally:
-        job.end()
-    slurm.wait_idle()
+        assert_nodes_clean(slurm)
 
 
 def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, tmp_path: Path) -> None:
     """distrun stopped (SIGSTOP), its srun clients alive, no EOF anywhere: only the missing heartbeats
     (--ssh-keepalive 1: dead after 5 s) tell the agents, which stop their ranks."""
-    job = Stopped(slurm, tmp_path, "--ssh-keepalive", "1", SCRIPTS / "behave.py", "--pid-dir", tmp_path)
-    try:
-        distrun = job.distrun()
-        _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
-        ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]
+    job = Outlived(slurm, tmp_path, "--ssh-keepalive", "1")
+    with job as distrun:
+        ranks = [psutil.Process(int(p.read_text())) for p in tmp_path.glob("rank*.pid")]
         distrun.send_signal(signal.SIGSTOP)
-        _, alive = psutil.wait_procs([psutil.Process(pid) for pid in ranks], timeout=60)
+        _, alive = psutil.wait_procs(ranks, timeout=60)
         assert alive == [], "ranks outlived the silence of their launcher"
         assert distrun.status() == psutil.STATUS_STOPPED, "the ranks ended while distrun was still stopped"
         distrun.send_signal(signal.SIGKILL)
         assert job.exit_code() == 137
-        left = slurm.wait_clean(timeout=30.0)
-        assert left == {}, {node: [p.cmdline() for p in procs] for node, procs in left.items()}
-    finally:
-        job.end()
-    slurm.wait_idle()
+        assert_nodes_clean(slurm)
 
 
 def _world(out: Path, attempt: int) -> dict[int, tuple[str, str, str]]:

@@ -127,10 +127,8 @@ def test_allocation_without_task_counts_has_one_slot_per_node() -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        (
-            {"SLURM_JOB_NODELIST": ""},
-            "SLURM_JOB_ID=9 is set but SLURM_JOB_NODELIST is not: cannot tell the job's hosts",
-        ),
+        ({}, "SLURM_JOB_ID=9 is set but SLURM_JOB_NODELIST is not: cannot tell the job's hosts"),
+        ({"SLURM_JOB_NODELIST": ""}, "SLURM_JOB_NODELIST='': no hosts"),
         ({"SLURM_JOB_NODELIST": "n[1-2"}, "SLURM_JOB_NODELIST='n[1-2': missing ']'"),
         (
             {"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "2(x2"},
