@@ -1,4 +1,5 @@
-"""The Slurm allocation distrun runs in, read from the environment (pure: no Slurm commands are run).
+"""The Slurm allocation distrun runs in, read from the environment, and the `srun` command line that starts
+an agent on one of its nodes (pure: no Slurm command is run here).
 
 Inside `salloc`/`sbatch` Slurm describes the allocation in variables: `SLURM_JOB_NODELIST` in hostlist syntax
 (`gpu[01-04,07],cpu-a[1-2]`), `SLURM_TASKS_PER_NODE` as run-length counts (`2(x3),1`) in the same node order,
