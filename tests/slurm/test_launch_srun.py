@@ -213,14 +213,15 @@ def test_killing_distrun_under_slurm_leaves_nothing_on_any_node(
 
 
 def test_sigkill_of_distrun_and_its_srun_clients_leaves_nothing(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """With the srun clients killed too, slurmstepd loses srun's I/O connection and closes the tasks' stdin:
-    each agent sees EOF and stops its ranks."""
+    """With the srun clients killed too, Slurm (InactiveLimit=0) keeps the steps running. Sometimes slurmstepd
+    closes the tasks' stdin when srun's I/O connection drops; where it does not, the agents stop their ranks
+    when distrun's heartbeats stop (here after 10 s)."""
     job = Outlived(slurm, tmp_path)
     with job as distrun:
         for proc in [distrun, *distrun.children(recursive=True)]:
             proc.send_signal(signal.SIGKILL)
         assert job.exit_code() == 137
-        assert_nodes_clean(slurm)
+        assert_nodes_clean(slurm, within=60.0)
 
 
 def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, tmp_path: Path) -> None:
