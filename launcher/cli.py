@@ -21,7 +21,7 @@ from click.core import ParameterSource
 
 from launcher import __version__
 from launcher.command import resolve_command
-from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
+from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMode, RestartOptions, SshOptions
 from launcher.console import guard_std_fds
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
@@ -31,6 +31,7 @@ from launcher.forward import job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import Plan, implicit_localhost, make_plan, plural
+from launcher.slurm import JOB_ID, allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
 
@@ -187,6 +188,11 @@ def _level(source: ParameterSource | None) -> int:
     default=2.0,
     show_default=True,
     help="Probe interval; a host is dead after 5 missed probes.",
+)
+@_option(
+    "--launcher",
+    type=click.Choice(["ssh", "srun", "local"]),
+    help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
 )
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
@@ -431,7 +437,19 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
     resolve_command(command, values["python"] or sys.executable)
     num_proc: int | None = values["num_proc"]
     oversubscribe = bool(values["oversubscribe"])
-    hosts = _hosts(values, sources) or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
+    hosts = _hosts(values, sources)
+    launcher = cast("LauncherKind | None", values["launcher"])
+    if launcher == "local" and hosts is not None:
+        raise UsageError("--launcher local runs every rank on this machine: drop -H/--hostfile")
+    if launcher == "srun" and not os.environ.get(JOB_ID):
+        raise UsageError(f"--launcher srun needs a Slurm allocation (salloc, sbatch): {JOB_ID} is not set")
+    allocation = allocation_from_env(os.environ) if hosts is None and launcher != "local" else None
+    if allocation is not None:
+        hosts = allocation.hosts
+        num_proc = num_proc or allocation.num_tasks
+    if launcher is None:
+        launcher = "srun" if allocation is not None else "ssh"
+    hosts = hosts or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
     refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
     plan = make_plan(hosts, num_proc, oversubscribe)
     ranks = values["ranks"]
@@ -478,6 +496,7 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
             ),
             keepalive_interval=_seconds(values["ssh_keepalive"], label("ssh_keepalive", "--ssh-keepalive")),
         ),
+        launcher=launcher,
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
@@ -508,6 +527,8 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
             for name, value in sorted(redact(travelling, config.redact).items())
         ),
     ]
+    if config.launcher != "ssh":
+        lines.append(f"launcher: {config.launcher}")
     placed, placement_lines = _dry_run_placement(plan, config.placement)
     lines.extend(placement_lines)
     if jenv.unset:

@@ -11,6 +11,9 @@ from launcher.hosts import Host
 
 PrefixMode = Literal["rank", "host", "none"]
 HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
+# ssh: SSH for remote hosts, a local agent for this machine (the default outside Slurm); srun: `srun` steps
+# inside the Slurm allocation; local: every rank on this machine.
+LauncherKind = Literal["ssh", "srun", "local"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class LaunchConfig:
     numa_binding: bool = False
     color: bool | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
+    launcher: LauncherKind = "ssh"
 
     @property
     def placement(self) -> Placement:

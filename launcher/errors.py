@@ -47,6 +47,10 @@ class PlanError(UsageError):
     """The hosts cannot hold the requested processes."""
 
 
+class SlurmEnvError(UsageError):
+    """A Slurm variable distrun reads is malformed; the message names the variable and its value."""
+
+
 class Interrupted(DistrunError):
     """A stopping signal (SIGINT, SIGTERM, SIGHUP, SIGQUIT) arrived before any rank started."""
 

@@ -39,6 +39,11 @@ _HOSTFILE_KEYS = {"slots": "slots", "max_slots": "max_slots", "max-slots": "max_
 _EQUALS_RE = re.compile(r"\s*=\s*")
 
 
+def is_host_name(text: str) -> bool:
+    """A plain host name (or IPv4 address) as `-H` and hostfiles accept it."""
+    return bool(_NAME_RE.match(text))
+
+
 @dataclass(frozen=True)
 class _Token:
     user: str | None

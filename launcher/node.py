@@ -111,18 +111,23 @@ def locality(hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
 
 
 def remote_transport(config: LaunchConfig, progress: ProgressFn | None = None) -> Transport:
-    from launcher.transport.ssh import SshTransport
-
     # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
     pythons = [config.python] if config.python else [sys.executable, "python3"]
+    if config.launcher == "srun":
+        from launcher.transport.srun import SrunTransport
+
+        return SrunTransport(pythons)
+    from launcher.transport.ssh import SshTransport
+
     return SshTransport(config.ssh, pythons, progress)
 
 
 def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:
     """A Node per host, in the order given; all or nothing (HostError names the first failing host).
 
-    `progress` hears how far connecting to remote hosts and starting their agents got."""
-    local = locality(hosts, config)
+    `progress` hears how far connecting to remote hosts and starting their agents got. Under srun every
+    host, this machine included, gets an srun step: Slurm's names need no lookups here."""
+    local = [False] * len(hosts) if config.launcher == "srun" else locality(hosts, config)
     groups: list[tuple[Transport, list[Host]]] = [
         (LocalTransport(), [h for h, is_local in zip(hosts, local, strict=True) if is_local]),
     ]

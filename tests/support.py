@@ -20,8 +20,11 @@ def distrun_argv(*args: str | os.PathLike[str]) -> list[str]:
 
 
 def gpu_env(**extra: str) -> dict[str, str]:
-    """This environment without DISTRUN_* settings, the GPUs as this machine shows them (tests/gpu)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DISTRUN_")}
+    """This environment without DISTRUN_* settings, the GPUs as this machine shows them (tests/gpu).
+
+    A Slurm job the tests run in would turn every launch without -H into an srun launch: SLURM_* go too.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DISTRUN_", "SLURM_"))}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env

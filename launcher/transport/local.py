@@ -14,19 +14,23 @@ from launcher.protocol import READ_SIZE, write_all
 from launcher.transport.bootstrap import local_argv
 from launcher.transport.link import Link
 
+LAST_WORDS_WAIT = 2.0
 
-class LocalLink:
-    """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
+
+class ProcessLink:
+    """An agent behind a child process of ours (the agent itself, or `srun` running it), over its pipes."""
 
     heartbeat = False
     peer_addr: str | None = None
     local_addr: str | None = None
+    # How long the process may take to end after EOF: the agent may still be stopping its ranks.
+    close_wait = ORPHAN_GRACE_CAP + 1.0
 
-    def __init__(self, host: str, python: str = sys.executable) -> None:
+    def __init__(self, host: str, argv: Sequence[str]) -> None:
         self.host = host
         # Own session: the terminal's Ctrl-C reaches only distrun, which then stops the job in order.
         self._proc = subprocess.Popen(
-            local_argv(python),
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -51,17 +55,27 @@ class LocalLink:
 
     def diagnostics(self) -> str:
         err = self._proc.stderr
-        if err is None or self._proc.poll() is None:
+        if err is None:
+            return ""
+        # Asked once our end of the pipe saw EOF: the process is ending, and srun reports a failed step a
+        # moment after its task is gone. Reading stderr before it exits could block.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=LAST_WORDS_WAIT)
+        if self._proc.poll() is None:
             return ""
         return err.read().decode(errors="replace").strip()
 
-    def close(self) -> None:
+    def close_input(self) -> None:
+        """The agent sees EOF on stdin: it stops what still runs and exits."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()
+
+    def close(self) -> None:
+        self.close_input()
         # After EOF the agent may still be stopping its ranks (SIGTERM, then SIGKILL): let it finish.
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=ORPHAN_GRACE_CAP + 1.0)
+            self._proc.wait(timeout=self.close_wait)
         if self._proc.poll() is None:
             self.abort()
         for stream in (self._proc.stdout, self._proc.stderr):
@@ -72,6 +86,13 @@ class LocalLink:
         if self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
+
+
+class LocalLink(ProcessLink):
+    """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
+
+    def __init__(self, host: str, python: str = sys.executable) -> None:
+        super().__init__(host, local_argv(python))
 
 
 class LocalTransport:

@@ -299,12 +299,18 @@ class Cluster:
         self,
         num_hosts: int = 3,
         *,
+        names: Sequence[str] | None = None,
+        sshd: bool = True,
         max_startups: str | None = None,
         session_path: str | None = None,
         etc_hosts: bool = False,
         login_rc: bool = True,
     ) -> None:
         """Build the cluster; on any failure everything built so far is removed before the error propagates.
+
+        `names` replaces `h1..hN` (at most 6 characters each: they end up in interface names). With
+        `sshd=False` only the network is built (namespaces, addresses, /etc/netns files) and the caller starts
+        its own daemons in it, as tests/slurm does; teardown still stops everything in the namespaces.
 
         `max_startups` is sshd's MaxStartups (None: sshd's default 10:30:100, which drops bursts of
         handshakes, as on real clusters). `session_path` is PATH for commands run through ssh; the default is
@@ -316,9 +322,13 @@ class Cluster:
         reason = unavailable_reason()
         if reason is not None:
             raise ClusterUnavailable(reason)
-        if not 1 <= num_hosts <= MAX_HOSTS:
-            raise ValueError(f"num_hosts must be 1..{MAX_HOSTS}, not {num_hosts}")
+        names = list(names) if names is not None else [f"h{i}" for i in range(1, num_hosts + 1)]
+        if not 1 <= len(names) <= MAX_HOSTS:
+            raise ValueError(f"a cluster has 1..{MAX_HOSTS} hosts, not {len(names)}")
+        if any(len(name) > 6 for name in names):
+            raise ValueError(f"host names must have at most 6 characters: {names}")
         self.id = secrets.token_hex(3)
+        self.sshd = sshd
         self.max_startups = max_startups
         self.session_path = session_path if session_path is not None else os.environ.get("PATH", os.defpath)
         self.login_rc = login_rc
@@ -330,7 +340,7 @@ class Cluster:
         self._state: _State | None = None
         atexit.register(self.close)
         try:
-            self._build(num_hosts, etc_hosts)
+            self._build(names, etc_hosts)
         except BaseException:
             self.close()
             raise
@@ -584,9 +594,8 @@ class Cluster:
         except KeyError:
             raise KeyError(f"no host {host!r} in {self!r}") from None
 
-    def _build(self, num_hosts: int, etc_hosts: bool) -> None:
+    def _build(self, names: Sequence[str], etc_hosts: bool) -> None:
         started = time.monotonic()
-        names = [f"h{i}" for i in range(1, num_hosts + 1)]
         for i, name in enumerate(names, start=1):
             hdir = self.workdir / name
             hdir.mkdir()
@@ -600,14 +609,16 @@ class Cluster:
             )
         # Key generation forks one ssh-keygen per key; running them concurrently with the network set-up below
         # hides most of that cost.
-        keygens = [self._keygen(self.key_path, wait=False)]
-        keygens += [
-            self._keygen(Path(h.dir) / "ssh_host_ed25519_key", wait=False) for h in self._hosts.values()
-        ]
+        keygens = []
+        if self.sshd:
+            keygens.append(self._keygen(self.key_path, wait=False))
+            keygens += [
+                self._keygen(Path(h.dir) / "ssh_host_ed25519_key", wait=False) for h in self._hosts.values()
+            ]
 
         with _locked():
             used = _used_subnets()
-            width = 1 if num_hosts <= HOSTS_PER_24 else 2
+            width = 1 if len(names) <= HOSTS_PER_24 else 2
             free = [x for x in range(0, 256, width) if not used.intersection(range(x, x + width))]
             if width > 1:
                 # From the top: a builder that knows only /24s takes the lowest free one and cannot see that
@@ -638,10 +649,11 @@ class Cluster:
         for proc in keygens:
             if proc.wait() != 0:
                 raise ClusterError(f"ssh-keygen failed: {proc.stderr.read() if proc.stderr else ''}")
-        self._write_key_files()
-        for host in self._hosts.values():
-            self._spawn_sshd(host)
-        self._wait_ready(names)
+        if self.sshd:
+            self._write_key_files()
+            for host in self._hosts.values():
+                self._spawn_sshd(host)
+            self._wait_ready(names)
         log.info("%r up in %.2fs", self, time.monotonic() - started)
 
     def _host_addr(self, index: int) -> str:

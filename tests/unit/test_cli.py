@@ -21,10 +21,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(autouse=True)
 def no_distrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The developer's own DISTRUN_* settings must not leak into these tests."""
+    """The developer's own DISTRUN_* settings, or a Slurm job the tests run in, must not leak into them."""
     import os
 
-    for name in [n for n in os.environ if n.startswith("DISTRUN_")]:
+    for name in [n for n in os.environ if n.startswith(("DISTRUN_", "SLURM_"))]:
         monkeypatch.delenv(name)
 
 
@@ -540,3 +540,113 @@ def test_file_exports_errors_name_the_file_even_with_x_given(
     code, _, err = run(capsys, "--config", str(tmp_path / "c.yaml"), "-x", "A=1", "x")
     assert code == 2
     assert f"{tmp_path}/c.yaml:2: export RANK: distrun sets RANK" in err
+
+
+SLURM_JOB = {
+    "SLURM_JOB_ID": "42",
+    "SLURM_JOB_NODELIST": "gpu[01-02],cpu-a1",
+    "SLURM_TASKS_PER_NODE": "2(x2),1",
+    "SLURM_NTASKS": "5",
+}
+
+
+@pytest.fixture
+def in_slurm_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SLURM_JOB.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.usefixtures("in_slurm_job")
+def test_inside_slurm_hosts_slots_and_np_come_from_the_job(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_of(launched, capsys, "train.py")
+    assert [(h.name, h.slots) for h in config.hosts] == [("gpu01", 2), ("gpu02", 2), ("cpu-a1", 1)]
+    assert (config.num_proc, config.launcher) == (5, "srun")
+    assert config_of(launched, capsys, "-np", "3", "train.py").num_proc == 3
+    assert config_of(launched, capsys, "--launcher", "ssh", "train.py").launcher == "ssh"
+
+
+@pytest.mark.usefixtures("in_slurm_job")
+def test_inside_slurm_explicit_hosts_win(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_of(launched, capsys, "-H", "a:2", "train.py")
+    assert ([h.name for h in config.hosts], config.num_proc, config.launcher) == (["a"], 2, "ssh")
+    config = config_of(launched, capsys, "--launcher", "srun", "-H", "gpu02:2", "train.py")
+    assert ([h.name for h in config.hosts], config.launcher) == (["gpu02"], "srun")
+
+
+@pytest.mark.usefixtures("in_slurm_job")
+def test_launcher_local_ignores_the_allocation(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_of(launched, capsys, "--launcher", "local", "-np", "2", "train.py")
+    assert ([(h.name, h.slots) for h in config.hosts], config.launcher) == ([("localhost", 2)], "local")
+
+
+def test_outside_slurm_the_launcher_is_as_before(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A node list without a job id is not an allocation (a stale variable in a login shell).
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    config = config_of(launched, capsys, "train.py")
+    assert ([h.name for h in config.hosts], config.launcher) == (["localhost"], "ssh")
+    monkeypatch.setenv("DISTRUN_LAUNCHER", "local")
+    assert config_of(launched, capsys, "train.py").launcher == "local"
+
+
+@pytest.mark.parametrize(
+    ("env", "args", "message"),
+    [
+        (
+            {},
+            ("--launcher", "srun", "x"),
+            "--launcher srun needs a Slurm allocation (salloc, sbatch): SLURM_JOB_ID is not set",
+        ),
+        (
+            SLURM_JOB,
+            ("--launcher", "local", "-H", "a", "x"),
+            "--launcher local runs every rank on this machine: drop -H/--hostfile",
+        ),
+        (
+            {**SLURM_JOB, "SLURM_TASKS_PER_NODE": "2(x2"},
+            ("x",),
+            "SLURM_TASKS_PER_NODE='2(x2': bad count '2(x2' (expected N or N(xR))",
+        ),
+        (
+            SLURM_JOB,
+            ("-np", "6", "x"),
+            "requested 6 processes but the hosts provide 5 slots; add --oversubscribe to place more ranks "
+            "than slots",
+        ),
+    ],
+)
+def test_slurm_usage_errors(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, out, err = run(capsys, *args)
+    assert (code, out, err) == (2, "", f"distrun: error: {message}\n")
+
+
+@pytest.mark.usefixtures("in_slurm_job")
+def test_dry_run_shows_the_slurm_hosts(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "--dry-run", "x")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "dry run: 5 processes on 3 hosts; nothing is started"
+    assert "launcher: srun" in lines
+    assert [line for line in lines if line.startswith("rank ")] == [
+        "rank 0: host=gpu01 local_rank=0 node_rank=0",
+        "rank 1: host=gpu01 local_rank=1 node_rank=0",
+        "rank 2: host=gpu02 local_rank=0 node_rank=1",
+        "rank 3: host=gpu02 local_rank=1 node_rank=1",
+        "rank 4: host=cpu-a1 local_rank=0 node_rank=2",
+    ]
+    assert "    MASTER_ADDR=gpu01" in lines
