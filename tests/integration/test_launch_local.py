@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pty
@@ -20,6 +19,7 @@ from tests.support import (
     assert_all_gone,
     clean_env,
     distrun_argv,
+    read_terminal,
     recorded_pids,
     run_distrun,
     start_distrun,
@@ -299,10 +299,7 @@ def test_colours_switch_on_by_themselves_on_a_terminal() -> None:
         cwd=REPO,
     )
     os.close(child)
-    seen = b""
-    with contextlib.suppress(OSError):  # EIO once the last writer has closed the terminal
-        while chunk := os.read(parent, 4096):
-            seen += chunk
+    seen = read_terminal(parent)
     os.close(parent)
     assert proc.wait(timeout=60) == 0
     assert b"\x1b[31m[0]\x1b[0m x" in seen and b"\x1b[32m[1]\x1b[0m x" in seen

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import pty
@@ -15,7 +14,7 @@ import pyte
 import pytest
 
 from tests.multihost.cluster import Cluster, unavailable_reason
-from tests.support import REPO, distrun_argv, run_distrun
+from tests.support import REPO, distrun_argv, read_terminal, run_distrun
 
 pytestmark = pytest.mark.multihost
 
@@ -58,10 +57,7 @@ def test_progress_line_on_a_terminal_is_gone_before_the_output(wide: Callable[[]
         cwd=REPO,
     )
     os.close(child)
-    raw = b""
-    with contextlib.suppress(OSError):  # EIO once the last writer has closed the terminal
-        while chunk := os.read(parent, 4096):
-            raw += chunk
+    raw = read_terminal(parent)
     os.close(parent)
     assert proc.wait(timeout=120) == 0, raw.decode(errors="replace")
     phases = [f"{phase} {HOSTS}/{HOSTS} hosts".encode() for phase in ("connecting", "starting agents")]
