@@ -620,28 +620,19 @@ check_cli = click.Command(
 
 
 def _run_check(config: LaunchConfig) -> int:
-    import threading
-
     from launcher.check import findings, row, table, verdict
     from launcher.checkrun import check_hosts
+    from launcher.progress import Progress, progress_line
     from launcher.supervise import signal_pipe
 
     plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
-    live = sys.stderr.isatty()
     color = config.color if config.color is not None else sys.stdout.isatty() and "NO_COLOR" not in os.environ
-    lock = threading.Lock()
-
-    def progress(done: int, total: int) -> None:
-        if live:
-            with lock:
-                click.echo(f"\rchecking {done}/{total} hosts", nl=False, err=True)
-
-    progress(0, len(hosts))
-    with signal_pipe() as wake_fd:
-        checks = check_hosts(hosts, config, wake_fd, progress)
-    if live:
-        click.echo("\r\033[K", nl=False, err=True)
+    with progress_line(sys.stderr) as shown, signal_pipe() as wake_fd:
+        shown(Progress("checking", len(hosts)))
+        checks = check_hosts(
+            hosts, config, wake_fd, lambda done, total: shown(Progress("checking", total, done))
+        )
     cwd = os.getcwd()
     problems = [
         f
