@@ -128,9 +128,8 @@ class Job:
         self.heartbeat = Heartbeat(nodes, self.check_every)
         self.started = time.monotonic()
         self.attempts: list[AttemptRecord] = []
-        self.accounts: list[
-            Attempt
-        ] = []  # what the agents measured, per attempt, for the account and --report
+        # What the agents measured, per attempt, for the end-of-run account and --report.
+        self.accounts: list[Attempt] = []
         self.failure: Failure | None = None
         self.book = HostBook()
         self.give_up: GiveUp | None = None
