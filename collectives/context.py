@@ -439,9 +439,29 @@ def shutdown() -> None:
     import torch.distributed as dist
 
     if _context.owns_group and dist.is_initialized():
-        # Leave together: a rank that tears down its connections while a peer's transport is still flushing
-        # the last collective (a broadcast's sends, say) makes gloo abort that peer with std::terminate.
         if _context.topology.size > 1:
             barrier()
+            _past_the_barrier_together(_context.topology.rank, _context.topology.size)
         dist.destroy_process_group()
     _context = None
+
+
+def _past_the_barrier_together(rank: int, size: int) -> None:
+    """Return once every rank has finished the last barrier, so that nothing of it is still in flight.
+
+    A rank that closes its connections while a peer has not yet read the barrier's last message resets that
+    connection, and gloo then aborts the peer with std::terminate ("terminate called without an active
+    exception"). The barrier only says that every rank reached it; this round on the rendezvous store says
+    that every rank is past it. Rank 0 serves the store, so it leaves last: only after every other rank has
+    heard the round's end.
+    """
+    import torch.distributed.distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    if store.add("collectives/shutdown/past", 1) == size:
+        store.set("collectives/shutdown/all", "1")
+    store.wait(["collectives/shutdown/all"])
+    if rank != 0:
+        store.set(f"collectives/shutdown/left/{rank}", "1")
+    else:
+        store.wait([f"collectives/shutdown/left/{r}" for r in range(1, size)])
