@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.plan import plural
+
 # Below this much free space in the launch directory, checkpoints and logs are likely to fail mid-run.
 MIN_FREE_BYTES = 1 << 30
 # Clocks further apart than this make logs of different hosts hard to line up and can upset TLS/Kerberos.
@@ -180,5 +182,6 @@ def verdict(checks: Sequence[HostCheck], problems: Sequence[Finding]) -> str:
     warnings = sum(not f.fatal for f in problems)
     if failing:
         return f"NOT READY: {len(failing)} of {len(checks)} hosts have problems ({', '.join(failing)})"
-    note = f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else ""
-    return f"ready: all {len(checks)} hosts passed{note}"
+    note = f" ({plural(warnings, 'warning', 'warnings')})" if warnings else ""
+    every = "the host" if len(checks) == 1 else f"all {len(checks)} hosts"
+    return f"ready: {every} passed{note}"

@@ -52,7 +52,8 @@ Subcommands (the first word only; `distrun -- check` launches a command of that 
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
-124 --timeout expired; 130/143 SIGINT/SIGTERM; 126/127 the command cannot run / is not found;
+124 --timeout expired; 130/143/129/131 SIGINT/SIGTERM/SIGHUP/SIGQUIT; 126/127 the command cannot run / is
+not found; 3 also when an elastic job falls below --min-np;
 otherwise the first failing rank's exit code (128+N for signal N).
 """
 

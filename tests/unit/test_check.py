@@ -87,7 +87,7 @@ def test_warnings_do_not_fail_the_verdict() -> None:
         ("only 0.0 GiB free in /w", False),
         ("clock is -7.5s off this machine", False),
     ]
-    assert verdict([check], found) == "ready: all 1 hosts passed (3 warnings)"
+    assert verdict([check], found) == "ready: the host passed (3 warnings)"
 
 
 def test_verdict_names_failing_hosts_and_table_aligns() -> None:
