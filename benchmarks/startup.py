@@ -67,7 +67,8 @@ def main() -> None:
     for script in (WORKERS / "noop.py", WORKERS / "gloo_barrier.py"):
         cases = {
             "hand": lambda s=script: by_hand(s),
-            "distrun": lambda s=script: timed_run(distrun("-np", "2", s)),
+            # Both launchers' own stderr (distrun's end-of-run account) is written, just not shown.
+            "distrun": lambda s=script: timed_run(distrun("-np", "2", s), stderr=subprocess.DEVNULL),
         }
         if torchrun:
             cases["torchrun"] = lambda s=script: timed_run(
