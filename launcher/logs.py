@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -153,17 +154,11 @@ class LogRelay:
         # Partial lines waiting for their quiet spell, oldest first (all wait alike, so also by deadline).
         self._quiet: dict[tuple[int, str], float] = {}
         self._files: dict[tuple[int, str], int] = {}
-        if options.output_dir is not None:
-            try:
-                for rank in hosts:
-                    rank_dir = options.output_dir / f"rank.{rank}"
-                    rank_dir.mkdir(parents=True, exist_ok=True)
-                    for stream in ("stdout", "stderr"):
-                        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-                        self._files[(rank, stream)] = os.open(rank_dir / stream, flags, 0o666)
-            except OSError as exc:
-                self._close_files()
-                raise UsageError(f"--output-dir {options.output_dir}: {exc.strerror or exc}") from None
+        try:
+            self._open_files(hosts)
+        except OSError as exc:
+            self._close_files()
+            raise UsageError(f"--output-dir {options.output_dir}: {exc.strerror or exc}") from None
         terminal = same_terminal(out_fd, err_fd) and os.environ.get("TERM") != "dumb"
         # Off a terminal a partial line, once written, stays: show it only if it stays unfinished a while.
         self._quiet_seconds = QUIET_SECONDS if terminal else max(QUIET_SECONDS, options.progress_interval)
@@ -183,11 +178,29 @@ class LogRelay:
             text = f"\x1b[{_COLORS[rank % len(_COLORS)]}m{text}\x1b[0m"
         return (text + " ").encode()
 
+    def _open_files(self, ranks: Iterable[int]) -> None:
+        """`--output-dir`'s files for ranks that have none yet (OSError when one cannot be made)."""
+        if self._options.output_dir is None:
+            return
+        for rank in ranks:
+            rank_dir = self._options.output_dir / f"rank.{rank}"
+            for stream in ("stdout", "stderr"):
+                if (rank, stream) not in self._files:
+                    rank_dir.mkdir(parents=True, exist_ok=True)
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+                    self._files[(rank, stream)] = os.open(rank_dir / stream, flags, 0o666)
+
     def set_hosts(self, hosts: dict[int, str]) -> None:
-        """A new attempt may place ranks on other hosts (elastic): prefixes follow, files stay per rank."""
+        """A new attempt may place ranks on other hosts (elastic): prefixes follow, files stay per rank, and a
+        rank the job grew to gets its files now."""
         self._prefixes = {rank: self._make_prefix(rank, host) for rank, host in hosts.items()}
         self._hosts.clear()
         self._hosts.update(hosts)
+        try:
+            self._open_files(hosts)
+        except OSError as exc:
+            # Mid-job, a file that cannot be made must not end the job: the console still shows everything.
+            log.warning("cannot write new ranks' output to --output-dir (%s)", exc.strerror or exc)
 
     def _prefix(self, rank: int) -> bytes:
         prefix = self._prefixes.get(rank, b"")

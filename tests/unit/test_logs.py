@@ -175,3 +175,17 @@ def test_unwritable_output_dir_is_a_usage_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(UsageError, match="--output-dir"):
         LogRelay(1, 2, {0: "h"}, LogOptions(output_dir=blocker / "sub"))
+
+
+def test_ranks_an_elastic_job_grows_to_get_their_files_and_prefixes(
+    pipe: tuple[int, int], tmp_path: Path
+) -> None:
+    read_fd, write_fd = pipe
+    relay = LogRelay(write_fd, write_fd, {0: "a"}, LogOptions(prefix="host", output_dir=tmp_path))
+    relay.set_hosts({0: "b", 1: "c"})
+    relay.feed(1, "stdout", b"joined\n")
+    relay.feed(0, "stdout", b"moved\n")
+    relay.close()
+    assert (tmp_path / "rank.1" / "stdout").read_bytes() == b"joined\n"
+    assert (tmp_path / "rank.0" / "stdout").read_bytes() == b"moved\n"
+    assert _drain(read_fd) == b"[c:1] joined\n[b:0] moved\n"
