@@ -123,6 +123,10 @@ class Job:
         self.nodes = {node.name: node for node in nodes}
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
         self.cwd = os.getcwd()
+        # What every rank starts from beneath the contract: the same for every attempt.
+        self.env = job_env(
+            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
+        )
         self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
         self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
         self.heartbeat = Heartbeat(nodes, self.check_every)
@@ -357,9 +361,10 @@ class Job:
     def place(self, plan: Plan, nodes: Sequence[Node]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
 
-        `-x CUDA_VISIBLE_DEVICES=...` stands for every host's own: it chooses which GPUs are handed out.
+        A CUDA_VISIBLE_DEVICES that travels to every rank (`-x`, `--env-file` or this shell's, forwarded)
+        replaces every host's own, so it is what chooses the GPUs handed out.
         """
-        exported = dict(self.config.exports).get("CUDA_VISIBLE_DEVICES")
+        exported = self.env.travelling.get("CUDA_VISIBLE_DEVICES")
         hosts = [HostDevices.from_json(_facts(node).devices) for node in nodes]
         if exported is not None:
             hosts = [dataclasses.replace(h, visible_devices=exported) for h in hosts]
@@ -404,9 +409,7 @@ class Job:
         placed: Sequence[RankDevices] | None = None,
     ) -> None:
         config = self.config
-        jenv = job_env(
-            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
-        )
+        jenv = self.env
         travelling = jenv.travelling
         try:
             workers = tf_workers(plan, rdzv)

@@ -22,6 +22,8 @@ def placed(
     devices: dict[str, Any], command: tuple[str, ...] = ("train.py",), **options: Any
 ) -> tuple[RankDevices, ...] | None:
     hosts = (Host("a", 2),)
+    # Not this test process's environment: a CUDA_VISIBLE_DEVICES there would travel to the ranks.
+    options.setdefault("forward_env", False)
     config = LaunchConfig(command=command, hosts=hosts, num_proc=2, **options)
     nodes = fake_nodes({"a": 2})
     nodes[0].facts = Facts("a", "python3", True, len(devices.get("gpus", [])), [], devices=devices)
@@ -43,6 +45,18 @@ def test_an_exported_cuda_visible_devices_chooses_the_gpus_handed_out() -> None:
         DeviceError, match=r"^host a: ranks 0-1 need 1 GPU each \(2\), but it shows 1 GPU \(1\)"
     ):
         placed(devices, gpus_per_rank=1, exports=(("CUDA_VISIBLE_DEVICES", "1"),))
+
+
+def test_a_cuda_visible_devices_from_an_env_file_or_this_shell_chooses_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    devices = {"gpus": GPUS, "cores": [0]}
+    message = r"^host a: ranks 0-1 need 1 GPU each \(2\), but it shows 1 GPU \(1\)"
+    with pytest.raises(DeviceError, match=message):
+        placed(devices, gpus_per_rank=1, env_file=(("CUDA_VISIBLE_DEVICES", "1"),))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(DeviceError, match=message):
+        placed(devices, gpus_per_rank=1, forward_env=True)
 
 
 def test_nothing_asked_nothing_placed() -> None:
