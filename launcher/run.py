@@ -388,10 +388,9 @@ class Job:
             master_addr if i == 0 or all_local else (_facts(node).route_addr or node.name)
             for i, node in enumerate(nodes)
         )
-        rank0_ports = list(_facts(nodes[0]).free_ports)
-        fresh = next(p for p in rank0_ports if p != self._last_port)
-        rank0_ports.remove(fresh)
-        rank0_ports.pop(0)  # the other candidate
+        # Rank 0's host probed two rendezvous candidates first (see `probe`), then its ranks' ports.
+        candidates, rank0_ports = _facts(nodes[0]).free_ports[:2], _facts(nodes[0]).free_ports[2:]
+        fresh = next(p for p in candidates if p != self._last_port)
         master_port = self.config.master_port or fresh
         self._last_port = master_port
         tf_ports = tuple(
