@@ -66,7 +66,7 @@ def cause(outcome: Outcome) -> str:
         return f"rank {outcome.failure.rank} (host {outcome.failure.host}) {describe_exit(outcome.failure)}"
     if isinstance(outcome, HostLost):
         return f"lost host {outcome.host} ({outcome.detail})"
-    return type(outcome).__name__.lower()
+    return outcome.name
 
 
 def decide(

@@ -24,6 +24,7 @@ class RankExit:
 
 @dataclass(frozen=True)
 class Succeeded:
+    name: ClassVar[str] = "succeeded"  # as the summary and --report (docs/report.schema.json) call it
     retryable: ClassVar[bool] = False
     exit_code: ClassVar[int] = EXIT_OK
 
@@ -34,6 +35,7 @@ class RankFailed:
 
     failure: RankExit
     stopped: tuple[int, ...] = ()
+    name: ClassVar[str] = "rank-failed"
     retryable: ClassVar[bool] = True
 
     @property
@@ -46,6 +48,7 @@ class HostLost:
     host: str
     detail: str
     stopped: tuple[int, ...] = ()
+    name: ClassVar[str] = "host-lost"
     retryable: ClassVar[bool] = True
     exit_code: ClassVar[int] = EXIT_HOST
 
@@ -56,6 +59,7 @@ class Signalled:
 
     signum: int
     stopped: tuple[int, ...] = ()
+    name: ClassVar[str] = "signalled"
     retryable: ClassVar[bool] = False
 
     @property
@@ -71,6 +75,7 @@ class Signalled:
 class TimedOut:
     timeout: float
     stopped: tuple[int, ...] = ()
+    name: ClassVar[str] = "timed-out"
     retryable: ClassVar[bool] = False
     exit_code: ClassVar[int] = EXIT_TIMEOUT
 

@@ -33,7 +33,7 @@ from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
 from launcher.restart import GiveUp, HostBook, cause, decide
-from launcher.result import HostLost, Outcome, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.result import HostLost, Outcome, RankFailed, Signalled
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
@@ -288,9 +288,7 @@ class Job:
                 )
         outcome = sup.outcome()
         self.accounts.append(
-            Attempt(
-                number, started, time.time(), OUTCOME_NAMES[type(outcome)], outcome.exit_code, tuple(ranks)
-            )
+            Attempt(number, started, time.time(), outcome.name, outcome.exit_code, tuple(ranks))
         )
         lines = summarize(outcome, self.relay.stderr_tail)
         failed = outcome.failure if isinstance(outcome, RankFailed) else None
@@ -472,15 +470,6 @@ def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
 def _script(command: Sequence[str]) -> str | None:
     """The script file a `.py` command runs, checked on every host before anything starts."""
     return command[0] if command and command[0].endswith(".py") else None
-
-
-OUTCOME_NAMES: dict[type, str] = {
-    Succeeded: "succeeded",
-    RankFailed: "rank-failed",
-    HostLost: "host-lost",
-    Signalled: "signalled",
-    TimedOut: "timed-out",
-}
 
 
 def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
