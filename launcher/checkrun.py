@@ -19,7 +19,7 @@ from launcher.check import HostCheck
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.node import Node, locality
+from launcher.node import Node, close_all, locality
 from launcher.protocol import ProbeRequest
 from launcher.supervise import probe
 from launcher.transport.local import LocalLink
@@ -151,9 +151,7 @@ def check_hosts(
                 step()
         return results
     finally:
-        for node in nodes:
-            if node is not None:
-                node.link.close()
+        close_all([node for node in nodes if node is not None])
 
 
 def _rank0_addr(nodes: Sequence[Node | None], local: Sequence[bool], config: LaunchConfig) -> str | None:

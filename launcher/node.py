@@ -147,10 +147,15 @@ def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | 
 
 
 def close_all(nodes: Sequence[Node]) -> None:
-    """Close every link: each agent sees EOF, stops what still runs and exits."""
-    for node in nodes:
-        if node.lost:
-            continue
+    """Close every link: each agent sees EOF, stops what still runs and exits.
+
+    EOF goes to every agent first, so they all stop together: a link's close may wait for its agent (or its
+    srun step) to end, and over hundreds of hosts those waits must not add up.
+    """
+    alive = [node for node in nodes if not node.lost]
+    for node in alive:
+        node.link.close_input()
+    for node in alive:
         node.link.close()
 
 

@@ -33,7 +33,7 @@ class FakeLink:
         self.local_addr: str | None = None
         self.inbox: list[bytes] = []
         self.sent: list[tuple[int, int, bytes]] = []
-        self.aborted = self.closed = False
+        self.aborted = self.closed = self.input_closed = False
         self._reader = FrameReader()
         self._r, self._w = os.pipe()  # selectable, for tests that run the real loop
 
@@ -53,6 +53,9 @@ class FakeLink:
 
     def diagnostics(self) -> str:
         return "agent said goodbye"
+
+    def close_input(self) -> None:
+        self.input_closed = True
 
     def close(self) -> None:
         self.closed = True

@@ -34,6 +34,10 @@ class Link(Protocol):
         """What the agent wrote to its stderr, for messages when it dies unexpectedly."""
         ...
 
+    def close_input(self) -> None:
+        """Send EOF: the agent stops what still runs and exits. Returns at once; `close` may wait."""
+        ...
+
     def close(self) -> None:
         """Close our end (the agent sees EOF and stops its ranks) and release resources."""
         ...

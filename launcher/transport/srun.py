@@ -40,22 +40,11 @@ class SrunLink(ProcessLink):
         super().__init__(host, srun_argv(host, ["/bin/sh", "-c", remote_command(pythons, sources)]))
         # Slurm's nodes resolve each other by these names, so rank 0's is a MASTER_ADDR every node can use.
         self.peer_addr = host
-        self.siblings: Sequence[SrunLink] = ()
         try:
             for source in sources:
                 write_all(self._in, source)
         except OSError:
             pass  # srun already exited: the closed link and its stderr say why
-
-    def close(self) -> None:
-        """EOF to every agent of the launch at once, then wait for this one's srun.
-
-        Links are closed one after another and each waits for its srun to end (after its step completes);
-        agents that heard EOF together stop together, so the waits do not add up over hundreds of nodes.
-        """
-        for link in self.siblings:
-            link.close_input()
-        super().close()
 
     def diagnostics(self) -> str:
         """The agent's last words, without srun's restatement of the task's end after them."""
@@ -93,6 +82,4 @@ class SrunTransport:
             for link in links.values():
                 link.abort()
             raise
-        for link in links.values():
-            link.siblings = tuple(links.values())
         return dict(links)

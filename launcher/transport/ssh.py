@@ -70,9 +70,12 @@ class SshLink:
         self._drain_stderr()
         return self._stderr.decode(errors="replace").strip()
 
-    def close(self) -> None:
+    def close_input(self) -> None:
         with contextlib.suppress(OSError, EOFError):
             self._channel.shutdown_write()  # the agent sees EOF on stdin
+
+    def close(self) -> None:
+        self.close_input()
         self._channel.close()
         self._client.close()
 

@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from launcher.errors import HostError
-from launcher.node import Node
+from launcher.node import Node, close_all
 from launcher.protocol import DONE, EXIT, HEADER, KILL, OUT, STOP, VERSION, RankExited, encode, encode_message
 from launcher.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.supervise import TEARDOWN_SLACK, Supervisor, signal_pipe, supervise
@@ -177,3 +177,14 @@ def test_an_agent_of_another_protocol_version_is_refused_in_one_line() -> None:
         HostError, match=rf"host a: .*protocol version {VERSION + 1}.*this launcher {VERSION}"
     ):
         node.read()
+
+
+def test_closing_sends_eof_to_every_agent_before_waiting_for_any() -> None:
+    nodes = fake_nodes({"a": 1, "b": 1, "c": 1})
+    nodes[2].drop()
+    seen_at_first_close: list[bool] = []
+    first = _link(nodes[0])
+    first.close = lambda: seen_at_first_close.append(_link(nodes[1]).input_closed)  # type: ignore[method-assign]
+    close_all(nodes)
+    assert seen_at_first_close == [True]
+    assert _link(nodes[1]).closed and not _link(nodes[2]).input_closed
