@@ -19,7 +19,7 @@ from launcher.check import HostCheck
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.node import Node, close_all, locality
+from launcher.node import Node, close_all, locality, master_address
 from launcher.protocol import ProbeRequest
 from launcher.supervise import probe
 from launcher.transport.local import LocalLink
@@ -127,7 +127,9 @@ def check_hosts(
                 listen_port = rank0.facts.listen_port if rank0.facts is not None else 0
             except HostError as err:
                 results[0] = replace(results[0], error=str(err), error_kind="other")
-        rank0_addr = _rank0_addr(nodes, local, config)
+        rank0_addr = master_address(
+            config.master_addr, local, [node.link if node is not None else None for node in nodes]
+        )
 
         def check_one(index: int) -> HostCheck:
             node, check = nodes[index], results[index]
@@ -152,18 +154,3 @@ def check_hosts(
         return results
     finally:
         close_all([node for node in nodes if node is not None])
-
-
-def _rank0_addr(nodes: Sequence[Node | None], local: Sequence[bool], config: LaunchConfig) -> str | None:
-    """How the other hosts reach rank 0's host, as a launch would choose MASTER_ADDR."""
-    if config.master_addr:
-        return config.master_addr
-    if all(local):
-        return "127.0.0.1"
-    rank0 = nodes[0]
-    if rank0 is not None and not local[0]:
-        return rank0.link.peer_addr
-    for node, is_local in zip(nodes, local, strict=True):
-        if node is not None and not is_local and node.link.local_addr:
-            return node.link.local_addr
-    return None

@@ -146,6 +146,29 @@ def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | 
     return [Node(h, links[h.name], is_local) for h, is_local in zip(hosts, local, strict=True)]
 
 
+def master_address(given: str | None, local: Sequence[bool], links: Sequence[Link | None]) -> str | None:
+    """An address of rank 0's host that every host can reach (never loopback when any host is remote).
+
+    `local[i]`/`links[i]`: whether host i (host 0 holds rank 0) is this machine, and its link (None where it
+    could not be reached). None when proxies hide the address: only `--master-addr` can say it then.
+    """
+    if given:
+        return given
+    if all(local):
+        return "127.0.0.1"
+    if not local[0]:
+        return links[0].peer_addr if links[0] is not None else None
+    # Rank 0 runs here: this machine's address as the remote hosts see it.
+    return next(
+        (
+            link.local_addr
+            for link, is_local in zip(links, local, strict=True)
+            if link is not None and not is_local and link.local_addr
+        ),
+        None,
+    )
+
+
 def close_all(nodes: Sequence[Node]) -> None:
     """Close every link: each agent sees EOF, stops what still runs and exits.
 

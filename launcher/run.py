@@ -28,7 +28,7 @@ from launcher.facts import Rendezvous
 from launcher.forward import LEFTOVER_PREFIXES, job_env
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
-from launcher.node import Heartbeat, Node, close_all, connect
+from launcher.node import Heartbeat, Node, close_all, connect, master_address
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
@@ -302,20 +302,14 @@ class Job:
 
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
-        if self.config.master_addr:
-            return self.config.master_addr
-        if all(n.local for n in nodes):
-            return "127.0.0.1"
+        addr = master_address(self.config.master_addr, [n.local for n in nodes], [n.link for n in nodes])
+        if addr:
+            return addr
         rank0 = nodes[0]
         if not rank0.local:
-            if rank0.link.peer_addr:
-                return rank0.link.peer_addr
             raise HostError(
                 f"host {rank0.name}: reached through a proxy, so its address is unknown; give --master-addr"
             )
-        for node in nodes:
-            if not node.local and node.link.local_addr:
-                return node.link.local_addr  # the address the remote hosts see this machine by
         raise HostError("every remote host is reached through a proxy; give --master-addr")
 
     def probe(self, nodes: Sequence[Node], master_addr: str) -> None:
