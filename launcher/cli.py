@@ -22,7 +22,7 @@ from click.core import ParameterSource
 from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMode, RestartOptions, SshOptions
-from launcher.console import guard_std_fds
+from launcher.console import guard_std_fds, use_color
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
@@ -628,7 +628,7 @@ def _run_check(config: LaunchConfig) -> int:
 
     plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
     hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
-    color = config.color if config.color is not None else sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    color = use_color(config.color)
     with progress_line(sys.stderr) as shown, signal_pipe() as wake_fd:
         shown(Progress("checking", len(hosts)))
         checks = check_hosts(

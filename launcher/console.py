@@ -112,3 +112,10 @@ class Console:
             os.close(null)
         for name in streams:
             log.warning("console %s closed; the job continues and its %s is no longer shown", name, name)
+
+
+def use_color(choice: bool | None) -> bool:
+    """--color/--no-color where given, else colours only on a terminal and never with NO_COLOR."""
+    if choice is not None:
+        return choice
+    return sys.stdout.isatty() and "NO_COLOR" not in os.environ

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
+from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.discovery import discover
 from launcher.env import own_part, rank_env, tf_workers
@@ -63,7 +64,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         LogOptions(
             prefix=config.prefix,
             timestamp=config.timestamp,
-            color=_use_color(config),
+            color=use_color(config.color),
             console_ranks=config.console_ranks,
             output_dir=config.output_dir,
             progress_interval=config.progress_interval,
@@ -482,9 +483,3 @@ def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
             write_report(config.report, report)
         except OSError as err:
             log.error("cannot write the report %s: %s", config.report, err.strerror or err)
-
-
-def _use_color(config: LaunchConfig) -> bool:
-    if config.color is not None:
-        return config.color
-    return sys.stdout.isatty() and "NO_COLOR" not in os.environ
