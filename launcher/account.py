@@ -13,7 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launcher.stacks import StackDump
+    from launcher.stragglers import Reading, Straggler
 
 REPORT_VERSION = 1
 
@@ -37,6 +41,7 @@ class RankRecord:
     returncode: int | None = None
     usage: Usage | None = None
     log_dir: Path | None = None
+    progress: Reading | None = None  # its progress bar's last state, when it drew one
 
 
 @dataclass(frozen=True)
@@ -93,7 +98,10 @@ def _memory(kb: int) -> str:
 
 def format_account(ranks: Sequence[RankRecord]) -> str:
     """One row per rank, grouped by host (the host named on its first row), aligned columns."""
-    header = ("host", "rank", "exit", "wall", "peak RSS", "CPU")
+    header: tuple[str, ...] = ("host", "rank", "exit", "wall", "peak RSS", "CPU")
+    with_progress = any(r.progress is not None for r in ranks)
+    if with_progress:
+        header = (*header, "progress")
     rows: list[tuple[str, ...]] = []
     last_host = None
     for record in sorted(ranks, key=lambda r: r.rank):
@@ -106,6 +114,7 @@ def format_account(ranks: Sequence[RankRecord]) -> str:
                 _seconds(usage.wall_s) if usage else "-",
                 _memory(usage.max_rss_kb) if usage else "-",
                 _seconds(usage.cpu_s) if usage else "-",
+                *([record.progress.text() if record.progress else "-"] if with_progress else []),
             )
         )
         last_host = record.host
@@ -140,6 +149,9 @@ def _rank_json(record: RankRecord) -> dict[str, Any]:
         "cpu_seconds": None if usage is None else round(usage.cpu_s, 3),
         "peak_rss_bytes": None if usage is None else usage.max_rss_kb * 1024,
         "logs": logs,
+        "progress": None if record.progress is None else {
+            "n": record.progress.n, "total": record.progress.total, "rate": record.progress.rate,
+        },
     }  # fmt: skip
 
 
@@ -150,6 +162,8 @@ def build_report(
     exit_code: int,
     attempts: Sequence[Attempt],
     failure: Failure | None,
+    stacks: Sequence[StackDump] = (),
+    stragglers: Sequence[Straggler] = (),
 ) -> dict[str, Any]:
     """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`."""
     last = attempts[-1] if attempts else None
@@ -181,6 +195,11 @@ def build_report(
                 "ranks": [_rank_json(r) for r in a.ranks],
             }
             for a in attempts
+        ],
+        "stacks": [dump.to_json() for dump in stacks],
+        "stragglers": [
+            {"rank": s.rank, "host": s.host, "ratio": round(s.ratio, 3), "seconds": round(s.seconds, 1)}
+            for s in stragglers
         ],
     }
 

@@ -43,6 +43,8 @@ from launcher.protocol import (
     PROBE,
     READ_SIZE,
     SIGNAL,
+    STACK_DUMP,
+    STACKS,
     START,
     STOP,
     VERSION,
@@ -52,6 +54,8 @@ from launcher.protocol import (
     ProbeRequest,
     RankExited,
     SignalRequest,
+    StackReply,
+    StacksRequest,
     StartRequest,
     StopRequest,
     decode_message,
@@ -59,6 +63,7 @@ from launcher.protocol import (
     encode_message,
     write_all,
 )
+from launcher.stackdump import POLL_SECONDS, DumpDir, Gathering
 
 # When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
 ORPHAN_GRACE_CAP = 2.0
@@ -381,6 +386,8 @@ class Agent:
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
+        self.dump_dir: DumpDir | None = None  # made at the first START: the ranks' stack hook and dumps
+        self.gatherings: list[Gathering] = []
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -426,11 +433,14 @@ class Agent:
         base = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith(prefixes)}
         base.update(spec.env)
         die_with_agent = _die_with_agent()
+        if self.dump_dir is None:
+            self.dump_dir = DumpDir()
         for r in spec.ranks:
             env = dict(base)
             env.update(r.env)
             for name, value in r.defaults.items():
                 env.setdefault(name, value)
+            env.update(self.dump_dir.rank_env(env))
             try:
                 proc = subprocess.Popen(
                     r.argv,
@@ -486,6 +496,24 @@ class Agent:
             self.last_heard = time.monotonic()
         if self.started:
             self._signal_all(signum)
+
+    def gather(self, request: StacksRequest) -> None:
+        """Start reading the running ranks' stacks; STACK_DUMP answers once all are read or `wait` passed."""
+        running = {e.rank: e.proc.pid for e in self.ranks.values() if e.returncode is None}
+        if self.dump_dir is None or not running:
+            self.send(encode_message(STACK_DUMP, StackReply(request.request_id)))
+            return
+        now = time.monotonic()
+        gathering = Gathering(
+            request.request_id, running, self.dump_dir, tool=request.tool, wait=request.wait, now=now
+        )
+        self.gatherings.append(gathering)
+        self._poll_gatherings(now)
+
+    def _poll_gatherings(self, now: float) -> None:
+        for gathering in [g for g in self.gatherings if g.poll(now)]:
+            self.gatherings.remove(gathering)
+            self.send(encode_message(STACK_DUMP, StackReply(gathering.request_id, gathering.results())))
 
     def kill(self) -> None:
         if not self.started:
@@ -573,6 +601,8 @@ class Agent:
                 self.forward(decode_message(SignalRequest, payload))
             elif kind == KILL:
                 self.kill()
+            elif kind == STACKS:
+                self.gather(decode_message(StacksRequest, payload))
         return True
 
     def _all_exited(self) -> bool:
@@ -622,6 +652,8 @@ class Agent:
             for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))
+            if self.gatherings:
+                timeout = min(timeout, POLL_SECONDS)
             events = self.sel.select(timeout)
             # Reaping looks at every rank, so only when a child may have exited: SIGCHLD, a pipe's EOF, or a
             # quiet spell (a fallback should a SIGCHLD ever be missed). Busy output must not make it O(ranks).
@@ -644,6 +676,8 @@ class Agent:
             if reap:
                 self._reap()
             now = time.monotonic()
+            if self.gatherings:
+                self._poll_gatherings(now)
             if self.term_at is not None and now >= self.term_at:
                 self.term_at = None
                 self._signal_all(signal.SIGTERM, leftovers=True)
@@ -660,7 +694,12 @@ def main() -> int:
     out_fd = os.dup(1)
     os.dup2(2, 1)
     write_all(out_fd, MAGIC + encode_message(HELLO, Hello(VERSION, os.getpid())))
-    return Agent(0, out_fd).run()
+    agent = Agent(0, out_fd)
+    try:
+        return agent.run()
+    finally:
+        if agent.dump_dir is not None:
+            agent.dump_dir.remove()
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ of the --config YAML file; the command line wins over the environment, which win
 Subcommands (the first word only; `distrun -- check` launches a command of that name):
   distrun check -H host1:4,host2:4     is every host ready for a launch? (see its --help)
   distrun ssh-setup -H host1,host2     passwordless SSH to every host
+  distrun stacks [PID]                 every rank's stacks of your running job, grouped
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
@@ -114,7 +115,33 @@ def _level(source: ParameterSource | None) -> int:
 @_option("--timestamp", is_flag=True, help="Prefix console lines with the time.")
 @_option("--output-dir", metavar="DIR", help="Also write each rank's raw output to DIR.")
 @_option("--ranks", metavar="LIST", help="Show only these ranks on the console, e.g. 0,2-3.")
-@_option("--timeout", type=float, metavar="SECONDS", help="Stop the job after SECONDS (exit 124).")
+@_option(
+    "--timeout",
+    type=float,
+    metavar="SECONDS",
+    help="Stop the job after SECONDS, showing every rank's stacks (exit 124).",
+)
+@_option(
+    "--stall-timeout",
+    type=float,
+    metavar="SECONDS",
+    help="When no rank has written anything for SECONDS, show every rank's stacks (once per stall).",
+)
+@_option(
+    "--stack-tool",
+    type=click.Choice(["auto", "py-spy", "python"]),
+    default="auto",
+    show_default=True,
+    help="How ranks' stacks are read: py-spy (native frames too), python (the standard library), auto.",
+)
+@_option(
+    "--straggler-after",
+    type=float,
+    metavar="SECONDS",
+    default=60.0,
+    show_default=True,
+    help="Name a rank whose progress bar stays 25% below the median rate this long.",
+)
 @_option(
     "--max-restarts",
     type=click.IntRange(min=0),
@@ -479,6 +506,11 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
         if values["timeout"] is None
         else _seconds(values["timeout"], label("timeout", "--timeout")),
         grace_period=_seconds(values["grace_period"], label("grace_period", "--grace-period")),
+        stall_timeout=None
+        if values["stall_timeout"] is None
+        else _seconds(values["stall_timeout"], label("stall_timeout", "--stall-timeout")),
+        stack_tool=values["stack_tool"],
+        straggler_window=_seconds(values["straggler_after"], label("straggler_after", "--straggler-after")),
         restart=_restart_options(values, plan.world_size),
         python=_word(values["python"], label("python", "--python")),
         network_interface=_word(
@@ -710,6 +742,24 @@ def ssh_setup_cli(**options: Any) -> int:
     return EXIT_OK
 
 
+@click.command(
+    name="distrun stacks",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="\b\nExit codes: 0 shown; 1 no such running job; 2 several jobs run (name one) or bad input.",
+)
+@click.argument("pid", type=click.IntRange(min=1), required=False)
+@click.option(
+    "--wait", type=float, default=30.0, show_default=True, metavar="SECONDS", help="Give up after SECONDS."
+)
+def stacks_cli(pid: int | None, wait: float) -> int:
+    """Show every rank's stacks of your running distrun job (PID: which one, when several run), grouped:
+    ranks with the same stacks together, the fewest first, and a verdict. The job goes on untouched."""
+    from launcher.control import ask_stacks
+
+    click.echo(ask_stacks(pid, _seconds(wait, "--wait")), nl=False)
+    return EXIT_OK
+
+
 def _ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
     """The password, once: from standard input's first line, or typed on the terminal without echo."""
     import getpass
@@ -731,14 +781,21 @@ def _ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
 def _parse(argv: Sequence[str]) -> Request | int:
     """The request, or the exit code when click already answered (--help, --version)."""
     try:
-        if argv and argv[0] in ("ssh-setup", "check"):
-            command = ssh_setup_cli if argv[0] == "ssh-setup" else check_cli
+        if argv and argv[0] in _SUBCOMMANDS:
+            command = _SUBCOMMANDS[argv[0]]
             with command.make_context(f"distrun {argv[0]}", list(argv[1:])) as ctx:
                 return cast(int, command.invoke(ctx))
         with cli.make_context("distrun", list(argv)) as ctx:
             return cast(Request, cli.invoke(ctx))
     except click.exceptions.Exit as done:
         return done.exit_code
+
+
+_SUBCOMMANDS: dict[str, click.Command] = {
+    "ssh-setup": ssh_setup_cli,
+    "check": check_cli,
+    "stacks": stacks_cli,
+}
 
 
 def _run(argv: Sequence[str]) -> int:

@@ -74,6 +74,9 @@ class LaunchConfig:
     output_dir: Path | None = None
     console_ranks: frozenset[int] | None = None
     timeout: float | None = None
+    stall_timeout: float | None = None  # show every rank's stacks when no rank wrote anything this long
+    stack_tool: Literal["auto", "py-spy", "python"] = "auto"
+    straggler_window: float = 60.0  # a rank slower than the others this long is named
     grace_period: float = 5.0
     restart: RestartOptions = field(default_factory=RestartOptions)
     python: str | None = None

@@ -315,6 +315,13 @@ class LogRelay:
             self._console.write("stderr", "".join(f"distrun: {line}\n" for line in lines).encode())
         self.flush()
 
+    def block(self, lines: list[str]) -> None:
+        """distrun's own lines that read as one block (every rank's stacks): on stderr, not prefixed."""
+        if lines:
+            self._display.before_lines()
+            self._console.write("stderr", "".join(f"{line}\n" for line in lines).encode())
+        self.flush()
+
     def finish(self) -> None:
         """End every unfinished line (the job is over, nothing completes it): it stays as its last state."""
         self._quiet.clear()

@@ -12,7 +12,8 @@ VERSION: the agent announces its version in HELLO and the launcher refuses a mis
 Lifecycle of one connection:
   agent: HELLO
   per attempt: launcher PROBE -> agent FACTS; launcher START -> agent OUT/ERR/EXIT ... DONE
-  any time: launcher STOP / KILL / SIGNAL; both ways BEAT (when PROBE asked for heartbeats)
+  any time: launcher STOP / KILL / SIGNAL; launcher STACKS -> agent STACK_DUMP;
+  both ways BEAT (when PROBE asked for heartbeats)
   launcher closes its end (EOF): the agent stops whatever still runs and exits.
 """
 
@@ -31,9 +32,9 @@ HEADER = struct.Struct("!BiI")  # kind, rank (-1: the agent itself), payload len
 READ_SIZE = 1 << 16
 
 # launcher -> agent
-PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5
+PROBE, START, STOP, KILL, SIGNAL, STACKS = 1, 2, 3, 4, 5, 6
 # agent -> launcher
-HELLO, FACTS, OUT, ERR, EXIT, DONE = 9, 10, 11, 12, 13, 14
+HELLO, FACTS, OUT, ERR, EXIT, DONE, STACK_DUMP = 9, 10, 11, 12, 13, 14, 15
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
 BEAT = 20
 
@@ -151,6 +152,28 @@ class SignalRequest:
     """
 
     name: str
+
+
+@dataclass(frozen=True)
+class StacksRequest:
+    """Read the stacks of every running rank (see `launcher.stackdump`); the job goes on.
+
+    `tool`: "auto" (py-spy where the host has it, else the standard library's hook), "py-spy" or "python";
+    `wait`: seconds after which a rank not yet read is reported as such.
+    """
+
+    request_id: int
+    tool: str = "auto"
+    wait: float = 5.0
+
+
+@dataclass(frozen=True)
+class StackReply:
+    """The answer to StacksRequest `request_id`: per rank {rank, pid, source, threads, error}; each thread
+    {name, main, frames}, each frame [function, file, line, native], outermost first."""
+
+    request_id: int
+    ranks: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

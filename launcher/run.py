@@ -45,6 +45,7 @@ from launcher.supervise import (
     signal_pipe,
     supervise,
 )
+from launcher.watch import JobWatch, WatchOptions, open_control
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,16 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         ),
     )
     job: Job | None = None
+    watch = JobWatch(
+        relay,
+        WatchOptions(
+            tool=config.stack_tool,
+            stall_timeout=config.stall_timeout,
+            straggler_window=config.straggler_window,
+            output_dir=config.output_dir,
+        ),
+        open_control(),
+    )
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
@@ -80,7 +91,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
-            job = Job(config, relay, wake_fd, nodes)
+            job = Job(config, relay, wake_fd, nodes, watch)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)
@@ -98,6 +109,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             if job is not None:
                 close_all(list(job.nodes.values()))
         finally:
+            watch.close()
             relay.close()
 
 
@@ -117,9 +129,17 @@ class Job:
     Each step is a method, so a test can replace one (say `run_attempt`) and check the loop around it.
     """
 
-    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        relay: LogRelay,
+        wake_fd: int,
+        nodes: Sequence[Node],
+        watch: JobWatch | None = None,
+    ) -> None:
         self.config = config
         self.relay = relay
+        self.watch = watch
         self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
@@ -260,11 +280,16 @@ class Job:
             grace=self.config.grace_period,
             dead_after=self.dead_after,
             now=self.started,
+            watch=self.watch,
         )
         started = time.time()
+        if self.watch is not None:
+            self.watch.attempt_started(nodes, time.monotonic())
         try:
             outcome = supervise(sup, self.wake_fd, self.check_every)
         finally:
+            if self.watch is not None:
+                self.watch.attempt_ended()
             self.record(attempt, started, sup, nodes)
         self.relay.finish()
         return outcome
@@ -272,6 +297,7 @@ class Job:
     def record(self, number: int, started: float, sup: Supervisor, nodes: Sequence[Node]) -> None:
         """The attempt's ranks as the agents measured them, for the account and --report."""
         out = self.config.output_dir
+        progress = self.watch.stragglers.readings if self.watch is not None else {}
         ranks = []
         for node in nodes:
             for slot in node.slots:
@@ -285,6 +311,7 @@ class Job:
                         returncode=m.returncode if m is not None else None,
                         usage=usage,
                         log_dir=None if out is None else out / f"rank.{slot.rank}",
+                        progress=progress.get(slot.rank),
                     )
                 )
         outcome = sup.outcome()
@@ -478,6 +505,8 @@ def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
             exit_code=last.exit_code,
             attempts=job.accounts,
             failure=job.failure,
+            stacks=job.watch.dumps if job.watch is not None else (),
+            stragglers=job.watch.named if job.watch is not None else (),
         )
         try:
             write_report(config.report, report)

@@ -28,6 +28,7 @@ from launcher.protocol import (
     OUT,
     PROBE,
     SIGNAL,
+    STACK_DUMP,
     STOP,
     Facts,
     ProbeRequest,
@@ -39,6 +40,7 @@ from launcher.protocol import (
     encode_message,
 )
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.watch import JobWatch
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +173,12 @@ class Supervisor:
         grace: float,
         dead_after: float,
         now: float,
+        watch: JobWatch | None = None,
     ) -> None:
         self.nodes = list(nodes)
+        # Stacks on request, at the timeout (before stopping) and on a stall; stragglers. None: none of it.
+        self.watch = watch
+        self._timeout_stacks = False  # the timeout's stacks were asked for
         self.relay = relay
         self.rank_hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
         self.timeout = timeout
@@ -241,10 +247,10 @@ class Supervisor:
             self._kill_now()
 
     def on_frame(self, node: Node, kind: int, rank: int, payload: bytes, now: float) -> None:
-        if kind == OUT:
-            self.relay.feed(rank, "stdout", payload)
-        elif kind == ERR:
-            self.relay.feed(rank, "stderr", payload)
+        if kind in (OUT, ERR):
+            self.relay.feed(rank, "stdout" if kind == OUT else "stderr", payload)
+            if self.watch is not None:
+                self.watch.on_output(rank, payload, now)
         elif kind == EXIT:
             exited = decode_message(RankExited, payload)
             self.measured[rank] = exited
@@ -255,6 +261,9 @@ class Supervisor:
                 self._stop(lambda stopped: RankFailed(ended, stopped), now)
         elif kind == DONE:
             node.finished = True
+        elif kind == STACK_DUMP and self.watch is not None:
+            self.watch.on_stacks(node, payload, now)
+            self._check_timeout(now)
 
     def on_closed(self, node: Node, now: float) -> None:
         if not node.finished:
@@ -264,10 +273,23 @@ class Supervisor:
         node.drop()
         self._stop(lambda stopped: HostLost(node.name, detail, stopped), now)
 
+    def _check_timeout(self, now: float) -> None:
+        if self.deadline is None or now < self.deadline or self.cause is not None:
+            return
+        if self.watch is not None:
+            # Every rank's stacks first: where a job that ran out of time was is what its user asks next.
+            if not self._timeout_stacks:
+                self._timeout_stacks = True
+                self.watch.request("timeout", now)
+            if self.watch.gathering("timeout"):
+                return
+        timeout = self.timeout or 0.0
+        self._stop(lambda stopped: TimedOut(timeout, stopped), now)
+
     def on_tick(self, now: float) -> None:
-        if self.deadline is not None and now >= self.deadline and self.cause is None:
-            timeout = self.timeout or 0.0
-            self._stop(lambda stopped: TimedOut(timeout, stopped), now)
+        if self.watch is not None:
+            self.watch.tick(now)
+        self._check_timeout(now)
         for node in self.nodes:
             # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
             if not node.finished and node.link.heartbeat and now - node.last_heard > self.dead_after:
@@ -280,7 +302,7 @@ class Supervisor:
 
     def until_deadline(self, now: float) -> float | None:
         """Seconds until the timeout fires (None: no timeout pending)."""
-        if self.deadline is None or self.cause is not None:
+        if self.deadline is None or self.cause is not None or self._timeout_stacks:
             return None
         return max(0.0, self.deadline - now)
 
@@ -293,6 +315,9 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
         node.last_heard = max(node.last_heard, now)  # we were not listening before the attempt started
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
+        control = sup.watch.control if sup.watch is not None else None
+        if control is not None:
+            sel.register(control, selectors.EVENT_READ, "control")
         for node in sup.nodes:
             if not node.finished:
                 sel.register(node.link, selectors.EVENT_READ, node)
@@ -302,12 +327,17 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
             if until is not None:
                 wait = min(wait, until)
             relay_due = sup.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
-            if relay_due is not None:
-                wait = min(wait, relay_due - now)
+            watch_due = sup.watch.next_deadline() if sup.watch is not None else None
+            for due in (relay_due, watch_due):
+                if due is not None:
+                    wait = min(wait, due - now)
             events = sel.select(max(0.0, wait))
             selected = time.monotonic()
             for key, _ in events:
                 node = key.data
+                if node == "control" and sup.watch is not None:
+                    sup.watch.on_control()
+                    continue
                 if node is None:
                     for signum in read_signals(wake_fd):
                         sup.on_signal(signum, selected)
@@ -330,7 +360,8 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
                 # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
                 for node in sup.nodes:
                     node.last_heard = max(node.last_heard, now)
-            if now >= next_check or (sup.deadline is not None and now >= sup.deadline):
+            due = now >= next_check or (sup.deadline is not None and now >= sup.deadline)
+            if due or (watch_due is not None and now >= watch_due):
                 next_check = now + check_every
                 sup.on_tick(now)
     return sup.outcome()

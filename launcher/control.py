@@ -1,0 +1,174 @@
+"""The control channel of a running job: a Unix socket in a private per-user directory.
+
+`distrun stacks` connects to it from another terminal. Only the same user can: the directory is the user's
+own with mode 0700 (checked, never trusted), the socket's mode is 0600, and the job checks the peer's uid
+(SO_PEERCRED) on every connection. No TCP port is opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import DistrunError
+
+log = logging.getLogger(__name__)
+
+REQUEST_STACKS = b"stacks\n"
+# A client that connected must say what it wants at once: the job's loop waits for it at most this long.
+REQUEST_WAIT = 1.0
+# Writing the answer to a client that does not read must not hold the job either.
+ANSWER_WAIT = 5.0
+
+
+class ControlError(DistrunError):
+    """The runtime directory cannot be made safely, or no job answers."""
+
+
+class NoJob(ControlError):
+    exit_code = 1
+
+
+class SeveralJobs(ControlError):
+    exit_code = 2
+
+
+def runtime_dir() -> Path:
+    """`$XDG_RUNTIME_DIR/distrun`, else `/tmp/distrun-UID`: made 0700 if missing, refused unless ours and
+    private (another user could otherwise read what it holds or put a socket of theirs there)."""
+    uid = os.getuid()
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(base) / "distrun" if base and os.path.isdir(base) else Path(f"/tmp/distrun-{uid}")
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
+        raise ControlError(f"{path} is not a private directory of this user (mode 0700); remove it")
+    return path
+
+
+def socket_path(pid: int) -> Path:
+    return runtime_dir() / f"{pid}.sock"
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+class ControlServer:
+    """The job's end: accept a connection, read its request; the caller answers when it can."""
+
+    def __init__(self) -> None:
+        self.path = socket_path(os.getpid())
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a socket our pid left behind in an earlier life of this machine
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        os.chmod(self.path, 0o600)
+        self.sock.listen(8)
+        self.sock.setblocking(False)
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def accept(self) -> socket.socket | None:
+        """A connection that asked for stacks, or None (nothing waiting, another user, a bad request)."""
+        try:
+            conn, _ = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return None
+        try:
+            conn.settimeout(REQUEST_WAIT)
+            if _peer_uid(conn) != os.getuid():
+                raise OSError("another user")
+            if conn.recv(64) != REQUEST_STACKS:
+                raise OSError("not a request for stacks")
+            conn.settimeout(ANSWER_WAIT)
+            return conn
+        except OSError as err:
+            log.debug("control socket: refused a connection: %s", err)
+            conn.close()
+            return None
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+def answer(conn: socket.socket, text: str) -> None:
+    try:
+        conn.sendall(text.encode())
+    except OSError as err:
+        log.debug("control socket: could not answer: %s", err)
+    finally:
+        conn.close()
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    pid: int
+    command: str
+
+
+def _command(pid: int) -> str | None:
+    """The command line of a live process of ours, None if there is none by that pid."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+
+
+def running_jobs() -> list[RunningJob]:
+    """The user's distrun jobs with a live control socket, oldest pid first; stale sockets are removed."""
+    jobs = []
+    for path in sorted(runtime_dir().glob("*.sock"), key=lambda p: p.stem):
+        if not path.stem.isdigit():
+            continue
+        command = _command(int(path.stem))
+        if command is None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            continue
+        jobs.append(RunningJob(int(path.stem), command))
+    return sorted(jobs, key=lambda j: j.pid)
+
+
+def ask_stacks(pid: int | None, wait: float) -> str:
+    """The stacks of job `pid` (None: the user's one running job) as the job formats them."""
+    if pid is None:
+        jobs = running_jobs()
+        if not jobs:
+            raise NoJob("no running distrun job of yours")
+        if len(jobs) > 1:
+            listed = "; ".join(f"{j.pid}: {j.command}" for j in jobs)
+            raise SeveralJobs(
+                f"{len(jobs)} distrun jobs are running; name one: distrun stacks PID ({listed})"
+            )
+        pid = jobs[0].pid
+    path = socket_path(pid)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(wait)
+        try:
+            sock.connect(str(path))
+            sock.sendall(REQUEST_STACKS)
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        except FileNotFoundError:
+            raise NoJob(f"no distrun job of yours with pid {pid}") from None
+        except ConnectionRefusedError:
+            raise NoJob(f"distrun job {pid} is gone") from None
+        except TimeoutError:
+            raise ControlError(f"distrun job {pid} did not answer within {wait:g}s") from None
+    if not chunks:
+        raise NoJob(f"distrun job {pid} ended before its stacks were read")
+    return b"".join(chunks).decode(errors="replace")

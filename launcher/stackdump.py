@@ -1,0 +1,300 @@
+"""Read the stacks of a host's ranks, for the agent (stdlib-only, Python 3.7; shipped with the agent).
+
+Two ways, chosen per host:
+- `py-spy dump` where py-spy is installed (on PATH, or beside the agent's interpreter): it reads a running
+  interpreter from outside, so it sees any Python rank, and with `--native` it adds the native frames
+  (NCCL, gloo, CUDA calls, libc) between the Python ones.
+- otherwise the standard library: every rank the agent starts imports a small hook at start-up that asks
+  `faulthandler` to write all its threads' Python frames to a file when it receives STACK_SIGNAL. The hook
+  comes in through the rank's environment, without a sitecustomize: PYTHONWARNINGS names a warning category
+  of the hook's module, which Python imports while reading the option, and PYTHONPATH finds that module in
+  the agent's private directory. faulthandler's handler runs in C, so it answers even while the main thread
+  is blocked in a collective or in native code. The agent signals only a process whose signal mask shows
+  the handler installed (/proc/PID/status), so a rank that is not Python, or not yet past start-up, is
+  never killed by the signal: it is named with the reason instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+HOOK_MODULE = "distrun_rankhook"
+# A real-time signal: the user's own SIGUSR1/SIGUSR2 handlers (which distrun forwards) stay untouched.
+STACK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 2
+# faulthandler writes in several calls: the dump is complete once the file stopped growing for this long.
+SETTLE_SECONDS = 0.05
+# How often the agent looks at a gathering in progress.
+POLL_SECONDS = 0.02
+HOOK_SOURCE = """\
+import faulthandler, os
+
+
+def _install():
+    where, signum = os.environ.get("DISTRUN_STACK_DIR"), os.environ.get("DISTRUN_STACK_SIGNAL")
+    if not where or not signum:
+        return
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(os.path.join(where, "%d.stack" % os.getpid()), flags, 0o600)
+        faulthandler.register(int(signum), file=fd, all_threads=True, chain=False)
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        pass
+
+
+_install()
+
+
+class Never(Warning):
+    "The category PYTHONWARNINGS names so that Python imports this module; nothing ever raises it."
+"""
+
+
+class DumpDir:
+    """The agent's private directory: the hook module, and the files the ranks' dumps are written to."""
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix="distrun-stacks-")  # mode 0700
+        with open(os.path.join(self.path, HOOK_MODULE + ".py"), "w") as f:
+            f.write(HOOK_SOURCE)
+
+    def rank_env(self, env: dict[str, str]) -> dict[str, str]:
+        """What a rank's environment `env` needs for the hook (the user's PYTHONPATH/PYTHONWARNINGS kept)."""
+        path = env.get("PYTHONPATH")
+        warnings = env.get("PYTHONWARNINGS")
+        hook = f"ignore::{HOOK_MODULE}.Never"
+        return {
+            "DISTRUN_STACK_DIR": self.path,
+            "DISTRUN_STACK_SIGNAL": str(STACK_SIGNAL),
+            "PYTHONPATH": self.path + os.pathsep + path if path else self.path,
+            "PYTHONWARNINGS": warnings + "," + hook if warnings else hook,
+        }
+
+    def stack_file(self, pid: int) -> str:
+        return os.path.join(self.path, f"{pid}.stack")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def find_py_spy() -> str | None:
+    """py-spy on PATH, else beside this interpreter (a virtual environment's bin/ need not be on PATH)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else None
+
+
+def _catches(pid: int, signum: int) -> bool | None:
+    """Whether process `pid` has a handler for `signum` (None: the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        return None
+    return False
+
+
+def _program(pid: int) -> str:
+    try:
+        return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return "?"
+
+
+def parse_faulthandler(text: str) -> list[dict[str, Any]]:
+    """faulthandler's dump as threads (frames outermost first). It lists the newest thread first, so the
+    main thread, the oldest, is the last."""
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            ident = line.split()[1] if line.startswith("Thread") else line.split()[2]
+            threads.append({"name": "", "ident": ident, "frames": []})
+        elif line.startswith('  File "') and threads:
+            # '  File "path", line N in func'
+            path, _, rest = line[len('  File "') :].rpartition('", line ')
+            number, _, func = rest.partition(" in ")
+            try:
+                threads[-1]["frames"].insert(0, [func, path, int(number)])
+            except ValueError:
+                continue
+    for thread in threads:
+        del thread["ident"]
+    if threads:
+        threads[-1]["main"] = True
+    return threads
+
+
+def parse_py_spy(text: str, pid: int) -> list[dict[str, Any]]:
+    """py-spy's JSON dump as threads (frames outermost first, unresolved native addresses left out)."""
+    threads = []
+    for thread in json.loads(text):
+        frames = []
+        for frame in reversed(thread.get("frames") or []):
+            native = frame.get("module") is not None
+            name = str(frame.get("name", "?"))
+            if native and name.startswith("0x"):
+                continue  # an address, different in every process: it would split every group
+            frames.append([name, str(frame.get("filename", "")), int(frame.get("line") or 0), native])
+        threads.append(
+            {
+                "name": str(thread.get("thread_name") or ""),
+                "main": thread.get("os_thread_id") == pid,
+                "frames": frames,
+            }
+        )
+    return threads
+
+
+class _One:
+    """One rank being read: py-spy first where asked, faulthandler otherwise (or when py-spy fails)."""
+
+    def __init__(
+        self, rank: int, pid: int, dump_dir: DumpDir, py_spy: str | None, *, wait: float, now: float
+    ) -> None:
+        self.rank = rank
+        self.pid = pid
+        self.dir = dump_dir
+        self.result: dict[str, Any] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.py_spy_error = ""
+        self.out_path = os.path.join(dump_dir.path, f"{pid}.py-spy")
+        self.size = -1
+        self.changed = now
+        self.py_spy = py_spy
+        # Native frames need the symbols of every library (seconds for libtorch): past half the wait, py-spy
+        # is asked again for the Python frames alone, which takes a fraction of a second.
+        self.native_until: float | None = now + wait / 2
+        if py_spy:
+            self._py_spy(native=True)
+        else:
+            self._signal()
+
+    def _py_spy(self, native: bool) -> None:
+        assert self.py_spy is not None
+        argv = [self.py_spy, "dump", "--pid", str(self.pid), "--json"] + (["--native"] if native else [])
+        try:
+            with open(self.out_path, "wb") as out:
+                # Output to a file, not a pipe: a big dump must not block py-spy while we poll it.
+                self.proc = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE
+                )
+        except OSError as exc:
+            self.py_spy_error = f"py-spy: {exc}"
+            self._signal()
+
+    def _stop_py_spy(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            if self.proc.stderr:
+                self.proc.stderr.close()
+            self.proc = None
+
+    def _done(self, source: str = "", threads: Any = (), error: str = "") -> None:
+        self.result = {"rank": self.rank, "pid": self.pid, "source": source, "threads": list(threads)}
+        if error:
+            self.result["error"] = error
+
+    def _signal(self) -> None:
+        caught = _catches(self.pid, STACK_SIGNAL)
+        if caught is None:
+            self._done(error="it has exited")
+            return
+        if not caught:
+            program = _program(self.pid)
+            why = f"not a Python process ({program})" if "python" not in program else "no stack hook in it"
+            self._done(error=self.py_spy_error or why)
+            return
+        try:
+            os.truncate(self.dir.stack_file(self.pid), 0)
+            os.kill(self.pid, STACK_SIGNAL)
+        except OSError as exc:
+            self._done(error=self.py_spy_error or f"cannot signal it: {exc.strerror or exc}")
+
+    def poll(self, now: float) -> None:
+        if self.result is not None:
+            return
+        if self.proc is not None:
+            code = self.proc.poll()
+            if code is None and self.native_until is not None and now >= self.native_until:
+                self.native_until = None
+                self._stop_py_spy()
+                self._py_spy(native=False)
+                return
+            if code is None:
+                return
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+            if self.proc.stderr:
+                self.proc.stderr.close()
+            self.proc = None
+            if code == 0:
+                try:
+                    with open(self.out_path) as f:
+                        self._done("py-spy", parse_py_spy(f.read(), self.pid))
+                    return
+                except (OSError, ValueError) as exc:
+                    err = str(exc)
+            lines = [line for line in err.strip().splitlines() if line.strip()]
+            self.py_spy_error = "py-spy: " + (lines[-1] if lines else f"exit {code}")
+            self._signal()
+            return
+        try:
+            size = os.path.getsize(self.dir.stack_file(self.pid))
+        except OSError:
+            size = 0
+        if size != self.size:
+            self.size, self.changed = size, now
+        elif size and now - self.changed >= SETTLE_SECONDS:
+            with open(self.dir.stack_file(self.pid), errors="replace") as f:
+                self._done("faulthandler", parse_faulthandler(f.read()))
+
+    def give_up(self, waited: float) -> None:
+        if self.result is None:
+            self._stop_py_spy()
+            self._done(error=f"no stacks within {waited:g}s")
+
+
+class Gathering:
+    """Reading every listed rank at once; `poll` until `done`, then `results` (one dict per rank)."""
+
+    def __init__(
+        self, request_id: int, ranks: dict[int, int], dump_dir: DumpDir, *, tool: str, wait: float, now: float
+    ) -> None:
+        self.request_id = request_id
+        self.started = now
+        self.deadline = now + wait
+        py_spy = find_py_spy() if tool in ("auto", "py-spy") else None
+        self.missing = "py-spy is not installed on this host" if tool == "py-spy" and not py_spy else ""
+        self.ones = (
+            []
+            if self.missing
+            else [_One(r, p, dump_dir, py_spy, wait=wait, now=now) for r, p in ranks.items()]
+        )
+        self.ranks = ranks
+
+    @property
+    def done(self) -> bool:
+        return all(one.result is not None for one in self.ones)
+
+    def poll(self, now: float) -> bool:
+        for one in self.ones:
+            one.poll(now)
+        if now >= self.deadline:
+            for one in self.ones:
+                one.give_up(self.deadline - self.started)
+        return self.done
+
+    def results(self) -> list[dict[str, Any]]:
+        if self.missing:
+            return [{"rank": r, "pid": p, "error": self.missing} for r, p in self.ranks.items()]
+        return [one.result for one in self.ones if one.result is not None]

@@ -1,0 +1,129 @@
+"""Stragglers from the progress bars the ranks already draw: no change to the user's script (pure).
+
+A tqdm-style redraw (`\\r` then ` 42/100 [00:10<00:14,  4.10it/s]`) gives a rank's step count and rate. A rank
+whose rate stays more than a quarter below the median rate of the ranks for `window` seconds is named once.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass
+
+_COUNT = re.compile(rb"(\d+)/(\d+)")
+_RATE = re.compile(rb"(\d+(?:\.\d+)?)\s*(it/s|s/it)")
+# A redraw is parsed at most this often per rank: a busy bar redraws thousands of times a second.
+PARSE_EVERY = 0.5
+SLOW_BELOW = 0.75  # of the median rate
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A rank's last progress: `n` of `total` steps, at `rate` steps per second (None: not shown)."""
+
+    n: int
+    total: int
+    rate: float | None
+    at: float
+
+    def text(self) -> str:
+        rate = "-" if self.rate is None else f"{self.rate:.3g} it/s"
+        return f"{self.n}/{self.total} at {rate}"
+
+
+def parse_progress(text: bytes) -> tuple[int, int, float | None] | None:
+    """(n, total, steps per second) from a progress bar's text; None when it shows no `n/total`."""
+    count = _COUNT.search(text)
+    if count is None:
+        return None
+    rate = None
+    found = _RATE.search(text, count.end())
+    if found is not None:
+        value = float(found.group(1))
+        rate = value if found.group(2) == b"it/s" else (1.0 / value if value else None)
+    return int(count.group(1)), int(count.group(2)), rate
+
+
+def last_redraw(data: bytes) -> bytes | None:
+    """The newest redrawn text in a chunk of output (after its last `\\r`), or None when it has none."""
+    cr = data.rfind(b"\r")
+    if cr < 0:
+        return None
+    text = data[cr + 1 :]
+    if not text.strip():  # "\r\n" ends a bar: its text is the line before
+        start = data.rfind(b"\r", 0, cr)
+        text = data[start + 1 : cr]
+    end = text.find(b"\n")
+    return text if end < 0 else text[:end]
+
+
+@dataclass(frozen=True)
+class Straggler:
+    rank: int
+    host: str
+    ratio: float  # its rate / the median rate when it was named
+    seconds: float
+
+    def text(self) -> str:
+        ratio = f"{self.ratio:.2f}x the median step rate"
+        return f"rank {self.rank} on {self.host}: {ratio} for {self.seconds:.0f} s"
+
+
+def slow_ranks(rates: dict[int, float], below: float = SLOW_BELOW) -> dict[int, float]:
+    """Ranks whose rate is under `below` times the median of all, with their ratio to the median."""
+    if len(rates) < 2:
+        return {}
+    median = statistics.median(rates.values())
+    if median <= 0:
+        return {}
+    return {rank: rate / median for rank, rate in rates.items() if rate < below * median}
+
+
+class StragglerWatch:
+    """Fed the ranks' output; `check` names each rank that has been slow for `window` seconds, once."""
+
+    def __init__(self, hosts: dict[int, str], window: float) -> None:
+        self.hosts = hosts
+        self.window = window
+        self.readings: dict[int, Reading] = {}
+        self._first: dict[int, Reading] = {}
+        self._parsed_at: dict[int, float] = {}
+        self._slow_since: dict[int, float] = {}
+        self.named: list[Straggler] = []
+
+    def seen(self, rank: int, data: bytes, now: float) -> None:
+        if now - self._parsed_at.get(rank, -PARSE_EVERY) < PARSE_EVERY or b"\r" not in data:
+            return
+        text = last_redraw(data)
+        parsed = parse_progress(text) if text else None
+        if parsed is None:
+            return
+        self._parsed_at[rank] = now
+        n, total, rate = parsed
+        first = self._first.setdefault(rank, Reading(n, total, rate, now))
+        if rate is None and now > first.at and n > first.n:
+            rate = (n - first.n) / (now - first.at)
+        self.readings[rank] = Reading(n, total, rate, now)
+
+    def rates(self, now: float) -> dict[int, float]:
+        """Every rank's rate, where it reported one within `window` (a silent rank is a stall, not slow)."""
+        return {
+            rank: r.rate
+            for rank, r in self.readings.items()
+            if r.rate is not None and now - r.at <= self.window
+        }
+
+    def check(self, now: float) -> list[Straggler]:
+        """The ranks newly found slow for `window` seconds."""
+        slow = slow_ranks(self.rates(now))
+        for rank in list(self._slow_since):
+            if rank not in slow:
+                del self._slow_since[rank]
+        named = {s.rank for s in self.named}
+        fresh = []
+        for rank, ratio in sorted(slow.items()):
+            since = self._slow_since.setdefault(rank, now)
+            if rank not in named and now - since >= self.window:
+                fresh.append(Straggler(rank, self.hosts.get(rank, "?"), ratio, now - since))
+        self.named.extend(fresh)
+        return fresh
