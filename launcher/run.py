@@ -297,7 +297,7 @@ class Job:
     def record(self, number: int, started: float, sup: Supervisor, nodes: Sequence[Node]) -> None:
         """The attempt's ranks as the agents measured them, for the account and --report."""
         out = self.config.output_dir
-        progress = self.watch.stragglers.readings if self.watch is not None else {}
+        progress = self.watch.stragglers.readings() if self.watch is not None else {}
         ranks = []
         for node in nodes:
             for slot in node.slots:

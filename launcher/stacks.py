@@ -194,7 +194,7 @@ def verdict(groups: Sequence[Group], world_size: int) -> str:
         if len(group.ranks) == 1:
             what = f"{ranks_label(group.ranks)} is"
             return f"{what} in a collective ({name}) at {where}{tail}" if name else f"{what} in {where}{tail}"
-        what = f"all {len(group.ranks)} ranks"
+        what = "both ranks" if len(group.ranks) == 2 else f"all {len(group.ranks)} ranks"
         if name:
             return f"{what} wait in the same collective ({name}) at {where}{tail}"
         return f"{what} are at the same place: in {where}{tail}"
@@ -234,8 +234,8 @@ class StackDump:
             out.append(f"{head}:")
             threads = sorted(group.sample.threads, key=lambda t: not t.main)
             for index, thread in enumerate(threads):
-                name = thread.name or ("main thread" if thread.main else f"thread {index + 1}")
-                out.append(f"  {name}:" if len(threads) > 1 or thread.name else "  main thread:")
+                name = "main thread" if thread.main else thread.name or f"thread {index + 1}"
+                out.append(f"  {name}:")
                 out.extend(f"    {frame.text()}" for frame in thread.frames)
                 if not thread.frames:
                     out.append("    (no Python frame)")

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 _COUNT = re.compile(rb"(\d+)/(\d+)")
 _RATE = re.compile(rb"(\d+(?:\.\d+)?)\s*(it/s|s/it)")
-# A redraw is parsed at most this often per rank: a busy bar redraws thousands of times a second.
-PARSE_EVERY = 0.5
 SLOW_BELOW = 0.75  # of the median rate
 
 
@@ -85,31 +83,38 @@ class StragglerWatch:
     def __init__(self, hosts: dict[int, str], window: float) -> None:
         self.hosts = hosts
         self.window = window
-        self.readings: dict[int, Reading] = {}
+        self._readings: dict[int, Reading] = {}
         self._first: dict[int, Reading] = {}
-        self._parsed_at: dict[int, float] = {}
+        self._unread: dict[int, tuple[bytes, float]] = {}
         self._slow_since: dict[int, float] = {}
         self.named: list[Straggler] = []
 
     def seen(self, rank: int, data: bytes, now: float) -> None:
-        if now - self._parsed_at.get(rank, -PARSE_EVERY) < PARSE_EVERY or b"\r" not in data:
-            return
-        text = last_redraw(data)
-        parsed = parse_progress(text) if text else None
-        if parsed is None:
-            return
-        self._parsed_at[rank] = now
-        n, total, rate = parsed
-        first = self._first.setdefault(rank, Reading(n, total, rate, now))
-        if rate is None and now > first.at and n > first.n:
-            rate = (n - first.n) / (now - first.at)
-        self.readings[rank] = Reading(n, total, rate, now)
+        """A chunk of the rank's output: kept as it is, parsed only when asked (a bar redraws thousands of
+        times a second, and only the newest redraw counts)."""
+        if b"\r" in data:
+            self._unread[rank] = (data, now)
+
+    def readings(self) -> dict[int, Reading]:
+        """Every rank's last progress, where it drew a bar."""
+        for rank, (data, at) in self._unread.items():
+            text = last_redraw(data)
+            parsed = parse_progress(text) if text else None
+            if parsed is None:
+                continue
+            n, total, rate = parsed
+            first = self._first.setdefault(rank, Reading(n, total, rate, at))
+            if rate is None and at > first.at and n > first.n:
+                rate = (n - first.n) / (at - first.at)
+            self._readings[rank] = Reading(n, total, rate, at)
+        self._unread.clear()
+        return self._readings
 
     def rates(self, now: float) -> dict[int, float]:
         """Every rank's rate, where it reported one within `window` (a silent rank is a stall, not slow)."""
         return {
             rank: r.rate
-            for rank, r in self.readings.items()
+            for rank, r in self.readings().items()
             if r.rate is not None and now - r.at <= self.window
         }
 

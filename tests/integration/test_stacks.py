@@ -1,0 +1,170 @@
+"""Every rank's stacks from real jobs: `distrun stacks`, --timeout, --stall-timeout; stragglers (issue 17)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from launcher.stackdump import find_py_spy
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    assert_all_gone,
+    clean_env,
+    distrun_argv,
+    recorded_pids,
+    run_distrun,
+    start_distrun,
+    wait_for_files,
+)
+
+SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
+VERDICT = (
+    "verdict: 3 ranks wait in a collective (barrier); rank 2 is elsewhere: in stuck_in_loader, hang.py:14"
+)
+
+
+def ask_stacks(pid: int, expect: str, within: float = 60) -> str:
+    """`distrun stacks PID` until its answer shows `expect` (ranks may still be on their way to it)."""
+    deadline = time.monotonic() + within
+    while True:
+        done = subprocess.run(
+            distrun_argv("stacks", str(pid)), capture_output=True, env=clean_env(), timeout=60
+        )
+        out = done.stdout.decode()
+        assert done.returncode == 0, done.stderr.decode()
+        if expect in out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def assert_grouped(text: str) -> None:
+    """Rank 2's group first (the fewest ranks), then 0, 1, 3 in the barrier, innermost frame last."""
+    lines = text.splitlines()
+    first = lines.index("rank 2 (1 of 4) on localhost:")
+    second = lines.index("ranks 0-1,3 (3 of 4) on localhost:")
+    assert first < second
+    assert lines[second - 1].endswith(", in stuck_in_loader"), lines[first:second]
+    barrier = [line for line in lines[second:] if line.strip().startswith("File")]
+    assert barrier[-1].endswith(", in barrier"), barrier
+    assert VERDICT in lines
+
+
+def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    out_dir = tmp_path / "logs"
+    # Long enough for four ranks to import torch on a busy machine; `distrun stacks` comes well before.
+    job = start_distrun(
+        "-np", "4", "--timeout", "60", "--stack-tool", "python", "--report", report, "--output-dir", out_dir,
+        SCRIPTS / "hang.py", tmp_path,
+    )  # fmt: skip
+    try:
+        wait_for_files(tmp_path, "*.pid", 4)
+        shown = ask_stacks(job.pid, VERDICT)
+        assert shown.startswith("stacks of 4 ranks on 1 host:\n"), shown
+        assert_grouped(shown)
+        assert job.poll() is None, "asking for the stacks must not disturb the job"
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    text = err.decode()
+    assert job.returncode == 124, text
+    # At the timeout: the same stacks, before the account and the summary.
+    at_timeout = text[text.index("distrun: stacks of 4 ranks on 1 host (timeout):") :]
+    assert_grouped(at_timeout)
+    assert at_timeout.index(VERDICT) < at_timeout.index("distrun: timed out after 60s")
+    assert_all_gone(recorded_pids(tmp_path))
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert [d["reason"] for d in doc["stacks"]] == ["request", "timeout"]
+    assert doc["stacks"][1]["verdict"] == VERDICT.removeprefix("verdict: ")
+    assert [g["ranks"] for g in doc["stacks"][1]["groups"]] == [[2], [0, 1, 3]]
+    assert doc["stacks"][1]["groups"][0]["source"] == "faulthandler"
+    files = sorted(p.name for p in out_dir.glob("stacks-*.txt"))
+    assert files == ["stacks-1-request.txt", "stacks-2-timeout.txt"]
+    assert VERDICT in (out_dir / "stacks-2-timeout.txt").read_text()
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
+def test_py_spy_adds_native_frames(tmp_path: Path) -> None:
+    job = start_distrun("-np", "3", "--stack-tool", "py-spy", SCRIPTS / "sleepers.py", tmp_path)
+    try:
+        wait_for_files(tmp_path, "*.pid", 3)
+        shown = ask_stacks(job.pid, "in odd_one_out")
+        assert job.poll() is None
+    finally:
+        job.terminate()
+        job.communicate(timeout=60)
+    lines = shown.splitlines()
+    assert lines[1:3] == ["rank 1 (1 of 3) on localhost:", "  main thread:"], shown
+    # py-spy adds the native frames beneath the Python ones: time.sleep's C function, at least.
+    odd = lines[: lines.index("ranks 0,2 (2 of 3) on localhost:")]
+    assert any(line.strip().startswith("[native]") for line in odd), shown
+    assert (
+        "verdict: the ranks are in 2 different places; the fewest, rank 1, in odd_one_out, sleepers.py:12"
+        in lines
+    )
+    assert_all_gone(recorded_pids(tmp_path))
+
+
+def test_a_rank_that_is_not_python_is_named_with_the_reason(tmp_path: Path) -> None:
+    result = run_distrun("-np", "2", "--timeout", "3", "--stack-tool", "python", "sleep", "30")
+    err = result.stderr.decode()
+    assert result.returncode == 124, err
+    assert "ranks 0-1 (2 of 2) on localhost: cannot read the stacks: not a Python process (sleep)" in err
+    assert "verdict: no rank's stack could be read (2 ranks)" in err
+
+
+def test_stall_watchdog_fires_once_per_stall(tmp_path: Path) -> None:
+    result = run_distrun("-np", "2", "--stall-timeout", "3", SCRIPTS / "quiet_spells.py", "2", "5")
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert err.count("no rank has written anything for 3s: a stall?") == 2, err
+    assert err.count("distrun: stacks of 2 ranks on 1 host (stall):") == 2
+    assert "verdict: both ranks are at the same place: in <module>, quiet_spells.py:18" in err
+
+
+def test_stall_watchdog_is_quiet_while_progress_is_drawn() -> None:
+    result = run_distrun("-np", "2", "--stall-timeout", "1", SCRIPTS / "quiet_spells.py", "2", "2", "--bar")
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert "stall" not in err
+
+
+def test_a_slower_rank_is_named_once_on_the_console_and_in_the_report(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    result = run_distrun(
+        "-np", "4", "--straggler-after", "2", "--report", report, SCRIPTS / "paced.py", "50", "0.1", "2", "2"
+    )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    named = [line for line in err.splitlines() if "straggler:" in line]
+    assert len(named) == 1, err
+    assert (
+        named[0].startswith("distrun: straggler: rank 2 on localhost: 0.")
+        and "x the median step rate" in named[0]
+    )
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert [(s["rank"], s["host"]) for s in doc["stragglers"]] == [(2, "localhost")]
+    assert 0.3 < doc["stragglers"][0]["ratio"] < 0.75
+    assert [r["progress"]["n"] for r in doc["ranks"]] == [50, 50, 50, 50]
+
+
+def test_ranks_at_equal_speed_name_nobody(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    result = run_distrun(
+        "-np", "4", "--straggler-after", "1", "--report", report, SCRIPTS / "paced.py", "40", "0.1"
+    )
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert "straggler" not in err
+    assert json.loads(report.read_text())["stragglers"] == []
+    header = next(line for line in err.splitlines() if line.startswith("distrun: host "))
+    assert header.split()[-1] == "progress", "the account gains each rank's last progress"
+    assert err.count("40/40 at ") == 4
