@@ -111,11 +111,11 @@ class StragglerWatch:
         return self._readings
 
     def rates(self, now: float) -> dict[int, float]:
-        """Every rank's rate, where it reported one within `window` (a silent rank is a stall, not slow)."""
+        """Every rank's rate where its bar moved within half the window (a silent rank is a stall)."""
         return {
             rank: r.rate
             for rank, r in self.readings().items()
-            if r.rate is not None and now - r.at <= self.window
+            if r.rate is not None and now - r.at <= self.window / 2
         }
 
     def check(self, now: float) -> list[Straggler]:
