@@ -79,6 +79,7 @@ def test_report_matches_the_schema() -> None:
         "cpu_seconds": None,
         "peak_rss_bytes": None,
         "logs": None,
+        "progress": None,
     }
     assert first[0]["logs"] == {"stdout": "/logs/rank.0/stdout", "stderr": "/logs/rank.0/stderr"}
 
