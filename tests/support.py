@@ -136,3 +136,33 @@ def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> byte
         assert line, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
         seen += line
     return seen
+
+
+HANG_VERDICT = (
+    "verdict: 3 ranks wait in a collective (barrier); rank 2 is elsewhere: in stuck_in_loader, hang.py:14"
+)
+
+
+def ask_stacks_until(pid: int, expect: str, env: dict[str, str] | None = None, within: float = 60) -> str:
+    """`distrun stacks PID` until its answer shows `expect` (the ranks may still be on their way there)."""
+    deadline = time.monotonic() + within
+    while True:
+        done = subprocess.run(distrun_argv("stacks", str(pid)), capture_output=True, env=env or clean_env())
+        out = done.stdout.decode()
+        assert done.returncode == 0, done.stderr.decode()
+        if expect in out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
+
+
+def assert_hang_grouped(text: str, rank2_host: str, barrier_hosts: str) -> None:
+    """scripts/hang.py's stacks: rank 2's group first (the fewest ranks), then 0, 1, 3 in the barrier, each
+    innermost frame last, then the verdict."""
+    lines = text.splitlines()
+    first = lines.index(f"rank 2 (1 of 4) on {rank2_host}:")
+    second = lines.index(f"ranks 0-1,3 (3 of 4) on {barrier_hosts}:")
+    assert first < second, text
+    assert lines[second - 1].endswith(", in stuck_in_loader"), lines[first:second]
+    barrier = [line for line in lines[second:] if line.strip().startswith("File")]
+    assert barrier[-1].endswith(", in barrier"), barrier
+    assert HANG_VERDICT in lines, text

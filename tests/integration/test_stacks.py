@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import jsonschema
@@ -12,11 +10,12 @@ import pytest
 
 from launcher.stackdump import find_py_spy
 from tests.support import (
+    HANG_VERDICT,
     REPO,
     SCRIPTS,
+    ask_stacks_until,
     assert_all_gone,
-    clean_env,
-    distrun_argv,
+    assert_hang_grouped,
     recorded_pids,
     run_distrun,
     start_distrun,
@@ -24,35 +23,6 @@ from tests.support import (
 )
 
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
-VERDICT = (
-    "verdict: 3 ranks wait in a collective (barrier); rank 2 is elsewhere: in stuck_in_loader, hang.py:14"
-)
-
-
-def ask_stacks(pid: int, expect: str, within: float = 60) -> str:
-    """`distrun stacks PID` until its answer shows `expect` (ranks may still be on their way to it)."""
-    deadline = time.monotonic() + within
-    while True:
-        done = subprocess.run(
-            distrun_argv("stacks", str(pid)), capture_output=True, env=clean_env(), timeout=60
-        )
-        out = done.stdout.decode()
-        assert done.returncode == 0, done.stderr.decode()
-        if expect in out or time.monotonic() > deadline:
-            return out
-        time.sleep(0.5)
-
-
-def assert_grouped(text: str) -> None:
-    """Rank 2's group first (the fewest ranks), then 0, 1, 3 in the barrier, innermost frame last."""
-    lines = text.splitlines()
-    first = lines.index("rank 2 (1 of 4) on localhost:")
-    second = lines.index("ranks 0-1,3 (3 of 4) on localhost:")
-    assert first < second
-    assert lines[second - 1].endswith(", in stuck_in_loader"), lines[first:second]
-    barrier = [line for line in lines[second:] if line.strip().startswith("File")]
-    assert barrier[-1].endswith(", in barrier"), barrier
-    assert VERDICT in lines
 
 
 def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
@@ -65,9 +35,9 @@ def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         wait_for_files(tmp_path, "*.pid", 4)
-        shown = ask_stacks(job.pid, VERDICT)
+        shown = ask_stacks_until(job.pid, HANG_VERDICT)
         assert shown.startswith("stacks of 4 ranks on 1 host:\n"), shown
-        assert_grouped(shown)
+        assert_hang_grouped(shown, "localhost", "localhost")
         assert job.poll() is None, "asking for the stacks must not disturb the job"
         _, err = job.communicate(timeout=120)
     finally:
@@ -76,18 +46,18 @@ def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
     assert job.returncode == 124, text
     # At the timeout: the same stacks, before the account and the summary.
     at_timeout = text[text.index("distrun: stacks of 4 ranks on 1 host (timeout):") :]
-    assert_grouped(at_timeout)
-    assert at_timeout.index(VERDICT) < at_timeout.index("distrun: timed out after 60s")
+    assert_hang_grouped(at_timeout, "localhost", "localhost")
+    assert at_timeout.index(HANG_VERDICT) < at_timeout.index("distrun: timed out after 60s")
     assert_all_gone(recorded_pids(tmp_path))
     doc = json.loads(report.read_text())
     jsonschema.validate(doc, SCHEMA)
     assert [d["reason"] for d in doc["stacks"]] == ["request", "timeout"]
-    assert doc["stacks"][1]["verdict"] == VERDICT.removeprefix("verdict: ")
+    assert doc["stacks"][1]["verdict"] == HANG_VERDICT.removeprefix("verdict: ")
     assert [g["ranks"] for g in doc["stacks"][1]["groups"]] == [[2], [0, 1, 3]]
     assert doc["stacks"][1]["groups"][0]["source"] == "faulthandler"
     files = sorted(p.name for p in out_dir.glob("stacks-*.txt"))
     assert files == ["stacks-1-request.txt", "stacks-2-timeout.txt"]
-    assert VERDICT in (out_dir / "stacks-2-timeout.txt").read_text()
+    assert HANG_VERDICT in (out_dir / "stacks-2-timeout.txt").read_text()
 
 
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
@@ -95,7 +65,7 @@ def test_py_spy_adds_native_frames(tmp_path: Path) -> None:
     job = start_distrun("-np", "3", "--stack-tool", "py-spy", SCRIPTS / "sleepers.py", tmp_path)
     try:
         wait_for_files(tmp_path, "*.pid", 3)
-        shown = ask_stacks(job.pid, "in odd_one_out")
+        shown = ask_stacks_until(job.pid, "in odd_one_out")
         assert job.poll() is None
     finally:
         job.terminate()
