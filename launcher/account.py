@@ -164,6 +164,7 @@ def build_report(
     failure: Failure | None,
     stacks: Sequence[StackDump] = (),
     stragglers: Sequence[Straggler] = (),
+    timeline: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`."""
     last = attempts[-1] if attempts else None
@@ -197,6 +198,7 @@ def build_report(
             for a in attempts
         ],
         "stacks": [dump.to_json() for dump in stacks],
+        "timeline": list(timeline),
         "stragglers": [
             {"rank": s.rank, "host": s.host, "ratio": round(s.ratio, 3), "seconds": round(s.seconds, 1)}
             for s in stragglers

@@ -38,6 +38,7 @@ class Node:
         self.local = local
         self.reader = FrameReader(after_magic=True)
         self.facts: Facts | None = None
+        self.facts_at = 0.0  # when the facts came (time.monotonic())
         self.slots: tuple[Slot, ...] = ()
         self.finished = False
         self.lost = False

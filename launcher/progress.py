@@ -21,12 +21,14 @@ ERASE_LINE = "\r\x1b[K"
 
 @dataclass(frozen=True)
 class Progress:
-    """One phase of a fan-out: `done` hosts finished it, `failed` gave up, out of `total`."""
+    """One phase of a fan-out: `done` hosts finished it, `failed` gave up, out of `total`; `host`: the one
+    whose result this update reports, if any."""
 
     phase: str
     total: int
     done: int = 0
     failed: int = 0
+    host: str | None = None
 
     def __str__(self) -> str:
         text = f"{self.phase} {self.done}/{self.total} hosts"

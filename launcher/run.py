@@ -89,7 +89,12 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
-            nodes = connect(plan.nodes, config, line)
+            nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
+        connected = time.monotonic()
+        watch.timeline.order(node.name for node in nodes)
+        for node in nodes:  # local hosts: connected and their agent started when connect() returned
+            watch.timeline.mark(node.name, "connected", connected)
+            watch.timeline.mark(node.name, "agent", connected)
         with signal_pipe() as wake_fd:
             job = Job(config, relay, wake_fd, nodes, watch)
             try:
@@ -363,6 +368,8 @@ class Job:
             probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
         for node in nodes:
             log.debug("host %s: %s", node.name, node.facts)
+            if self.watch is not None:
+                self.watch.timeline.mark(node.name, "probed", node.facts_at)
             facts = _facts(node)
             if not facts.cwd_exists:
                 raise HostError(
@@ -466,6 +473,8 @@ class Job:
                 unset_prefixes=list(LEFTOVER_PREFIXES),
             )
             node.send(encode_message(START, request))
+            if self.watch is not None:
+                self.watch.timeline.mark(node.name, "started", time.monotonic())
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
@@ -507,6 +516,7 @@ def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
             failure=job.failure,
             stacks=job.watch.dumps if job.watch is not None else (),
             stragglers=job.watch.named if job.watch is not None else (),
+            timeline=job.watch.timeline.to_json() if job.watch is not None else (),
         )
         try:
             write_report(config.report, report)

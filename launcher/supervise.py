@@ -153,6 +153,7 @@ def probe(
                 for kind, _, payload in frames:
                     if kind == FACTS:
                         node.facts = decode_message(Facts, payload)
+                        node.facts_at = time.monotonic()
                         sel.unregister(node.link)
                         waiting -= 1
                         deadline.progressed(time.monotonic())

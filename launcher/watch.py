@@ -21,6 +21,7 @@ from launcher.plan import plural
 from launcher.protocol import STACKS, StackReply, StacksRequest, decode_message, encode_message
 from launcher.stacks import RankStacks, StackDump
 from launcher.stragglers import Straggler, StragglerWatch
+from launcher.timeline import Timeline, slowest
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,9 @@ class JobWatch:
         self._last_output = time.monotonic()
         self._stall_shown = False
         self._nodes: list[Node] = []
+        self._hosts: dict[int, str] = {}
+        self.timeline = Timeline(time.monotonic())
+        self._timeline_told = False
 
     def close(self) -> None:
         if self.control is not None:
@@ -81,13 +85,14 @@ class JobWatch:
         self._nodes = list(nodes)
         self._last_output = now
         self._stall_shown = False
-        hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
-        self.stragglers = StragglerWatch(hosts, self.options.straggler_window)
+        self._hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
+        self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
 
     def attempt_ended(self) -> None:
         """Whatever was still being gathered is answered with what came (the attempt is over)."""
         if self._pending is not None:
             self._finish(time.monotonic())
+        self._tell_timeline()
         self.named.extend(self.stragglers.named)
         self._nodes = []
 
@@ -97,6 +102,16 @@ class JobWatch:
         self._last_output = now
         self._stall_shown = False
         self.stragglers.seen(rank, data, now)
+        first = not self._timeline_told and self.timeline.wrote(rank, self._hosts.get(rank, "?"), now)
+        if first and sum(len(h.first_output) for h in self.timeline.hosts.values()) >= len(self._hosts):
+            self._tell_timeline()
+
+    def _tell_timeline(self) -> None:
+        """-v: the slowest host of each start-up phase, once every rank wrote (or the attempt ended)."""
+        if not self._timeline_told:
+            self._timeline_told = True
+            for line in slowest(self.timeline.hosts.values()):
+                log.info("%s", line)
 
     def on_stacks(self, node: Node, payload: bytes, now: float) -> None:
         reply = decode_message(StackReply, payload)

@@ -799,7 +799,7 @@ def fan_out(
             elif exc is not None:
                 errors[name] = exc
             if progress is not None:
-                progress(Progress(phase, len(names), len(results), len(errors)))
+                progress(Progress(phase, len(names), len(results), len(errors), name))
     except BaseException:
         window.abort()
         for result in results.values():

@@ -16,6 +16,7 @@ def stuck_in_loader() -> None:
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+print(f"rank {rank} joined", flush=True)
 with open(os.path.join(sys.argv[1], f"{rank}.pid"), "w") as f:
     f.write(str(os.getpid()))
 if rank == 2:
