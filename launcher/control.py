@@ -169,6 +169,8 @@ def ask_stacks(pid: int | None, wait: float) -> str:
             raise NoJob(f"distrun job {pid} is gone") from None
         except TimeoutError:
             raise ControlError(f"distrun job {pid} did not answer within {wait:g}s") from None
+        except OSError as err:
+            raise NoJob(f"distrun job {pid}: {err.strerror or err}") from None
     if not chunks:
         raise NoJob(f"distrun job {pid} ended before its stacks were read")
     return b"".join(chunks).decode(errors="replace")

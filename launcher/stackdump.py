@@ -171,9 +171,9 @@ class _One:
         self.size = -1
         self.changed = now
         self.py_spy = py_spy
-        # Native frames need the symbols of every library (seconds for libtorch): past half the wait, py-spy
-        # is asked again for the Python frames alone, which takes a fraction of a second.
-        self.native_until: float | None = now + wait / 2
+        # Native frames need the symbols of every library (seconds for libtorch): past two thirds of the wait,
+        # py-spy is asked again for the Python frames alone, which takes a fraction of a second.
+        self.native_until: float | None = now + wait * 2 / 3
         if py_spy:
             self._py_spy(native=True)
         else:

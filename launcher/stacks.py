@@ -91,17 +91,22 @@ class RankStacks:
         return next((t for t in self.threads if t.main), self.threads[-1] if self.threads else None)
 
     def signature(self) -> tuple[Any, ...]:
-        """What ranks must share to be one group: every thread's frames (not thread ids, which differ)."""
+        """What ranks must share to be one group: every thread's Python frames. Not thread ids, which differ,
+        nor native frames, which py-spy gives for one rank and not for another it had less time for."""
         if self.error:
             return ("error", self.error)
-        return tuple(sorted((not t.main, t.frames) for t in self.threads))
+        return tuple(sorted((not t.main, tuple(f for f in t.frames if not f.native)) for t in self.threads))
+
+    @property
+    def frame_count(self) -> int:
+        return sum(len(t.frames) for t in self.threads)
 
 
 @dataclass(frozen=True)
 class Group:
     ranks: tuple[int, ...]
     hosts: tuple[str, ...]
-    sample: RankStacks  # the group's lowest rank: every rank of the group has these stacks
+    sample: RankStacks  # every rank of the group has these Python stacks
 
     @property
     def error(self) -> str:
@@ -133,7 +138,12 @@ def group_stacks(stacks: Iterable[RankStacks]) -> list[Group]:
     for rank in sorted(stacks, key=lambda s: s.rank):
         by_key.setdefault(rank.signature(), []).append(rank)
     groups = [
-        Group(tuple(r.rank for r in members), tuple(dict.fromkeys(r.host for r in members)), members[0])
+        Group(
+            tuple(r.rank for r in members),
+            tuple(dict.fromkeys(r.host for r in members)),
+            # The fullest: a member whose native frames were read says the most.
+            max(members, key=lambda r: (r.frame_count, -r.rank)),
+        )
         for members in by_key.values()
     ]
     return sorted(groups, key=lambda g: (bool(g.error), len(g.ranks), g.ranks[0]))

@@ -41,7 +41,7 @@ def open_control() -> ControlServer | None:
 @dataclass(frozen=True)
 class WatchOptions:
     tool: str = "auto"  # --stack-tool: auto, py-spy, python
-    wait: float = 10.0  # per rank, on its host (py-spy's native frames of a torch rank take seconds)
+    wait: float = 15.0  # per rank, on its host (py-spy's native frames of a torch rank take seconds)
     stall_timeout: float | None = None
     straggler_window: float = 60.0
     output_dir: Path | None = None

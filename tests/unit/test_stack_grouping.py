@@ -62,6 +62,11 @@ def test_groups_of_equal_size_go_by_lowest_rank_and_unreadable_ranks_last_by_rea
     ]
 
 
+def test_native_frames_read_for_one_rank_only_do_not_split_a_group_and_are_shown() -> None:
+    groups = group_stacks([rank(0, LOADER), rank(1, SLEEPING), rank(2, BARRIER)])
+    assert [(g.ranks, g.sample.rank) for g in groups] == [((2,), 2), ((0, 1), 1)]
+
+
 def test_thread_order_and_ids_do_not_split_a_group() -> None:
     helper = ThreadStack("", (Frame("run", "/job/loader.py", 5),))
     main = ThreadStack("", BARRIER, main=True)
@@ -78,9 +83,9 @@ def test_thread_order_and_ids_do_not_split_a_group() -> None:
             "3 ranks wait in a collective (barrier); rank 2 is elsewhere: in stuck_in_loader, train.py:41",
         ),
         (
-            [rank(0, BARRIER), rank(1, SLEEPING), rank(2, LOADER)],
+            [rank(0, BARRIER), rank(1, LOADER), rank(2, BARRIER[:1])],
             "1 rank waits in a collective (barrier); ranks 1-2 are elsewhere: "
-            "rank 1 in stuck_in_loader, train.py:41; rank 2 in stuck_in_loader, train.py:41",
+            "rank 1 in stuck_in_loader, train.py:41; rank 2 in <module>, train.py:12",
         ),
         (
             [rank(0, BARRIER), rank(1, BARRIER)],
