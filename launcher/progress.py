@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TextIO
 
 ERASE_LINE = "\r\x1b[K"
@@ -28,7 +28,7 @@ class Progress:
     total: int
     done: int = 0
     failed: int = 0
-    host: str | None = None
+    host: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         text = f"{self.phase} {self.done}/{self.total} hosts"

@@ -210,6 +210,8 @@ class Supervisor:
             return
         self.cause = cause(tuple(sorted(r for r in self.rank_hosts if r not in self.exits)))
         self.stop_at = now
+        if self.watch is not None:
+            self.watch.stopping()
         log.info("stopping every rank: %s", type(self.cause).__name__)
         self._send_all(encode_message(STOP, StopRequest(signal.Signals(first).name)))
 

@@ -70,6 +70,7 @@ class JobWatch:
         self._next_id = 1
         self._last_output = time.monotonic()
         self._stall_shown = False
+        self._stopping = False  # the attempt is being stopped: its silence is no stall
         self._nodes: list[Node] = []
         self._hosts: dict[int, str] = {}
         self.timeline = Timeline(time.monotonic())
@@ -85,6 +86,7 @@ class JobWatch:
         self._nodes = list(nodes)
         self._last_output = now
         self._stall_shown = False
+        self._stopping = False
         self._hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
         self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
 
@@ -97,6 +99,9 @@ class JobWatch:
         self._nodes = []
 
     # -- events
+
+    def stopping(self) -> None:
+        self._stopping = True
 
     def on_output(self, rank: int, data: bytes, now: float) -> None:
         self._last_output = now
@@ -143,8 +148,8 @@ class JobWatch:
     def tick(self, now: float) -> None:
         if self._pending is not None and now >= self._pending.deadline:
             self._finish(now)
-        stall = self.options.stall_timeout
-        if stall and self._nodes and not self._stall_shown and now - self._last_output >= stall:
+        stall = self.options.stall_timeout or 0.0
+        if self._stall_due() and now - self._last_output >= stall:
             self._stall_shown = True  # once per stall: the next output starts a new watch
             self.relay.note(
                 [f"no rank has written anything for {stall:g}s: a stall? gathering every rank's stacks"]
@@ -155,9 +160,13 @@ class JobWatch:
 
     def next_deadline(self) -> float | None:
         due = [self._pending.deadline] if self._pending is not None else []
-        if self.options.stall_timeout and self._nodes and not self._stall_shown:
-            due.append(self._last_output + self.options.stall_timeout)
+        if self._stall_due():
+            due.append(self._last_output + (self.options.stall_timeout or 0.0))
         return min(due) if due else None
+
+    def _stall_due(self) -> bool:
+        watching = self.options.stall_timeout and self._nodes
+        return bool(watching and not self._stall_shown and not self._stopping)
 
     # -- gathering
 
