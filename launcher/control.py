@@ -28,14 +28,18 @@ ANSWER_WAIT = 5.0
 
 
 class ControlError(DistrunError):
-    """The runtime directory cannot be made safely, or no job answers."""
+    """The runtime directory cannot be made safely, or no job answers (exit 1: nothing to show)."""
 
-
-class NoJob(ControlError):
     exit_code = 1
 
 
+class NoJob(ControlError):
+    """No running job of this user (by that pid)."""
+
+
 class SeveralJobs(ControlError):
+    """Several jobs run and none was named: the user must choose (exit 2, as for bad input)."""
+
     exit_code = 2
 
 

@@ -1,0 +1,69 @@
+"""The control socket's directory, job discovery and one request answered (issue 17)."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from pathlib import Path
+
+import pytest
+
+from launcher.control import ControlError, ControlServer, NoJob, SeveralJobs, answer, ask_stacks, runtime_dir
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    return tmp_path / "distrun"
+
+
+def test_the_runtime_directory_is_made_private(run_dir: Path) -> None:
+    assert runtime_dir() == run_dir
+    assert run_dir.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_directory_others_can_read_is_refused(run_dir: Path) -> None:
+    run_dir.mkdir(mode=0o755)
+    run_dir.chmod(0o755)
+    with pytest.raises(ControlError, match="is not a private directory of this user"):
+        runtime_dir()
+
+
+def test_no_job_is_exit_1_and_a_stale_socket_is_cleared(run_dir: Path) -> None:
+    runtime_dir()
+    stale = run_dir / "999999999.sock"
+    stale.touch()
+    with pytest.raises(NoJob, match="no running distrun job of yours") as caught:
+        ask_stacks(None, 1.0)
+    assert caught.value.exit_code == 1
+    assert not stale.exists()
+    with pytest.raises(NoJob, match="no distrun job of yours with pid 4242"):
+        ask_stacks(4242, 1.0)
+
+
+def test_several_jobs_are_listed_with_exit_2(run_dir: Path) -> None:
+    runtime_dir()
+    for pid in (os.getpid(), os.getppid()):
+        (run_dir / f"{pid}.sock").touch()
+    with pytest.raises(SeveralJobs, match=f"2 distrun jobs are running; .*{os.getpid()}: ") as caught:
+        ask_stacks(None, 1.0)
+    assert caught.value.exit_code == 2
+
+
+def test_a_request_is_answered_over_the_socket(run_dir: Path) -> None:
+    server = ControlServer()
+    try:
+        assert (server.path.stat().st_mode & 0o777) == 0o600
+        got: list[str] = []
+        client = threading.Thread(target=lambda: got.append(ask_stacks(None, 10.0)))
+        client.start()
+        select.select([server], [], [], 10.0)
+        conn = server.accept()
+        assert conn is not None
+        answer(conn, "verdict: all is well\n")
+        client.join(10.0)
+        assert got == ["verdict: all is well\n"]
+    finally:
+        server.close()
+    assert not server.path.exists()
