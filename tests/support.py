@@ -176,3 +176,33 @@ def assert_hang_grouped(text: str, rank2_host: str, barrier_hosts: str) -> None:
     barrier = [line for line in lines[second:] if line.strip().startswith("File")]
     assert barrier[-1].endswith(", in barrier"), barrier
     assert HANG_VERDICT in lines, text
+
+
+def hang_stacks_then_timeout(
+    job: subprocess.Popen[bytes],
+    ready_dir: Path,
+    *,
+    hosts: str,
+    rank2_host: str,
+    barrier_hosts: str,
+    env: dict[str, str] | None = None,
+) -> str:
+    """scripts/hang.py under `--timeout 60`: `distrun stacks` while it runs shows the grouped stacks and the
+    job goes on; at the timeout the same stacks come before the summary, exit 124. Returns distrun's stderr.
+
+    `hosts`: "1 host" or "2 hosts"; `rank2_host`/`barrier_hosts`: the group headers' host lists."""
+    try:
+        wait_for_files(ready_dir, "*.pid", 4)
+        shown = ask_stacks_until(job.pid, HANG_VERDICT, env)
+        assert shown.startswith(f"stacks of 4 ranks on {hosts}:\n"), shown
+        assert_hang_grouped(shown, rank2_host, barrier_hosts)
+        assert job.poll() is None, "asking for the stacks must not disturb the job"
+        _, err = job.communicate(timeout=120)
+    finally:
+        job.kill()
+    text = err.decode()
+    assert job.returncode == 124, text
+    at_timeout = text[text.index(f"distrun: stacks of 4 ranks on {hosts} (timeout):") :]
+    assert_hang_grouped(at_timeout, rank2_host, barrier_hosts)
+    assert at_timeout.index(HANG_VERDICT) < at_timeout.index("distrun: timed out after 60s")
+    return text

@@ -15,7 +15,7 @@ from tests.support import (
     SCRIPTS,
     ask_stacks_until,
     assert_all_gone,
-    assert_hang_grouped,
+    hang_stacks_then_timeout,
     recorded_pids,
     run_distrun,
     start_distrun,
@@ -33,21 +33,7 @@ def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
         "-np", "4", "--timeout", "60", "--stack-tool", "python", "--report", report, "--output-dir", out_dir,
         SCRIPTS / "hang.py", tmp_path,
     )  # fmt: skip
-    try:
-        wait_for_files(tmp_path, "*.pid", 4)
-        shown = ask_stacks_until(job.pid, HANG_VERDICT)
-        assert shown.startswith("stacks of 4 ranks on 1 host:\n"), shown
-        assert_hang_grouped(shown, "localhost", "localhost")
-        assert job.poll() is None, "asking for the stacks must not disturb the job"
-        _, err = job.communicate(timeout=120)
-    finally:
-        job.kill()
-    text = err.decode()
-    assert job.returncode == 124, text
-    # At the timeout: the same stacks, before the account and the summary.
-    at_timeout = text[text.index("distrun: stacks of 4 ranks on 1 host (timeout):") :]
-    assert_hang_grouped(at_timeout, "localhost", "localhost")
-    assert at_timeout.index(HANG_VERDICT) < at_timeout.index("distrun: timed out after 60s")
+    hang_stacks_then_timeout(job, tmp_path, hosts="1 host", rank2_host="localhost", barrier_hosts="localhost")
     assert_all_gone(recorded_pids(tmp_path))
     doc = json.loads(report.read_text())
     jsonschema.validate(doc, SCHEMA)

@@ -8,15 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.support import (
-    HANG_VERDICT,
-    REPO,
-    SCRIPTS,
-    ask_stacks_until,
-    assert_hang_grouped,
-    start_distrun,
-    wait_for_files,
-)
+from tests.support import REPO, SCRIPTS, hang_stacks_then_timeout, start_distrun
 
 pytestmark = pytest.mark.multihost
 
@@ -30,20 +22,9 @@ def test_stacks_of_ranks_on_two_hosts_while_running_and_at_the_timeout(
         "-v", "-H", "h1:2,h2:2", "--timeout", "60", "--stack-tool", "python", "--report", report,
         SCRIPTS / "hang.py", tmp_path, env=env,
     )  # fmt: skip
-    try:
-        wait_for_files(tmp_path, "*.pid", 4)
-        shown = ask_stacks_until(job.pid, HANG_VERDICT, env)
-        assert shown.startswith("stacks of 4 ranks on 2 hosts:\n"), shown
-        assert_hang_grouped(shown, "h2", "h1, h2")
-        assert job.poll() is None, "asking for the stacks must not disturb the job"
-        _, err = job.communicate(timeout=120)
-    finally:
-        job.kill()
-    text = err.decode()
-    assert job.returncode == 124, text
-    at_timeout = text[text.index("distrun: stacks of 4 ranks on 2 hosts (timeout):") :]
-    assert_hang_grouped(at_timeout, "h2", "h1, h2")
-    assert at_timeout.index(HANG_VERDICT) < at_timeout.index("distrun: timed out after 60s")
+    text = hang_stacks_then_timeout(
+        job, tmp_path, hosts="2 hosts", rank2_host="h2", barrier_hosts="h1, h2", env=env
+    )
     # The start-up timeline: -v names the slowest host of each phase, the report has every host's.
     for phase in ("connected", "agent", "probed", "started", "first output"):
         assert f"distrun: start-up: {phase}: slowest h" in text, text
