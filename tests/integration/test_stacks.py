@@ -77,19 +77,26 @@ def test_a_rank_that_is_not_python_is_named_with_the_reason(tmp_path: Path) -> N
 
 
 def test_stall_watchdog_fires_once_per_stall(tmp_path: Path) -> None:
-    result = run_distrun("-np", "2", "--stall-timeout", "3", SCRIPTS / "quiet_spells.py", "2", "5")
+    result = run_distrun("-np", "2", "--stall-timeout", "2", SCRIPTS / "quiet_spells.py", "2", "4")
     err = result.stderr.decode()
     assert result.returncode == 0, err
-    assert err.count("no rank has written anything for 3s: a stall?") == 2, err
-    assert err.count("distrun: stacks of 2 ranks on 1 host (stall):") == 2
-    assert "verdict: both ranks are at the same place: in <module>, quiet_spells.py:18" in err
+    # Once in each quiet spell (a loaded machine may add one while the ranks start, before any output).
+    spells = [
+        err[err.rindex("] spell 0") : err.index("] spell 1")],
+        err[err.rindex("] spell 1") : err.index("] done")],
+    ]
+    for spell in spells:
+        assert spell.count("no rank has written anything for 2s: a stall?") == 1, err
+        assert spell.count("distrun: stacks of 2 ranks on 1 host (stall):") == 1, err
+    assert "verdict: both ranks are at the same place: in <module>, quiet_spells.py:19" in err
 
 
 def test_stall_watchdog_is_quiet_while_progress_is_drawn() -> None:
-    result = run_distrun("-np", "2", "--stall-timeout", "1", SCRIPTS / "quiet_spells.py", "2", "2", "--bar")
+    result = run_distrun("-np", "2", "--stall-timeout", "2", SCRIPTS / "quiet_spells.py", "2", "3", "--bar")
     err = result.stderr.decode()
     assert result.returncode == 0, err
-    assert "stall" not in err
+    drawing = err[err.index("/60 [") :]  # from the first redraw on (off a terminal, redraws become lines)
+    assert "stall" not in drawing, err
 
 
 def test_a_slower_rank_is_named_once_on_the_console_and_in_the_report(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Output with silent spells between: `quiet_spells.py SPELLS SECONDS` prints a line, then is quiet SECONDS,
-SPELLS times; with `--bar` it draws a progress bar all along instead, never quiet for long."""
+"""Output with silent spells between: `quiet_spells.py SPELLS SECONDS` writes a line, then is quiet SECONDS,
+SPELLS times; with `--bar` it draws a progress bar all along instead, never quiet for long. Everything goes to
+stderr, where distrun writes its own words, so a test sees both in order."""
 
 import sys
 import time
@@ -14,6 +15,6 @@ if "--bar" in sys.argv:
     sys.stderr.write("\n")
 else:
     for spell in range(spells):
-        print(f"spell {spell}", flush=True)
+        print(f"spell {spell}", file=sys.stderr, flush=True)
         time.sleep(seconds)
-print("done", flush=True)
+print("done", file=sys.stderr, flush=True)
