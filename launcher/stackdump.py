@@ -72,7 +72,8 @@ class DumpDir:
         return {
             "DISTRUN_STACK_DIR": self.path,
             "DISTRUN_STACK_SIGNAL": str(STACK_SIGNAL),
-            "PYTHONPATH": self.path + os.pathsep + path if path else self.path,
+            # After the user's entries: what their imports find stays the same.
+            "PYTHONPATH": path + os.pathsep + self.path if path else self.path,
             "PYTHONWARNINGS": warnings + "," + hook if warnings else hook,
         }
 

@@ -38,7 +38,10 @@ def test_launcher_environment_reaches_remote_ranks_less_the_deny_list(
     for rank, env in enumerate(envs):
         assert env["FAIL_CODE"] == "5", f"rank {rank}"
         assert env["HF_TOKEN"] == SECRET
-        assert env["PYTHONPATH"] == str(REPO)
+        # Ours, then the directory of the stack hook `distrun stacks` reads Python ranks with.
+        ours, hook = env["PYTHONPATH"].split(os.pathsep)
+        assert ours == str(REPO) and Path(hook).name.startswith("distrun-stacks-")
+        assert env["DISTRUN_STACK_DIR"] == hook
     for env, host in zip(envs[1:], ("h1", "h2"), strict=True):
         # Deny-listed: the remote host's own login values, not the launcher's.
         assert env.get("HOSTNAME") != "the-launcher"
