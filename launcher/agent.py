@@ -39,6 +39,7 @@ from launcher.protocol import (
     HELLO,
     KILL,
     MAGIC,
+    ORPHAN_GRACE_CAP,
     OUT,
     PROBE,
     READ_SIZE,
@@ -60,8 +61,6 @@ from launcher.protocol import (
     write_all,
 )
 
-# When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
-ORPHAN_GRACE_CAP = 2.0
 SIOCGIFADDR = 0x8915
 
 

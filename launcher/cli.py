@@ -19,9 +19,9 @@ from typing import Any, NoReturn, cast
 import click
 from click.core import ParameterSource
 
-from launcher import __version__
+from launcher import __version__, backend
 from launcher.command import resolve_command
-from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMode, RestartOptions, SshOptions
+from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
 from launcher.console import guard_std_fds, use_color
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
@@ -31,7 +31,7 @@ from launcher.forward import job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import Plan, implicit_localhost, make_plan, plural
-from launcher.slurm import JOB_ID, allocation_from_env
+from launcher.slurm import allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
 
@@ -192,7 +192,7 @@ def _level(source: ParameterSource | None) -> int:
 )
 @_option(
     "--launcher",
-    type=click.Choice(["ssh", "srun", "local"]),
+    type=click.Choice(backend.names()),
     help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
 )
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
@@ -439,17 +439,16 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
     num_proc: int | None = values["num_proc"]
     oversubscribe = bool(values["oversubscribe"])
     hosts = _hosts(values, sources)
-    launcher = cast("LauncherKind | None", values["launcher"])
-    if launcher == "local" and hosts is not None:
-        raise UsageError("--launcher local runs every rank on this machine: drop -H/--hostfile")
-    if launcher == "srun" and not os.environ.get(JOB_ID):
-        raise UsageError(f"--launcher srun needs a Slurm allocation (salloc, sbatch): {JOB_ID} is not set")
-    allocation = allocation_from_env(os.environ) if hosts is None and launcher != "local" else None
+    launcher: str | None = values["launcher"]
+    if launcher is not None:
+        backend.get(launcher).check_options(hosts, os.environ)
+    takes_allocation = launcher is None or backend.get(launcher).takes_allocation
+    allocation = allocation_from_env(os.environ) if hosts is None and takes_allocation else None
     if allocation is not None:
         hosts = allocation.hosts
         num_proc = num_proc or allocation.num_tasks
     if launcher is None:
-        launcher = "srun" if allocation is not None else "ssh"
+        launcher = "srun" if allocation is not None else backend.DEFAULT
     hosts = hosts or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
     refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
     plan = make_plan(hosts, num_proc, oversubscribe)

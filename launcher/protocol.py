@@ -29,6 +29,9 @@ VERSION = 2
 MAGIC = b"\x00distrun-agent\x00"
 HEADER = struct.Struct("!BiI")  # kind, rank (-1: the agent itself), payload length
 READ_SIZE = 1 << 16
+# When the launcher is gone nobody waits on the agent: a slow rank must not hold the host for a full grace
+# period. Links wait this long (plus their own slack) for an agent to end after EOF.
+ORPHAN_GRACE_CAP = 2.0
 
 # launcher -> agent
 PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher import backend
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
@@ -29,7 +30,7 @@ from launcher.facts import Rendezvous
 from launcher.forward import LEFTOVER_PREFIXES, job_env
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
-from launcher.node import Heartbeat, Node, close_all, connect, master_address
+from launcher.node import Heartbeat, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
@@ -119,6 +120,7 @@ class Job:
 
     def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
         self.config = config
+        self.backend = backend.get(config.launcher)
         self.relay = relay
         self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
@@ -303,7 +305,9 @@ class Job:
 
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
-        addr = master_address(self.config.master_addr, [n.local for n in nodes], [n.link for n in nodes])
+        addr = self.backend.master_address(
+            self.config.master_addr, [n.local for n in nodes], [n.link for n in nodes]
+        )
         if addr:
             return addr
         rank0 = nodes[0]
