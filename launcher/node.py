@@ -3,6 +3,7 @@ knows of it (facts, slots). `connect` makes them through the job's backend."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -14,19 +15,35 @@ from launcher.errors import HostError
 from launcher.hosts import Host
 from launcher.plan import Slot
 from launcher.progress import ProgressFn
-from launcher.protocol import HELLO, VERSION, Facts, FrameReader, Hello, decode_message
+from launcher.protocol import (
+    BEAT,
+    HELLO,
+    VERSION,
+    Facts,
+    Frame,
+    FrameReader,
+    Hello,
+    decode_message,
+    encode,
+    encode_message,
+)
 from launcher.transport.link import Link
 from launcher.transport.local import LocalTransport
 
 log = logging.getLogger(__name__)
+
+# Agent ids, unique within this launcher: hosts that join a job later get fresh ones.
+_agent_ids = itertools.count()
 
 
 class Node:
     """A host with a running agent. `facts` and `slots` are the current attempt's; `finished` means the
     attempt is over on this host (DONE received, or the link dropped)."""
 
-    def __init__(self, host: Host, link: Link, local: bool) -> None:
+    def __init__(self, host: Host, link: Link, local: bool, agent_id: int = 0) -> None:
         self.host = host
+        # Names the agent in every frame (launcher.protocol); unique among the job's agents.
+        self.agent_id = agent_id
         self.link = link
         self.local = local
         self.reader = FrameReader(after_magic=True)
@@ -42,12 +59,19 @@ class Node:
     def name(self) -> str:
         return self.host.name
 
-    def send(self, frame: bytes) -> None:
+    def send(self, kind: int, message: object = None) -> None:
+        """One frame to this node's agent: `message` is the kind's dataclass (launcher.protocol.MESSAGES), or
+        nothing for kinds without a body."""
+        frame = (
+            encode(kind, agent=self.agent_id)
+            if message is None
+            else encode_message(kind, message, agent=self.agent_id)
+        )
         with self._send_lock:
             if not self.lost:
                 self.link.send(frame)
 
-    def read(self) -> list[tuple[int, int, bytes]] | None:
+    def read(self) -> list[Frame] | None:
         """Frames now available (HELLO checked and consumed); None when the link closed."""
         data = self.link.recv()
         if data is None:
@@ -56,8 +80,8 @@ class Node:
             return None
         self.last_heard = time.monotonic()
         frames = self.reader.feed(data)
-        if frames and frames[0][0] == HELLO:
-            hello = decode_message(Hello, frames.pop(0)[2])
+        if frames and frames[0].kind == HELLO:
+            hello = decode_message(Hello, frames.pop(0).payload)
             if hello.version != VERSION:
                 raise HostError(
                     f"host {self.name}: its distrun agent speaks protocol version {hello.version}, "
@@ -95,7 +119,9 @@ def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | 
         for link in links.values():
             link.abort()
         raise
-    return [Node(h, links[h.name], is_local) for h, is_local in zip(hosts, local, strict=True)]
+    return [
+        Node(h, links[h.name], is_local, next(_agent_ids)) for h, is_local in zip(hosts, local, strict=True)
+    ]
 
 
 def close_all(nodes: Sequence[Node]) -> None:
@@ -133,9 +159,6 @@ class Heartbeat:
         self._done.set()
 
     def _run(self) -> None:
-        from launcher.protocol import BEAT, encode
-
-        beat = encode(BEAT)
         while not self._done.wait(self._every):
             for node in self._nodes:
-                node.send(beat)
+                node.send(BEAT)

@@ -33,7 +33,7 @@ from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
-from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
+from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled
 from launcher.summary import summarize
@@ -442,7 +442,7 @@ class Job:
                 unset=list(jenv.unset) if node.local else [],
                 unset_prefixes=list(LEFTOVER_PREFIXES),
             )
-            node.send(encode_message(START, request))
+            node.send(START, request)
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,

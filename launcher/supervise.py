@@ -30,13 +30,13 @@ from launcher.protocol import (
     SIGNAL,
     STOP,
     Facts,
+    Frame,
+    Handlers,
     ProbeRequest,
     RankExited,
     SignalRequest,
     StopRequest,
-    decode_message,
-    encode,
-    encode_message,
+    dispatch,
 )
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 
@@ -86,10 +86,10 @@ def suspend_self() -> None:
 
 def forward_signal(nodes: Sequence[Node], signum: int) -> None:
     """Have every host's agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
-    frame = encode_message(SIGNAL, SignalRequest(signal.Signals(signum).name))
+    request = SignalRequest(signal.Signals(signum).name)
     for node in nodes:
         if not node.finished:
-            node.send(frame)
+            node.send(SIGNAL, request)
 
 
 def probe(
@@ -108,14 +108,25 @@ def probe(
     """
     for node, request in zip(nodes, requests, strict=True):
         node.facts = None
-        node.send(encode_message(PROBE, request))
+        node.send(PROBE, request)
     started = time.monotonic()
     deadline = StallDeadline(stall, started)
+    waiting = len(nodes)
     with selectors.DefaultSelector() as sel:
+
+        def on_facts(node: Node, frame: Frame, facts: Facts) -> None:
+            nonlocal waiting
+            node.facts = facts
+            sel.unregister(node.link)
+            waiting -= 1
+            deadline.progressed(time.monotonic())
+            if progress is not None:
+                progress(Progress("waiting for agents", len(nodes), len(nodes) - waiting))
+
+        handlers: Handlers = {FACTS: on_facts}
         sel.register(wake_fd, selectors.EVENT_READ, None)
         for node in nodes:
             sel.register(node.link, selectors.EVENT_READ, node)
-        waiting = len(nodes)
         if progress is not None:
             progress(Progress("waiting for agents", len(nodes)))
         while waiting:
@@ -148,14 +159,8 @@ def probe(
                     raise HostError(
                         f"host {node.name}: the distrun agent exited before answering{detail}", host=node.name
                     )
-                for kind, _, payload in frames:
-                    if kind == FACTS:
-                        node.facts = decode_message(Facts, payload)
-                        sel.unregister(node.link)
-                        waiting -= 1
-                        deadline.progressed(time.monotonic())
-                        if progress is not None:
-                            progress(Progress("waiting for agents", len(nodes), len(nodes) - waiting))
+                for frame in frames:
+                    dispatch(handlers, frame, node)
     log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
 
 
@@ -185,6 +190,13 @@ class Supervisor:
         self.stop_at: float | None = None
         self.killed = False
         self.suspend = False  # Ctrl-Z: the ranks were told to stop; the loop now stops this process
+        # The frames an attempt's agents send, by kind (BEAT needs none: any frame counts as word from it).
+        self._handlers: Handlers = {
+            OUT: self._on_out,
+            ERR: self._on_err,
+            EXIT: self._on_exit,
+            DONE: self._on_done,
+        }
 
     @property
     def done(self) -> bool:
@@ -204,16 +216,16 @@ class Supervisor:
         self.cause = cause(tuple(sorted(r for r in self.rank_hosts if r not in self.exits)))
         self.stop_at = now
         log.info("stopping every rank: %s", type(self.cause).__name__)
-        self._send_all(encode_message(STOP, StopRequest(signal.Signals(first).name)))
+        self._send_all(STOP, StopRequest(signal.Signals(first).name))
 
-    def _send_all(self, frame: bytes) -> None:
+    def _send_all(self, kind: int, message: object = None) -> None:
         for node in self.nodes:
             if not node.finished:
-                node.send(frame)
+                node.send(kind, message)
 
     def _kill_now(self) -> None:
         self.killed = True
-        self._send_all(encode(KILL))
+        self._send_all(KILL)
 
     # -- events
 
@@ -240,21 +252,25 @@ class Supervisor:
             # A second Ctrl-C means "now": no more grace period.
             self._kill_now()
 
-    def on_frame(self, node: Node, kind: int, rank: int, payload: bytes, now: float) -> None:
-        if kind == OUT:
-            self.relay.feed(rank, "stdout", payload)
-        elif kind == ERR:
-            self.relay.feed(rank, "stderr", payload)
-        elif kind == EXIT:
-            exited = decode_message(RankExited, payload)
-            self.measured[rank] = exited
-            code = exited.returncode
-            ended = RankExit(rank, self.rank_hosts.get(rank, node.name), code)
-            self.exits[rank] = ended
-            if code != 0:
-                self._stop(lambda stopped: RankFailed(ended, stopped), now)
-        elif kind == DONE:
-            node.finished = True
+    def on_frame(self, node: Node, frame: Frame, now: float) -> None:
+        dispatch(self._handlers, frame, node, now)
+
+    def _on_out(self, node: Node, now: float, frame: Frame, data: bytes) -> None:
+        self.relay.feed(frame.rank, "stdout", data)
+
+    def _on_err(self, node: Node, now: float, frame: Frame, data: bytes) -> None:
+        self.relay.feed(frame.rank, "stderr", data)
+
+    def _on_exit(self, node: Node, now: float, frame: Frame, exited: RankExited) -> None:
+        rank = frame.rank
+        self.measured[rank] = exited
+        ended = RankExit(rank, self.rank_hosts.get(rank, node.name), exited.returncode)
+        self.exits[rank] = ended
+        if exited.returncode != 0:
+            self._stop(lambda stopped: RankFailed(ended, stopped), now)
+
+    def _on_done(self, node: Node, now: float, frame: Frame, _: bytes) -> None:
+        node.finished = True
 
     def on_closed(self, node: Node, now: float) -> None:
         if not node.finished:
@@ -317,8 +333,8 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
                     sel.unregister(node.link)
                     sup.on_closed(node, selected)
                     continue
-                for kind, rank, payload in frames:
-                    sup.on_frame(node, kind, rank, payload, selected)
+                for frame in frames:
+                    sup.on_frame(node, frame, selected)
                 if node.finished:
                     sel.unregister(node.link)
             sup.relay.tick(time.monotonic())

@@ -12,13 +12,13 @@ from launcher.plan import Slot
 from launcher.protocol import (
     DONE,
     EXIT,
-    HELLO,
-    MAGIC,
     VERSION,
+    Frame,
     FrameReader,
     Hello,
     RankExited,
     encode,
+    encode_hello,
     encode_message,
 )
 
@@ -32,7 +32,7 @@ class FakeLink:
         self.peer_addr: str | None = None
         self.local_addr: str | None = None
         self.inbox: list[bytes] = []
-        self.sent: list[tuple[int, int, bytes]] = []
+        self.sent: list[Frame] = []
         self.aborted = self.closed = self.input_closed = False
         self._reader = FrameReader()
         self._r, self._w = os.pipe()  # selectable, for tests that run the real loop
@@ -64,11 +64,11 @@ class FakeLink:
         self.aborted = True
 
     def kinds(self) -> list[int]:
-        return [kind for kind, _, _ in self.sent]
+        return [frame.kind for frame in self.sent]
 
 
 def hello(version: int = VERSION) -> bytes:
-    return MAGIC + encode_message(HELLO, Hello(version, 1))
+    return encode_hello(Hello(version, 1))
 
 
 def exited(rank: int, code: int) -> bytes:

@@ -9,7 +9,21 @@ import pytest
 
 from launcher.errors import HostError
 from launcher.node import Node, close_all
-from launcher.protocol import DONE, EXIT, HEADER, KILL, OUT, STOP, VERSION, RankExited, encode, encode_message
+from launcher.protocol import (
+    DONE,
+    EXIT,
+    HEADER,
+    HELLO_HEADER,
+    KILL,
+    OUT,
+    STOP,
+    VERSION,
+    Frame,
+    RankExited,
+    StopRequest,
+    encode,
+    encode_message,
+)
 from launcher.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.supervise import TEARDOWN_SLACK, Supervisor, signal_pipe, supervise
 from tests.fakes import DONE_FRAME, FakeLink, exited, fake_nodes, hello, memory_relay
@@ -26,11 +40,11 @@ def _link(node: Node) -> FakeLink:
 
 
 def _exit(sup: Supervisor, node: Node, rank: int, code: int, now: float) -> None:
-    sup.on_frame(node, EXIT, rank, encode_message(EXIT, RankExited(code))[HEADER.size :], now)
+    sup.on_frame(node, Frame(EXIT, 0, rank, encode_message(EXIT, RankExited(code))[HEADER.size :]), now)
 
 
 def _done(sup: Supervisor, node: Node, now: float = 0.0) -> None:
-    sup.on_frame(node, DONE, -1, b"", now)
+    sup.on_frame(node, Frame(DONE, 0, -1, b""), now)
 
 
 def test_every_rank_succeeding_ends_the_attempt_with_success() -> None:
@@ -142,7 +156,7 @@ def test_output_frames_reach_the_relay_prefixed() -> None:
     nodes = fake_nodes({"a": 1})
     relay, out, _ = memory_relay({0: "a"})
     sup = Supervisor(nodes, relay, timeout=None, grace=1.0, dead_after=10.0, now=0.0)
-    sup.on_frame(nodes[0], OUT, 0, b"hello\n", 0.0)
+    sup.on_frame(nodes[0], Frame(OUT, 0, 0, b"hello\n"), 0.0)
     relay.flush()
     assert out.getvalue() == b"[0] hello\n"
 
@@ -177,6 +191,24 @@ def test_an_agent_of_another_protocol_version_is_refused_in_one_line() -> None:
         HostError, match=rf"host a: .*protocol version {VERSION + 1}.*this launcher {VERSION}"
     ):
         node.read()
+
+
+def test_an_agent_of_protocol_version_2_is_refused_in_one_line() -> None:
+    # Version 2 framed everything as HELLO still is: (kind, rank, length), no agent id.
+    node = fake_nodes({"a": 1})[0]
+    _link(node).push(hello(2) + HELLO_HEADER.pack(OUT, 0, 1) + b"x")
+    with pytest.raises(HostError, match=rf"^host a: .*protocol version 2, this launcher {VERSION};"):
+        node.read()
+
+
+def test_frames_carry_the_node_s_agent_id_and_unknown_kinds_are_ignored() -> None:
+    node = fake_nodes({"a": 1})[0]
+    node.agent_id = 5
+    node.send(STOP, StopRequest())
+    assert [(f.kind, f.agent) for f in _link(node).sent] == [(STOP, 5)]
+    sup = _supervisor([node])
+    sup.on_frame(node, Frame(99, 5, 0, b"from a newer agent"), 0.0)
+    assert sup.outcome() == Succeeded() and not sup.exits
 
 
 def test_closing_sends_eof_to_every_agent_before_waiting_for_any() -> None:

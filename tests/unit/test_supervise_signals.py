@@ -21,7 +21,7 @@ def _setup(hosts: dict[str, int]) -> tuple[list[Node], Supervisor, CapturedFd]:
 
 def _sent(node: Node, kind: int) -> list[bytes]:
     assert isinstance(node.link, FakeLink)
-    return [payload for k, _, payload in node.link.sent if k == kind]
+    return [frame.payload for frame in node.link.sent if frame.kind == kind]
 
 
 def test_ctrl_c_asks_for_sigint_first_and_says_so_once() -> None:
