@@ -50,11 +50,10 @@ def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck
         # reading time measures the clock, not the agent's start-up.
         probe([node], [ProbeRequest(ports=0, cwd=request.cwd)], PROBE_TIMEOUT, wake_fd)
         sent = time.time()
-        probe([node], [request], PROBE_TIMEOUT, wake_fd)
+        [answer] = probe([node], [request], PROBE_TIMEOUT, wake_fd)
     except HostError as err:
         return HostCheck(check.host, check.slots, check.login_s, check.host_key, str(err), "other")
-    assert node.facts is not None
-    facts = asdict(node.facts)
+    facts = asdict(answer)
     # The agent stamps the time it read the question: its offset from when we sent it, less the (small)
     # one-way delay, is the clock offset.
     offset = facts["time"] - sent if facts.get("time") else None
@@ -89,8 +88,8 @@ def check_hosts(
         if rank0 is not None:
             # First rank 0's agent opens the port (quick); then every host is checked at once.
             try:
-                probe([rank0], [ProbeRequest(ports=0, cwd=cwd, listen=True)], PROBE_TIMEOUT, wake_fd)
-                listen_port = rank0.facts.listen_port if rank0.facts is not None else 0
+                request = ProbeRequest(ports=0, cwd=cwd, listen=True)
+                listen_port = probe([rank0], [request], PROBE_TIMEOUT, wake_fd)[0].listen_port
             except HostError as err:
                 results[0] = replace(results[0], error=str(err), error_kind="other")
         rank0_addr = chosen.master_address(

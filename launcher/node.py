@@ -1,5 +1,6 @@
-"""One record per host of the job: its agent link, the frame decoder for it, and what the current attempt
-knows of it (facts, slots). `connect` makes them through the job's backend."""
+"""The two records of a host: `Node`, its agent connection for the job's life (link, frame decoder,
+liveness), and `HostAttempt`, its part of one attempt (slots, facts, finished), made fresh by each attempt.
+`connect` makes Nodes through the job's backend."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from launcher import backend
 from launcher.config import LaunchConfig
@@ -37,8 +39,8 @@ _agent_ids = itertools.count()
 
 
 class Node:
-    """A host with a running agent. `facts` and `slots` are the current attempt's; `finished` means the
-    attempt is over on this host (DONE received, or the link dropped)."""
+    """A host with a running agent, for as long as the job keeps it. `lost`: the link is gone (dropped, or
+    the host stopped answering); nothing is sent to it any more."""
 
     def __init__(self, host: Host, link: Link, local: bool, agent_id: int = 0) -> None:
         self.host = host
@@ -47,9 +49,6 @@ class Node:
         self.link = link
         self.local = local
         self.reader = FrameReader(after_magic=True)
-        self.facts: Facts | None = None
-        self.slots: tuple[Slot, ...] = ()
-        self.finished = False
         self.lost = False
         self.last_heard = time.monotonic()
         # Frames must not interleave: the heartbeat thread and the main loop both send.
@@ -92,13 +91,38 @@ class Node:
 
     def drop(self) -> None:
         """The host is gone (or will not finish): no more sends, and its link is torn down."""
-        self.lost = self.finished = True
+        self.lost = True
         self.link.abort()
 
     def diagnostics(self) -> str:
         """What the agent (or the host's login shell before it) said besides frames, for error messages."""
         said = (self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()).strip()
         return said.splitlines()[-1] if said else ""
+
+
+@dataclass(eq=False)
+class HostAttempt:
+    """One host's part of one attempt, owned by that attempt: its ranks (`slots`), what its agent reported
+    (`facts`, set once the probe answered), and whether the attempt is over there (`finished`: DONE received,
+    or the host lost)."""
+
+    node: Node
+    slots: tuple[Slot, ...]
+    facts: Facts | None = None
+    finished: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def link(self) -> Link:
+        return self.node.link
+
+    def drop(self) -> None:
+        """The host is lost: the attempt is over there too."""
+        self.node.drop()
+        self.finished = True
 
 
 def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:

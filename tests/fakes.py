@@ -7,7 +7,7 @@ import tempfile
 
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
-from launcher.node import Node
+from launcher.node import HostAttempt, Node
 from launcher.plan import Slot
 from launcher.protocol import (
     DONE,
@@ -78,16 +78,15 @@ def exited(rank: int, code: int) -> bytes:
 DONE_FRAME = encode(DONE)
 
 
-def fake_nodes(ranks_per_host: dict[str, int], *, heartbeat: bool = False) -> list[Node]:
-    """Nodes over FakeLinks, with consecutive ranks assigned host by host."""
-    nodes, rank = [], 0
+def fake_hosts(ranks_per_host: dict[str, int], *, heartbeat: bool = False) -> list[HostAttempt]:
+    """An attempt's hosts, each a Node over a FakeLink, with consecutive ranks assigned host by host."""
+    hosts, rank = [], 0
     for index, (name, count) in enumerate(ranks_per_host.items()):
         host = Host(name, slots=count)
         node = Node(host, FakeLink(name, heartbeat=heartbeat), local=not heartbeat)
-        node.slots = tuple(Slot(rank + i, i, index, host) for i in range(count))
+        hosts.append(HostAttempt(node, tuple(Slot(rank + i, i, index, host) for i in range(count))))
         rank += count
-        nodes.append(node)
-    return nodes
+    return hosts
 
 
 class CapturedFd:
