@@ -59,6 +59,8 @@ from launcher.protocol import (
     encode,
     encode_hello,
     encode_message,
+    rank_environment,
+    start_environment,
     write_all,
 )
 
@@ -437,16 +439,10 @@ class Agent:
         self.started = True
         self.grace = spec.grace
         # Leftovers of another launcher go first; the launcher's environment comes over them.
-        prefixes = tuple(spec.unset_prefixes)
-        unset = set(spec.unset)
-        base = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith(prefixes)}
-        base.update(spec.env)
+        shared = start_environment(os.environ, spec)
         die_with_agent = _die_with_agent()
         for r in spec.ranks:
-            env = dict(base)
-            env.update(r.env)
-            for name, value in r.defaults.items():
-                env.setdefault(name, value)
+            env = rank_environment(shared, r)
             try:
                 proc = subprocess.Popen(
                     r.argv,

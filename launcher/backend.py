@@ -62,6 +62,10 @@ class Backend:
         """Which hosts are this machine and run through a local agent (a pipe), not through `open`."""
         return [False] * len(hosts)
 
+    def local_by_name(self, hosts: Sequence[Host]) -> list[bool]:
+        """`local_hosts` as far as names alone tell, with no lookups (for --dry-run)."""
+        return [False] * len(hosts)
+
     def open(
         self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None
     ) -> dict[str, Link]:

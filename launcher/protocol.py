@@ -32,7 +32,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
+from typing import Any, Callable, Dict, Mapping, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
 
 VERSION = 3
 MAGIC = b"\x00distrun-agent\x00"
@@ -179,6 +179,28 @@ class RankExited:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     max_rss_kb: int = 0
+
+
+def start_environment(host_env: Mapping[str, str], start: StartRequest) -> dict[str, str]:
+    """What every rank of a start shares: the host's environment less `unset` (and `unset_prefixes`), then
+    the request's `env` over it."""
+    prefixes = tuple(start.unset_prefixes)
+    unset = set(start.unset)
+    env = {k: v for k, v in host_env.items() if k not in unset and not k.startswith(prefixes)}
+    env.update(start.env)
+    return env
+
+
+def rank_environment(shared: Mapping[str, str], rank: RankSpec) -> dict[str, str]:
+    """One rank's environment over `start_environment`'s: its own variables, then its defaults where unset.
+
+    The one place where "default unless set" is decided (see launcher.env.rank_env).
+    """
+    env = dict(shared)
+    env.update(rank.env)
+    for name, value in rank.defaults.items():
+        env.setdefault(name, value)
+    return env
 
 
 def write_all(fd: int, data: bytes) -> None:

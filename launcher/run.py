@@ -19,23 +19,22 @@ from dataclasses import dataclass
 
 from launcher import backend
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
-from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.discovery import discover
-from launcher.env import own_part, rank_env, tf_workers
 from launcher.errors import CommandNotFound, DistrunError, HostError
 from launcher.facts import Rendezvous
-from launcher.forward import LEFTOVER_PREFIXES, job_env
+from launcher.forward import job_env
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, HostAttempt, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
-from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest
+from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.startreq import start_requests
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
@@ -405,45 +404,20 @@ class Job:
         rdzv: Rendezvous,
         placed: Sequence[RankDevices] | None = None,
     ) -> None:
-        config = self.config
-        jenv = self.env
-        travelling = jenv.travelling
         try:
-            workers = tf_workers(plan, rdzv)
+            requests = start_requests(
+                self.config, plan, rdzv, self.env, local=[h.node.local for h in hosts],
+                facts=[h.facts for h in hosts], placed=placed, attempt=attempt, run_id=self.run_id,
+                cwd=self.cwd,
+            )  # fmt: skip
         except ValueError:
             # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
             names = ", ".join(h.name for h in hosts if h.node.local)
             raise HostError(
                 f"{names} are this same machine and drew the same free port; list it once"
             ) from None
-        for host in hosts:
-            node, facts = host.node, _facts(host)
-            # `.py` commands: --python, else this interpreter's path where that host has it, else python3.
-            python = config.python or (sys.executable if facts.python_found else "python3")
-            argv = list(resolve_command(config.command, python))
-            ranks = []
-            for slot in host.slots:
-                devices = placed[slot.rank] if placed else None
-                env, defaults = rank_env(
-                    slot, plan, rdzv, run_id=self.run_id, exports=travelling, explicit=jenv.explicit,
-                    ifname=config.network_interface or facts.route_ifname,
-                    launcher_env=jenv.here if node.local else None, workers=workers,
-                    restart_count=attempt, max_restarts=config.restart.max_restarts, devices=devices,
-                )  # fmt: skip
-                cpus = list(devices.cores) if devices and devices.cores is not None else None
-                # What every rank shares travels once per host (StartRequest.env), not once per rank.
-                ranks.append(
-                    RankSpec(slot.rank, argv, own_part(env, travelling), own_part(defaults, travelling), cpus)
-                )
-            request = StartRequest(
-                self.cwd,
-                config.grace_period,
-                ranks,
-                env=travelling,
-                unset=list(jenv.unset) if node.local else [],
-                unset_prefixes=list(LEFTOVER_PREFIXES),
-            )
-            node.send(START, request)
+        for host, request in zip(hosts, requests, strict=True):
+            host.node.send(START, request)
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,

@@ -126,6 +126,9 @@ class LocalBackend(Backend):
         if hosts is not None:
             raise UsageError("--launcher local runs every rank on this machine: drop -H/--hostfile")
 
+    def local_by_name(self, hosts: Sequence[Host]) -> list[bool]:
+        return [True] * len(hosts)
+
     def local_hosts(self, hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
         local = [True] * len(hosts)
         refuse_this_machine_twice(hosts, local)

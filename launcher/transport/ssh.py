@@ -198,6 +198,9 @@ class SshBackend(Backend):
         refuse_this_machine_twice(hosts, local)
         return local
 
+    def local_by_name(self, hosts: Sequence[Host]) -> list[bool]:
+        return [runs_here(h) for h in hosts]
+
     def open(
         self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None
     ) -> dict[str, Link]:
