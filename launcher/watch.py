@@ -16,9 +16,9 @@ from pathlib import Path
 
 from launcher.control import ControlError, ControlServer, answer
 from launcher.logs import LogRelay
-from launcher.node import Node
+from launcher.node import HostAttempt
 from launcher.plan import plural
-from launcher.protocol import STACKS, StackReply, StacksRequest, decode_message, encode_message
+from launcher.protocol import STACKS, StackReply, StacksRequest
 from launcher.stacks import RankStacks, StackDump
 from launcher.stragglers import Straggler, StragglerWatch
 from launcher.timeline import Timeline, slowest
@@ -51,7 +51,7 @@ class WatchOptions:
 class _Gathering:
     request_id: int
     reason: str
-    nodes: list[Node]
+    hosts: list[HostAttempt]
     deadline: float
     stacks: list[RankStacks] = field(default_factory=list)
     waiting: set[str] = field(default_factory=set)
@@ -71,7 +71,7 @@ class JobWatch:
         self._last_output = time.monotonic()
         self._stall_shown = False
         self._stopping = False  # the attempt is being stopped: its silence is no stall
-        self._nodes: list[Node] = []
+        self._hosts_now: list[HostAttempt] = []  # the running attempt's hosts
         self._hosts: dict[int, str] = {}
         self.timeline = Timeline(time.monotonic())
         self._timeline_told = False
@@ -82,12 +82,12 @@ class JobWatch:
 
     # -- the attempt
 
-    def attempt_started(self, nodes: Sequence[Node], now: float) -> None:
-        self._nodes = list(nodes)
+    def attempt_started(self, hosts: Sequence[HostAttempt], now: float) -> None:
+        self._hosts_now = list(hosts)
         self._last_output = now
         self._stall_shown = False
         self._stopping = False
-        self._hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
+        self._hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
 
     def attempt_ended(self) -> None:
@@ -96,7 +96,7 @@ class JobWatch:
             self._finish(time.monotonic())
         self._tell_timeline()
         self.named.extend(self.stragglers.named)
-        self._nodes = []
+        self._hosts_now = []
 
     # -- events
 
@@ -118,17 +118,16 @@ class JobWatch:
             for line in slowest(self.timeline.hosts.values()):
                 log.info("%s", line)
 
-    def on_stacks(self, node: Node, payload: bytes, now: float) -> None:
-        reply = decode_message(StackReply, payload)
+    def on_stacks(self, host: HostAttempt, reply: StackReply, now: float) -> None:
         pending = self._pending
-        if pending is None or reply.request_id != pending.request_id or node.name not in pending.waiting:
+        if pending is None or reply.request_id != pending.request_id or host.name not in pending.waiting:
             return
-        pending.waiting.discard(node.name)
+        pending.waiting.discard(host.name)
         answered = {int(r["rank"]) for r in reply.ranks}
-        pending.stacks.extend(RankStacks.from_json(node.name, r) for r in reply.ranks)
+        pending.stacks.extend(RankStacks.from_json(host.name, r) for r in reply.ranks)
         pending.stacks.extend(
-            RankStacks(slot.rank, node.name, error="not running")
-            for slot in node.slots
+            RankStacks(slot.rank, host.name, error="not running")
+            for slot in host.slots
             if slot.rank not in answered
         )
         if not pending.waiting:
@@ -140,7 +139,7 @@ class JobWatch:
         conn = self.control.accept()
         if conn is None:
             return
-        if not self._nodes:
+        if not self._hosts_now:
             answer(conn, "distrun: no rank is running now (between attempts); ask again in a moment\n")
             return
         self.request("request", time.monotonic(), conn)
@@ -165,7 +164,7 @@ class JobWatch:
         return min(due) if due else None
 
     def _stall_due(self) -> bool:
-        watching = self.options.stall_timeout and self._nodes
+        watching = self.options.stall_timeout and self._hosts_now
         return bool(watching and not self._stall_shown and not self._stopping)
 
     # -- gathering
@@ -173,14 +172,14 @@ class JobWatch:
     def request(self, reason: str, now: float, client: socket.socket | None = None) -> None:
         """Gather every rank's stacks (joining a gathering under way, whose reason a timeout overrides)."""
         if self._pending is None:
-            nodes = [n for n in self._nodes if not n.finished]
+            hosts = [h for h in self._hosts_now if not h.finished]
             wait = self.options.wait
-            pending = _Gathering(self._next_id, reason, nodes, now + wait + AGENT_SLACK)
+            pending = _Gathering(self._next_id, reason, hosts, now + wait + AGENT_SLACK)
             self._next_id += 1
-            frame = encode_message(STACKS, StacksRequest(pending.request_id, self.options.tool, wait))
-            for node in nodes:
-                pending.waiting.add(node.name)
-                node.send(frame)
+            request = StacksRequest(pending.request_id, self.options.tool, wait)
+            for host in hosts:
+                pending.waiting.add(host.name)
+                host.node.send(STACKS, request)
             self._pending = pending
         elif reason == "timeout":
             self._pending.reason = reason
@@ -195,11 +194,11 @@ class JobWatch:
     def _finish(self, now: float) -> None:
         pending, self._pending = self._pending, None
         assert pending is not None
-        for node in pending.nodes:
-            if node.name in pending.waiting:
+        for host in pending.hosts:
+            if host.name in pending.waiting:
                 reason = f"its host's agent did not answer within {self.options.wait + AGENT_SLACK:g}s"
-                pending.stacks.extend(RankStacks(s.rank, node.name, error=reason) for s in node.slots)
-        world = sum(len(n.slots) for n in self._nodes) or len(pending.stacks)
+                pending.stacks.extend(RankStacks(s.rank, host.name, error=reason) for s in host.slots)
+        world = sum(len(h.slots) for h in self._hosts_now) or len(pending.stacks)
         dump = StackDump.of(pending.reason, time.time(), world, pending.stacks)
         self.dumps.append(dump)
         hosts = len({s.host for s in pending.stacks})
