@@ -1,0 +1,77 @@
+"""The supervisor with a JobWatch, driven in-process with fake links: the timeout's stacks and a slow host."""
+
+from __future__ import annotations
+
+from launcher.node import HostAttempt
+from launcher.protocol import (
+    STACK_DUMP,
+    STACKS,
+    STOP,
+    Frame,
+    FrameReader,
+    StackReply,
+    StacksRequest,
+    decode_message,
+    encode_message,
+)
+from launcher.result import TimedOut
+from launcher.supervise import Supervisor
+from launcher.watch import AGENT_SLACK, JobWatch, WatchOptions
+from tests.fakes import FakeLink, fake_hosts, memory_relay
+
+WAIT = 10.0
+FRAMES = [["<module>", "/job/train.py", 3], ["stuck_in_loader", "/job/train.py", 41]]
+
+
+def _watched(timeout: float) -> tuple[list[HostAttempt], Supervisor, JobWatch]:
+    hosts = fake_hosts({"h1": 2, "h2": 1})
+    relay, _, _ = memory_relay({s.rank: h.name for h in hosts for s in h.slots})
+    watch = JobWatch(relay, WatchOptions(wait=WAIT))
+    sup = Supervisor(hosts, relay, timeout=timeout, grace=1.0, dead_after=100.0, now=0.0, watch=watch)
+    watch.attempt_started(hosts, 0.0)
+    return hosts, sup, watch
+
+
+def _sent(host: HostAttempt) -> list[Frame]:
+    assert isinstance(host.link, FakeLink)
+    return host.link.sent
+
+
+def _reply(sup: Supervisor, host: HostAttempt, ranks: list[dict[str, object]], now: float) -> None:
+    """The host's agent answers the STACKS request it was sent."""
+    request = decode_message(StacksRequest, next(f for f in _sent(host) if f.kind == STACKS).payload)
+    for frame in FrameReader().feed(encode_message(STACK_DUMP, StackReply(request.request_id, ranks))):
+        sup.on_frame(host, frame, now)
+
+
+def test_the_timeout_waits_for_the_stacks_then_stops_every_host() -> None:
+    hosts, sup, watch = _watched(timeout=5.0)
+    sup.on_tick(5.0)
+    assert [f.kind for f in _sent(hosts[0])] == [STACKS], "the stacks are asked for before anything stops"
+    assert sup.cause is None and sup.until_deadline(5.0) is None
+    _reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
+    assert sup.cause is None, "one host of two answered: still gathering"
+    _reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
+    assert sup.outcome() == TimedOut(5.0, (0, 1, 2))
+    assert [f.kind for f in _sent(hosts[1])] == [STACKS, STOP]
+    dump = watch.dumps[0]
+    assert dump.reason == "timeout"
+    # Rank 1 is on an answering host but was not in its answer: it no longer runs.
+    assert [(g.ranks, g.error) for g in dump.groups] == [((0, 2), ""), ((1,), "not running")]
+
+
+def test_a_host_that_does_not_answer_holds_the_others_only_until_the_bounded_wait() -> None:
+    hosts, sup, watch = _watched(timeout=5.0)
+    sup.on_tick(5.0)
+    _reply(sup, hosts[0], [{"rank": r, "threads": [{"main": True, "frames": FRAMES}]} for r in (0, 1)], 5.5)
+    deadline = 5.0 + WAIT + AGENT_SLACK
+    assert watch.next_deadline() == deadline
+    sup.on_tick(deadline - 0.1)
+    assert sup.cause is None
+    sup.on_tick(deadline)
+    assert isinstance(sup.outcome(), TimedOut)
+    groups = [(g.ranks, g.hosts, g.error) for g in watch.dumps[0].groups]
+    assert groups == [
+        ((0, 1), ("h1",), ""),
+        ((2,), ("h2",), f"its host's agent did not answer within {WAIT + AGENT_SLACK:g}s"),
+    ]
