@@ -177,7 +177,7 @@ class StacksRequest:
 
     request_id: int
     tool: str = "auto"
-    wait: float = 5.0
+    wait: float = 15.0
 
 
 @dataclass(frozen=True)
