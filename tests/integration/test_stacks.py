@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -46,8 +48,25 @@ def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
     assert HANG_VERDICT in (out_dir / "stacks-2-timeout.txt").read_text()
 
 
-@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed (pip install py-spy)")
+def _py_spy_unusable() -> str | None:
+    """Why py-spy cannot read a process here (not installed; ptrace refused), or None."""
+    py_spy = find_py_spy()
+    if py_spy is None:
+        return "py-spy is not installed (pip install py-spy)"
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as child:
+        try:
+            done = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True, timeout=30)
+        finally:
+            child.kill()
+    if done.returncode != 0:
+        return f"py-spy cannot read a process here: {done.stderr.decode().strip()[-200:]}"
+    return None
+
+
 def test_py_spy_adds_native_frames(tmp_path: Path) -> None:
+    unusable = _py_spy_unusable()
+    if unusable is not None:
+        pytest.skip(unusable)
     job = start_distrun("-np", "3", "--stack-tool", "py-spy", SCRIPTS / "sleepers.py", tmp_path)
     try:
         wait_for_files(tmp_path, "*.pid", 3)
