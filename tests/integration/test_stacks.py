@@ -53,8 +53,10 @@ def _py_spy_unusable() -> str | None:
     py_spy = find_py_spy()
     if py_spy is None:
         return "py-spy is not installed (pip install py-spy)"
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as child:
+    ready = "import time; print('ready', flush=True); time.sleep(30)"
+    with subprocess.Popen([sys.executable, "-c", ready], stdout=subprocess.PIPE) as child:
         try:
+            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
             done = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True, timeout=30)
         finally:
             child.kill()
