@@ -112,6 +112,35 @@ def _program(pid: int) -> str:
         return "?"
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def python_process(pid: int) -> int:
+    """The process to read for a rank: the rank itself, or where it is not Python (a shell script, `bash -c`
+    running python), its first Python descendant; the rank itself when it has none."""
+    if "python" in _program(pid):
+        return pid
+    queue = _children(pid)
+    while queue:
+        child = queue.pop(0)
+        if "python" in _program(child):
+            return child
+        queue.extend(_children(child))
+    return pid
+
+
 def parse_faulthandler(text: str) -> list[dict[str, Any]]:
     """faulthandler's dump as threads (frames outermost first). It lists the newest thread first, so the
     main thread, the oldest, is the last."""
@@ -163,12 +192,12 @@ class _One:
         self, rank: int, pid: int, dump_dir: DumpDir, py_spy: str | None, *, wait: float, now: float
     ) -> None:
         self.rank = rank
-        self.pid = pid
+        self.pid = python_process(pid)
         self.dir = dump_dir
         self.result: dict[str, Any] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.py_spy_error = ""
-        self.out_path = os.path.join(dump_dir.path, f"{pid}.py-spy")
+        self.out_path = os.path.join(dump_dir.path, f"{self.pid}.py-spy")
         self.size = -1
         self.changed = now
         self.py_spy = py_spy
@@ -213,8 +242,10 @@ class _One:
             return
         if not caught:
             program = _program(self.pid)
-            why = f"not a Python process ({program})" if "python" not in program else "no stack hook in it"
-            self._done(error=self.py_spy_error or why)
+            if "python" not in program:
+                self._done(error=f"not a Python process ({program})")
+            else:
+                self._done(error=self.py_spy_error or "no stack hook in it (a Python started with -I or -E?)")
             return
         try:
             os.truncate(self.dir.stack_file(self.pid), 0)

@@ -97,6 +97,16 @@ def test_a_rank_that_is_not_python_is_named_with_the_reason(tmp_path: Path) -> N
     assert "verdict: no rank's stack could be read (2 ranks)" in err
 
 
+def test_a_python_rank_under_a_shell_is_read_where_it_runs() -> None:
+    # `; true`: bash must not exec python in its own place, so the rank's own process stays the shell.
+    script = "python3 -c 'import time; time.sleep(30)'; true"
+    result = run_distrun("-np", "2", "--timeout", "3", "--stack-tool", "python", "bash", "-c", script)
+    err = result.stderr.decode()
+    assert result.returncode == 124, err
+    assert "ranks 0-1 (2 of 2) on localhost:" in err
+    assert "verdict: both ranks are at the same place: in <module>, <string>:1" in err
+
+
 def test_stall_watchdog_fires_once_per_stall(tmp_path: Path) -> None:
     result = run_distrun("-np", "2", "--stall-timeout", "2", SCRIPTS / "quiet_spells.py", "2", "4")
     err = result.stderr.decode()
