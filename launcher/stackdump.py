@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import py_compile
 import shutil
 import signal
 import subprocess
@@ -61,8 +62,12 @@ class DumpDir:
 
     def __init__(self) -> None:
         self.path = tempfile.mkdtemp(prefix="distrun-stacks-")  # mode 0700
-        with open(os.path.join(self.path, HOOK_MODULE + ".py"), "w") as f:
+        source = os.path.join(self.path, HOOK_MODULE + ".py")
+        with open(source, "w") as f:
             f.write(HOOK_SOURCE)
+        # Compiled once here, not in every rank (PYTHONDONTWRITEBYTECODE would make each compile it again);
+        # a rank of another Python version compiles it itself.
+        py_compile.compile(source, doraise=False)
 
     def rank_env(self, env: dict[str, str]) -> dict[str, str]:
         """What a rank's environment `env` needs for the hook (the user's PYTHONPATH/PYTHONWARNINGS kept)."""
