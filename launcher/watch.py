@@ -59,6 +59,9 @@ class _Gathering:
 
 
 class JobWatch:
+    """The job's eyes: gatherings of stacks (one at a time; requests meanwhile join it), the stall
+    watchdog, the straggler watch and the start-up timeline, with what they found for the report."""
+
     def __init__(self, relay: LogRelay, options: WatchOptions, control: ControlServer | None = None) -> None:
         self.relay = relay
         self.options = options
