@@ -17,6 +17,7 @@ from tests.support import (
     SCRIPTS,
     ask_stacks_until,
     assert_all_gone,
+    clean_env,
     hang_stacks_then_timeout,
     recorded_pids,
     run_distrun,
@@ -162,3 +163,19 @@ def test_ranks_at_equal_speed_name_nobody(tmp_path: Path) -> None:
     header = next(line for line in err.splitlines() if line.startswith("distrun: host "))
     assert header.split()[-1] == "progress", "the account gains each rank's last progress"
     assert err.count("40/40 at ") == 4
+
+
+def test_distrun_stacks_without_a_job_says_so_in_one_line(tmp_path: Path) -> None:
+    result = run_distrun("stacks", env=clean_env(XDG_RUNTIME_DIR=str(tmp_path)))
+    assert result.returncode == 1
+    assert result.stderr.decode() == "distrun: error: no running distrun job of yours\n"
+    assert result.stdout == b""
+
+
+def test_bad_watch_options_are_one_line_exit_2() -> None:
+    for option, value in (("--stall-timeout", "0"), ("--straggler-after", "-5")):
+        result = run_distrun("-np", "1", option, value, "true")
+        assert result.returncode == 2
+        assert result.stderr.decode() == (
+            f"distrun: error: {option} must be a positive number of seconds, got {float(value):g}\n"
+        )
