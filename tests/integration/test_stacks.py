@@ -98,6 +98,20 @@ def test_a_rank_that_is_not_python_is_named_with_the_reason(tmp_path: Path) -> N
     assert "verdict: no rank's stack could be read (2 ranks)" in err
 
 
+def test_a_python_without_the_hook_is_named_and_never_signalled(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    sleeper = "import time; time.sleep(30)"
+    result = run_distrun(
+        "-np", "1", "--timeout", "3", "--stack-tool", "python", "--report", report,
+        sys.executable, "-I", "-c", sleeper,
+    )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 124, err
+    assert "rank 0 (1 of 1) on localhost: cannot read the stacks: no stack hook in it" in err
+    # -I ignores the environment: no hook, so no signal (it would have killed the rank), only the timeout's.
+    assert json.loads(report.read_text())["ranks"][0]["signal"] == "SIGTERM"
+
+
 def test_a_python_rank_under_a_shell_is_read_where_it_runs() -> None:
     # `; true`: bash must not exec python in its own place, so the rank's own process stays the shell.
     script = "python3 -c 'import time; time.sleep(30)'; true"
