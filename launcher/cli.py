@@ -186,7 +186,15 @@ def _level(source: ParameterSource | None) -> int:
     metavar="SECONDS",
     default=2.0,
     show_default=True,
-    help="Probe interval; a host is dead after 5 missed probes.",
+    help="Probe interval; a host is dead after --ssh-keepalive-count missed probes.",
+)
+@_option(
+    "--ssh-keepalive-count",
+    type=click.IntRange(min=1),
+    metavar="N",
+    default=5,
+    show_default=True,
+    help="Missed probes after which a silent host is lost.",
 )
 @_option(
     "--launcher",
@@ -493,6 +501,7 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
                 values["ssh_connect_timeout"], label("ssh_connect_timeout", "--ssh-connect-timeout")
             ),
             keepalive_interval=_seconds(values["ssh_keepalive"], label("ssh_keepalive", "--ssh-keepalive")),
+            keepalive_count=values["ssh_keepalive_count"],
         ),
         launcher=launcher,
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.support import REPO, SCRIPTS, distrun_argv, run_distrun, start_distrun
+from tests.support import FAST_DEATH, REPO, SCRIPTS, distrun_argv, run_distrun, start_distrun
 
 pytestmark = pytest.mark.multihost
 
@@ -240,12 +240,12 @@ def test_ctrl_c_while_connecting_exits_at_once(make_cluster: Callable[..., Clust
 
 
 def test_a_console_that_stops_reading_does_not_lose_remote_hosts(cluster: Cluster) -> None:
-    # h1's rank fills the console pipe; h2's rank is quiet. Unread for 7 s with hosts declared dead after 5 s.
+    # h1's rank fills the console pipe; h2's rank is quiet. Unread for 3 s, hosts declared dead after 1.5 s.
     proc = start_distrun(
-        "-H", "h1:1,h2:1", "--ssh-keepalive", "1", SCRIPTS / "chatty_then_quiet.py", "8",
+        "-H", "h1:1,h2:1", *FAST_DEATH, SCRIPTS / "chatty_then_quiet.py", "4",
         env=cluster.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
-    time.sleep(7)
+    time.sleep(3)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
     assert out.count(b"finished") == 2
