@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 
+T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "integration" / "scripts"
 REPO = Path(__file__).resolve().parents[1]
 # A silent host (or a launcher not heard) is declared dead after 3 missed beats 0.5 s apart: 1.5 s.
@@ -60,14 +64,28 @@ def start_distrun(
     )
 
 
-def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60) -> list[Path]:
+def wait_until(condition: Callable[[], T], timeout: float = 30.0, what: str = "the condition") -> T:
+    """`condition()`'s first truthy value, polled every 50 ms; AssertionError naming `what` at `timeout`."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(directory.glob(pattern))
-        if len(found) >= count:
-            return found
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.05)
-    raise AssertionError(f"expected {count} {pattern} files in {directory}, found {len(found)}")
+    return value
+
+
+def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60) -> list[Path]:
+    def found() -> list[Path]:
+        files = sorted(directory.glob(pattern))
+        return files if len(files) >= count else []
+
+    return wait_until(found, timeout, f"{count} {pattern} files in {directory}")
+
+
+def attempt_envs(out: Path, attempt: int) -> dict[int, dict[str, str]]:
+    """rank -> the environment its rank saw in that attempt (tests/integration/scripts/restartable.py)."""
+    envs = (json.loads(path.read_text()) for path in out.glob(f"a{attempt}.r*.json"))
+    return {int(env["RANK"]): env for env in envs}
 
 
 def recorded_pids(directory: Path) -> list[int]:
@@ -87,9 +105,8 @@ def alive(pids: Sequence[int]) -> list[int]:
 
 def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     assert pids, "the workers recorded no pids: the test would prove nothing"
-    deadline = time.monotonic() + within
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not alive(pids), within)
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
 
 
