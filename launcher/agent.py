@@ -12,6 +12,9 @@ the launcher's heartbeats stopping) sends SIGTERM (SIGINT first, when STOP says 
 group and SIGKILL after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
 SIGNAL forwards a signal (SIGUSR1, SIGSTOP/SIGCONT for Ctrl-Z and fg) to every running rank. The agent exits
 at stdin EOF once its ranks are gone.
+
+The host facts (probe answers) and the rank supervisor share this one file because it is what travels to
+every host as source, next to launcher/protocol.py; hence its length.
 """
 
 from __future__ import annotations
