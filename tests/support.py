@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -155,3 +159,40 @@ def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> byte
         assert line, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
         seen += line
     return seen
+
+
+class Terminal:
+    """A pseudo-terminal of `cols` x `rows` whose output pyte renders as a terminal would show it.
+
+    Write to `slave` (a descriptor) or `stream` (text on it); `raw` is every byte written so far, as read.
+    """
+
+    def __init__(self, cols: int = 60, rows: int = 10) -> None:
+        import pyte  # only the terminal tests need it
+
+        self.master, self.slave = pty.openpty()
+        os.set_blocking(self.master, False)
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.stream = open(self.slave, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - see close()
+        self.raw = b""
+        self.screen = pyte.Screen(cols, rows)
+        self._feed = pyte.ByteStream(self.screen)
+
+    def lines(self) -> list[str]:
+        """Every line of the screen, trailing blanks removed."""
+        try:
+            while chunk := os.read(self.master, 1 << 16):
+                self.raw += chunk
+                self._feed.feed(chunk)
+        except BlockingIOError:
+            pass
+        return [line.rstrip() for line in self.screen.display]
+
+    def shown(self) -> list[str]:
+        """The lines with something on them."""
+        return [line for line in self.lines() if line]
+
+    def close(self) -> None:
+        self.stream.close()
+        os.close(self.master)
+        os.close(self.slave)
