@@ -32,6 +32,7 @@ from typing import Any
 
 from launcher.protocol import (
     BEAT,
+    BLOB,
     DONE,
     ERR,
     EXIT,
@@ -45,6 +46,7 @@ from launcher.protocol import (
     SIGNAL,
     START,
     STOP,
+    SYNC,
     VERSION,
     Facts,
     FrameReader,
@@ -54,11 +56,13 @@ from launcher.protocol import (
     SignalRequest,
     StartRequest,
     StopRequest,
+    SyncRequest,
     decode_message,
     encode,
     encode_message,
     write_all,
 )
+from launcher.store import Receiver
 
 # When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
 ORPHAN_GRACE_CAP = 2.0
@@ -221,6 +225,34 @@ else:
     print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
 """
 TORCH_PROBE_TIMEOUT = 90.0
+
+# Run by the ranks' interpreter at every launch: its Python, and torch's version and CUDA/NCCL build, read
+# from files without importing torch (which takes seconds).
+_STACK_PROBE = r"""
+import importlib.util, json, os, re, sys
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "torch": "", "cuda": "", "nccl": ""}
+spec = importlib.util.find_spec("torch")
+for where in (spec.submodule_search_locations or []) if spec else []:
+    try:
+        text = open(os.path.join(where, "version.py")).read()
+    except OSError:
+        continue
+    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+        m = re.search(r"^" + name + r"\s*(?::[^=]*)?=\s*[\x27\x22]([^\x27\x22]*)", text, re.M)
+        out[key] = m.group(1) if m else ""
+    break
+for d in sys.path:
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        continue
+    found = [re.match(r"nvidia_nccl_cu\d+-([^-]+)\.dist-info$", n) for n in names]
+    m = next((f for f in found if f), None)
+    if m:
+        out["nccl"] = m.group(1)
+        break
+print(json.dumps(out))
+"""
 TCP_PROBE_TIMEOUT = 5.0
 
 
@@ -239,6 +271,20 @@ def _torch(python: str) -> Any:
     except (ValueError, IndexError):
         tail = done.stderr.decode(errors="replace").strip().splitlines()
         return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
+
+
+def _stack(python: str) -> dict[str, str]:
+    try:
+        done = subprocess.run(
+            [python, "-c", _STACK_PROBE],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=TORCH_PROBE_TIMEOUT,
+        )
+        found = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
+    return {k: str(v) for k, v in found.items()}
 
 
 def _disk_free(path: str) -> Any:
@@ -284,6 +330,8 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     extra: dict[str, Any] = {}
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
+    if request.stack:
+        extra["stack"] = _stack(request.python or sys.executable)
     if request.check:
         extra.update(
             python_version=".".join(str(part) for part in sys.version_info[:3]),
@@ -381,6 +429,7 @@ class Agent:
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
+        self.receiver = Receiver()  # --workdir
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -425,6 +474,9 @@ class Agent:
         unset = set(spec.unset)
         base = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith(prefixes)}
         base.update(spec.env)
+        cwd = spec.workdir or spec.cwd or None
+        if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
+            base["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, base.get("PYTHONPATH")) if p)
         die_with_agent = _die_with_agent()
         for r in spec.ranks:
             env = dict(base)
@@ -435,7 +487,7 @@ class Agent:
                 proc = subprocess.Popen(
                     r.argv,
                     env=env,
-                    cwd=spec.cwd or None,
+                    cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -573,6 +625,12 @@ class Agent:
                 self.forward(decode_message(SignalRequest, payload))
             elif kind == KILL:
                 self.kill()
+            elif kind == SYNC:
+                for frame in self.receiver.start(decode_message(SyncRequest, payload)):
+                    self.send(frame)
+            elif kind == BLOB:
+                for frame in self.receiver.blob(payload):
+                    self.send(frame)
         return True
 
     def _all_exited(self) -> bool:

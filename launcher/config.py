@@ -84,6 +84,10 @@ class LaunchConfig:
     color: bool | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
     launcher: LauncherKind = "ssh"
+    # --workdir: the directory synced to every host's cache, where ranks then run; the size refused above.
+    workdir: Path | None = None
+    workdir_limit: int = 200 << 20
+    allow_mismatch: bool = False
 
     @property
     def placement(self) -> Placement:

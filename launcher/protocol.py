@@ -34,6 +34,9 @@ READ_SIZE = 1 << 16
 PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5
 # agent -> launcher
 HELLO, FACTS, OUT, ERR, EXIT, DONE = 9, 10, 11, 12, 13, 14
+# --workdir: launcher SYNC -> agent WANT; launcher BLOB (one per wanted object) ... -> agent SYNCED
+SYNC, BLOB = 6, 7
+WANT, SYNCED = 15, 16
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
 BEAT = 20
 
@@ -69,6 +72,8 @@ class ProbeRequest:
     listen: bool = False
     connect_to: str | None = None
     connect_port: int = 0
+    # Report `stack` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
+    stack: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class Facts:
     listen_port: int = 0
     tcp_port: int = 0
     tcp_error: str | None = None
+    # Only when the probe asked `stack`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
+    stack: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,8 @@ class StartRequest:
     env: dict[str, str] = field(default_factory=dict)
     unset: list[str] = field(default_factory=list)
     unset_prefixes: list[str] = field(default_factory=list)
+    # --workdir: the synced copy; ranks run in it and find it first on PYTHONPATH.
+    workdir: str = ""
 
 
 @dataclass(frozen=True)
@@ -166,6 +175,37 @@ class RankExited:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     max_rss_kb: int = 0
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    """--workdir: build the copy `manifest_hash` of `entries` (see launcher.store), keeping `keep` per
+    `project` when pruning. The agent answers WANT with what it lacks, then SYNCED."""
+
+    project: str
+    entries: list[list[Any]]
+    manifest_hash: str
+    keep: int = 3
+
+
+@dataclass(frozen=True)
+class Want:
+    digests: list[str]
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The copy is ready at `path` (or `error` says why not); `manifest_hash` is what the host computed."""
+
+    path: str = ""
+    manifest_hash: str = ""
+    received: int = 0
+    error: str = ""
+
+
+# A BLOB's payload: flags (1: zlib-compressed), the object's sha256 (raw), then the content.
+BLOB_HEADER = struct.Struct("!B32s")
+BLOB_ZLIB = 1
 
 
 def write_all(fd: int, data: bytes) -> None:

@@ -35,6 +35,8 @@ from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.samestack import differences, refuse
+from launcher.store import KEEP
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
@@ -45,6 +47,8 @@ from launcher.supervise import (
     signal_pipe,
     supervise,
 )
+from launcher.wdfiles import Workdir, missing_script, scan
+from launcher.wdsync import HostCopy, sync
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +74,8 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             progress_interval=config.progress_interval,
         ),
     )
+    # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
+    workdir = _scan_workdir(config)
     job: Job | None = None
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
@@ -80,7 +86,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
-            job = Job(config, relay, wake_fd, nodes)
+            job = Job(config, relay, wake_fd, nodes, workdir)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)
@@ -117,8 +123,19 @@ class Job:
     Each step is a method, so a test can replace one (say `run_attempt`) and check the loop around it.
     """
 
-    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        relay: LogRelay,
+        wake_fd: int,
+        nodes: Sequence[Node],
+        workdir: Workdir | None = None,
+    ) -> None:
         self.config = config
+        self.workdir = workdir
+        # --workdir: each host's copy (this attempt's), and what syncing sent over the whole job.
+        self.copies: dict[str, HostCopy] = {}
+        self.sync_sent: dict[str, tuple[int, int]] = {}
         self.relay = relay
         self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
@@ -249,6 +266,9 @@ class Job:
         self.relay.set_hosts(_rank_hosts(plan))
         master_addr = self.master_addr(nodes)
         self.probe(nodes, master_addr)
+        if self.workdir is not None:
+            self.copies = self.sync(nodes, self.workdir)
+        self.same_stack(nodes)
         placed = self.place(plan, nodes)
         rdzv = self.rendezvous(plan, nodes, master_addr)
         self.start(attempt, plan, nodes, rdzv, placed)
@@ -316,17 +336,19 @@ class Job:
     def probe(self, nodes: Sequence[Node], master_addr: str) -> None:
         heartbeat = self.check_every
         python = self.config.python or sys.executable
+        synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = [
             ProbeRequest(
                 # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
                 ports=len(node.slots) + (2 if i == 0 else 0),
-                cwd=self.cwd,
+                cwd="" if synced else self.cwd,
                 route_to=master_addr,
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if node.link.heartbeat else 0.0,
                 dead_after=self.dead_after if node.link.heartbeat else 0.0,
-                script=_script(self.config.command),
+                script=None if synced else _script(self.config.command),
+                stack=True,
             )
             for i, node in enumerate(nodes)
         ]
@@ -337,7 +359,7 @@ class Job:
         for node in nodes:
             log.debug("host %s: %s", node.name, node.facts)
             facts = _facts(node)
-            if not facts.cwd_exists:
+            if not facts.cwd_exists and not synced:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
                 )
@@ -350,6 +372,42 @@ class Job:
                     f"host {node.name}: interpreter {self.config.python} not found there (see --python)",
                     host=node.name,
                 )
+
+    def sync(self, nodes: Sequence[Node], workdir: Workdir) -> dict[str, HostCopy]:
+        """Every host's copy of the workdir, each sent only what it lacks (restarts: usually nothing)."""
+        remote = any(not n.local for n in nodes)
+        with progress_line(sys.stderr) as line:
+            copies = sync(
+                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
+                keep=KEEP, progress=line if remote else None,
+            )  # fmt: skip
+        for name, copy in copies.items():
+            files, sent = self.sync_sent.get(name, (0, 0))
+            self.sync_sent[name] = (files + copy.files_sent, sent + copy.bytes_sent)
+        sent = sum(c.bytes_sent for c in copies.values())
+        log.info(
+            "workdir %s (%s, %s): sent %s to %s", workdir.manifest_hash[:12],
+            plural(len(workdir.files), "file", "files"), _size(workdir.total), _size(sent),
+            plural(sum(c.files_sent > 0 for c in copies.values()), "host", "hosts"),
+        )  # fmt: skip
+        return copies
+
+    def same_stack(self, nodes: Sequence[Node]) -> None:
+        """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
+        reports = []
+        for node in nodes:
+            values = dict(_facts(node).stack or {})
+            if node.name in self.copies:
+                values["workdir"] = self.copies[node.name].manifest_hash[:12]
+            reports.append((node.name, values))
+        lines = differences(reports)
+        for line in lines:
+            if self.config.allow_mismatch:
+                log.warning("%s (--allow-mismatch: running anyway)", line)
+            else:
+                log.error("%s", line)
+        if lines and not self.config.allow_mismatch:
+            raise refuse(lines)
 
     def place(self, plan: Plan, nodes: Sequence[Node]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
@@ -437,12 +495,31 @@ class Job:
                 env=travelling,
                 unset=list(jenv.unset) if node.local else [],
                 unset_prefixes=list(LEFTOVER_PREFIXES),
+                workdir=self.copies[node.name].path if node.name in self.copies else "",
             )
             node.send(encode_message(START, request))
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
+
+
+def _scan_workdir(config: LaunchConfig) -> Workdir | None:
+    if config.workdir is None:
+        return None
+    workdir = scan(config.workdir, config.workdir_limit)
+    for line in workdir.skipped:
+        log.warning("--workdir %s", line)
+    script = _script(config.command)
+    if missing_script(workdir, script):
+        raise CommandNotFound(f"{script} is not among the files of --workdir {workdir.root}")
+    return workdir
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.1f} KiB"
 
 
 def _facts(node: Node) -> Facts:
