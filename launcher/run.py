@@ -392,6 +392,19 @@ class Job:
         )  # fmt: skip
         return copies
 
+    def workdir_report(self) -> dict[str, object] | None:
+        if self.workdir is None:
+            return None
+        hosts = {name: {"files_sent": f, "bytes_sent": b} for name, (f, b) in self.sync_sent.items()}
+        return {
+            "root": str(self.workdir.root),
+            "manifest_hash": self.workdir.manifest_hash,
+            "files": len(self.workdir.files),
+            "bytes": self.workdir.total,
+            "bytes_sent": sum(b for _, b in self.sync_sent.values()),
+            "hosts": hosts,
+        }
+
     def same_stack(self, nodes: Sequence[Node]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
         reports = []
@@ -555,6 +568,7 @@ def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
             exit_code=last.exit_code,
             attempts=job.accounts,
             failure=job.failure,
+            workdir=job.workdir_report(),
         )
         try:
             write_report(config.report, report)
