@@ -93,6 +93,12 @@ class Blobs:
         return encode(BLOB, -1, BLOB_HEADER.pack(flags, bytes.fromhex(entry.digest)) + data)
 
 
+def _lost(node: Node, what: str) -> HostError:
+    """The host is given up: its link is torn down now, so that no sender stays blocked on it."""
+    node.drop()
+    return HostError(f"host {node.name}: {what}", host=node.name)
+
+
 class _Sender(threading.Thread):
     """Sends one host the objects it asked for; a send error is kept for the main thread to report."""
 
@@ -146,18 +152,14 @@ def sync(
                 if sender.error is not None:
                     if isinstance(sender.error, HostError):
                         raise sender.error
-                    name = sender.node.name
-                    raise HostError(f"host {name}: sending the workdir failed: {sender.error}", host=name)
+                    raise _lost(sender.node, f"sending the workdir failed: {sender.error}")
             if (total := sum(s.sent for s in senders.values())) != moved:
                 moved = total
                 deadline.progressed(now)  # bytes still going out: not a stall
             for node in nodes:
                 silent = now - node.last_heard > dead_after > 0
                 if node.name not in done and node.link.heartbeat and silent:
-                    raise HostError(
-                        f"host {node.name}: silent for {dead_after:g}s while syncing the workdir",
-                        host=node.name,
-                    )
+                    raise _lost(node, f"silent for {dead_after:g}s while syncing the workdir")
             if deadline.remaining(now) <= 0:
                 name = next(n.name for n in nodes if n.name not in done)
                 raise HostError(f"host {name}: no answer while syncing the workdir for {stall:g}s", host=name)
@@ -171,10 +173,8 @@ def sync(
                 frames = node.read()
                 if frames is None:
                     detail = node.diagnostics()
-                    raise HostError(
-                        f"host {node.name}: the link closed while syncing the workdir"
-                        + (f": {detail}" if detail else ""),
-                        host=node.name,
+                    raise _lost(
+                        node, "the link closed while syncing the workdir" + (f": {detail}" if detail else "")
                     )
                 for kind, _, payload in frames:
                     deadline.progressed(time.monotonic())
