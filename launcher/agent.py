@@ -37,6 +37,7 @@ from launcher.protocol import (
     ERR,
     EXIT,
     FACTS,
+    FETCH,
     HELLO,
     KILL,
     MAGIC,
@@ -49,6 +50,7 @@ from launcher.protocol import (
     SYNC,
     VERSION,
     Facts,
+    FetchRequest,
     FrameReader,
     Hello,
     ProbeRequest,
@@ -62,7 +64,7 @@ from launcher.protocol import (
     encode_message,
     write_all,
 )
-from launcher.store import Receiver
+from launcher.receive import Receiver
 
 # When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
 ORPHAN_GRACE_CAP = 2.0
@@ -466,6 +468,7 @@ class Agent:
         self.send(encode_message(FACTS, host_facts(request, self.listener)))
 
     def start(self, spec: StartRequest) -> None:
+        self.receiver.stop_serving()  # no thread may run while ranks are forked
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
@@ -631,6 +634,8 @@ class Agent:
             elif kind == BLOB:
                 for frame in self.receiver.blob(payload):
                     self.send(frame)
+            elif kind == FETCH:
+                self.receiver.fetch(decode_message(FetchRequest, payload))
         return True
 
     def _all_exited(self) -> bool:
@@ -664,6 +669,7 @@ class Agent:
             signal.signal(sig, lambda *_: None)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        self.sel.register(self.receiver.fileno(), selectors.EVENT_READ, "fetched")
         control_open = True
         exiting = False
         while True:
@@ -687,6 +693,9 @@ class Agent:
             for key, _ in events:
                 if key.data == "control":
                     control_open = self._read_control()
+                elif key.data == "fetched":
+                    for frame in self.receiver.fetched():
+                        self.send(frame)
                 elif key.data == "wake":
                     try:
                         signums = os.read(wake_r, 512)

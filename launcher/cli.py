@@ -209,6 +209,12 @@ def _level(source: ParameterSource | None) -> int:
     help="Refuse a --workdir bigger than this many MiB.",
 )
 @_option(
+    "--workdir-relay/--no-workdir-relay",
+    default=True,
+    show_default=True,
+    help="Hosts that have the --workdir copy feed the others over TCP (token-checked, not encrypted).",
+)
+@_option(
     "--allow-mismatch",
     is_flag=True,
     help="Run even where hosts differ in workdir copy, Python, torch, CUDA or NCCL (warn only).",
@@ -527,6 +533,7 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
         launcher=launcher,
         workdir=_workdir(values["workdir"], label("workdir", "--workdir")),
         workdir_limit=values["workdir_limit"] << 20,
+        workdir_relay=values["workdir_relay"],
         allow_mismatch=values["allow_mismatch"],
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)

@@ -87,6 +87,7 @@ class LaunchConfig:
     # --workdir: the directory synced to every host's cache, where ranks then run; the size refused above.
     workdir: Path | None = None
     workdir_limit: int = 200 << 20
+    workdir_relay: bool = True  # hosts with the copy feed the others (see launcher.wdsync)
     allow_mismatch: bool = False
 
     @property

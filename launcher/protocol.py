@@ -34,8 +34,9 @@ READ_SIZE = 1 << 16
 PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5
 # agent -> launcher
 HELLO, FACTS, OUT, ERR, EXIT, DONE = 9, 10, 11, 12, 13, 14
-# --workdir: launcher SYNC -> agent WANT; launcher BLOB (one per wanted object) ... -> agent SYNCED
-SYNC, BLOB = 6, 7
+# --workdir: launcher SYNC -> agent WANT; then launcher BLOB (one per wanted object) or FETCH (get them from
+# a peer host) -> agent SYNCED
+SYNC, BLOB, FETCH = 6, 7, 8
 WANT, SYNCED = 15, 16
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
 BEAT = 20
@@ -186,21 +187,41 @@ class SyncRequest:
     entries: list[list[Any]]
     manifest_hash: str
     keep: int = 3
+    # Non-empty: once complete, serve the copy's objects to peer hosts that present this token (until START).
+    serve_token: str = ""
 
 
 @dataclass(frozen=True)
 class Want:
+    """What the host lacks. Again after a FETCH that failed (`error`): what it still lacks."""
+
+    digests: list[str]
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """Get `digests` from the peer host serving at addr:port (see SyncRequest.serve_token)."""
+
+    addr: str
+    port: int
+    token: str
     digests: list[str]
 
 
 @dataclass(frozen=True)
 class Synced:
-    """The copy is ready at `path` (or `error` says why not); `manifest_hash` is what the host computed."""
+    """The copy is ready at `path` (or `error` says why not); `manifest_hash` is what the host computed.
+
+    `received`: bytes that came from the launcher, `from_peers`: from peers; `serve_port`: where the host now
+    serves the copy's objects to peers (0: it does not)."""
 
     path: str = ""
     manifest_hash: str = ""
     received: int = 0
     error: str = ""
+    from_peers: int = 0
+    serve_port: int = 0
 
 
 # A BLOB's payload: flags (1: zlib-compressed), the object's sha256 (raw), then the content.

@@ -135,7 +135,7 @@ class Job:
         self.workdir = workdir
         # --workdir: each host's copy (this attempt's), and what syncing sent over the whole job.
         self.copies: dict[str, HostCopy] = {}
-        self.sync_sent: dict[str, tuple[int, int]] = {}
+        self.synced: dict[str, list[HostCopy]] = {}
         self.relay = relay
         self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
@@ -379,29 +379,39 @@ class Job:
         with progress_line(sys.stderr) as line:
             copies = sync(
                 nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
-                keep=KEEP, progress=line if remote else None,
+                keep=KEEP, relay=self.config.workdir_relay, progress=line if remote else None,
             )  # fmt: skip
         for name, copy in copies.items():
-            files, sent = self.sync_sent.get(name, (0, 0))
-            self.sync_sent[name] = (files + copy.files_sent, sent + copy.bytes_sent)
-        sent = sum(c.bytes_sent for c in copies.values())
+            self.synced.setdefault(name, []).append(copy)
+        direct = [c for c in copies.values() if c.files_sent and c.fed_by is None]
+        relayed = [c for c in copies.values() if c.fed_by is not None]
         log.info(
-            "workdir %s (%s, %s): sent %s to %s", workdir.manifest_hash[:12],
-            plural(len(workdir.files), "file", "files"), _size(workdir.total), _size(sent),
-            plural(sum(c.files_sent > 0 for c in copies.values()), "host", "hosts"),
+            "workdir %s (%s, %s): sent %s to %s%s", workdir.manifest_hash[:12],
+            plural(len(workdir.files), "file", "files"), _size(workdir.total),
+            _size(sum(c.bytes_sent for c in copies.values())), plural(len(direct), "host", "hosts"),
+            f"; {plural(len(relayed), 'host', 'hosts')} fed by peers "
+            f"({_size(sum(c.bytes_from_peers for c in relayed))})" if relayed else "",
         )  # fmt: skip
         return copies
 
     def workdir_report(self) -> dict[str, object] | None:
         if self.workdir is None:
             return None
-        hosts = {name: {"files_sent": f, "bytes_sent": b} for name, (f, b) in self.sync_sent.items()}
+        hosts = {
+            name: {
+                "files_sent": sum(c.files_sent for c in copies),
+                "bytes_sent": sum(c.bytes_sent for c in copies),
+                "bytes_from_peers": sum(c.bytes_from_peers for c in copies),
+                "fed_by": sorted({c.fed_by for c in copies if c.fed_by is not None}),
+            }
+            for name, copies in self.synced.items()
+        }
         return {
             "root": str(self.workdir.root),
             "manifest_hash": self.workdir.manifest_hash,
             "files": len(self.workdir.files),
             "bytes": self.workdir.total,
-            "bytes_sent": sum(b for _, b in self.sync_sent.values()),
+            "bytes_sent": sum(c.bytes_sent for copies in self.synced.values() for c in copies),
             "hosts": hosts,
         }
 

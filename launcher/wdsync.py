@@ -1,22 +1,28 @@
-"""`--workdir`: bring the copy to every host's cache over the agent links, each host sent only what it lacks.
+"""`--workdir`: bring the copy to every host's cache, each host sent only what it lacks.
 
-Every agent gets the manifest (SYNC) and answers with the content hashes it lacks (WANT); the launcher sends
-those objects (BLOB), each compressed once (zlib, where that saves a tenth or more) and the same bytes to
-every host that wants it; the agent answers SYNCED once its copy is complete. Senders run one thread per
-host, so a slow host does not hold up the others; the main thread reads answers and notices lost hosts as
-the probe does.
+Every agent gets the manifest (SYNC) and answers with the content hashes it lacks (WANT). A host is then fed
+either by the launcher over its agent link (BLOBs, each compressed once, zlib where that saves a tenth or
+more, and the same bytes for every host), or, with relaying on, by a peer host that already has the copy
+(FETCH: the host gets the objects from the peer over TCP; see launcher.receive). `Schedule` decides who feeds
+whom: the launcher feeds one remote host at a time and every host with the copy feeds one more, so the copies
+double each round and the launcher's uplink carries about one copy, not one per host. A fetch that fails
+falls back to the launcher. The agent answers SYNCED once its copy is complete.
+
+Senders run one thread per host; the main thread reads answers and notices lost hosts as the probe does.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import socket
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.errors import HostError, Interrupted
 from launcher.node import Node
@@ -25,9 +31,11 @@ from launcher.protocol import (
     BLOB,
     BLOB_HEADER,
     BLOB_ZLIB,
+    FETCH,
     SYNC,
     SYNCED,
     WANT,
+    FetchRequest,
     Synced,
     SyncRequest,
     Want,
@@ -44,14 +52,71 @@ log = logging.getLogger(__name__)
 WORTH_COMPRESSING = 0.9
 
 
+# Remote hosts the launcher feeds at once when hosts relay the copy to each other.
+DIRECT_WITH_RELAY = 1
+
+
 @dataclass(frozen=True)
 class HostCopy:
-    """Where one host's copy is, the manifest hash it computed, and what it took to get it there."""
+    """Where one host's copy is, the manifest hash it computed, and what it took to get it there: objects
+    it received, bytes the launcher sent it, bytes it got from `fed_by` (a peer host)."""
 
     path: str
     manifest_hash: str
     files_sent: int
     bytes_sent: int
+    bytes_from_peers: int = 0
+    fed_by: str | None = None
+
+
+@dataclass
+class Schedule:
+    """Who feeds whom (pure): hosts wait in `want` order; a free peer (a host with the copy, serving) feeds
+    the next, else the launcher while it has fewer than `direct` hosts in hand. `direct` None: the launcher
+    feeds every host at once (no relaying)."""
+
+    direct: int | None
+    waiting: deque[str] = field(default_factory=deque)
+    peers: deque[str] = field(default_factory=deque)
+    feeding: int = 0
+    fed_by: dict[str, str | None] = field(default_factory=dict)
+
+    def want(self, host: str) -> None:
+        self.waiting.append(host)
+
+    def served(self, host: str) -> None:
+        """`host` has the copy and serves it: it can feed another."""
+        self.peers.append(host)
+
+    def done(self, host: str, broken_feeder: bool = False) -> None:
+        """`host` has its copy (or its peer failed it: `broken_feeder`); its feeder is free again."""
+        feeder = self.fed_by.get(host)
+        if feeder is None:
+            self.feeding -= 1
+        elif not broken_feeder:
+            self.peers.append(feeder)
+
+    def fallback(self, host: str) -> None:
+        """A fetch from a peer failed: the launcher feeds `host` now, whatever it has in hand."""
+        self.done(host, broken_feeder=True)
+        self.fed_by[host] = None
+        self.feeding += 1
+
+    def assign(self) -> list[tuple[str, str | None]]:
+        """(host, its feeder: a peer, or None for the launcher) for every host that can start now."""
+        started = []
+        while self.waiting:
+            if self.peers:
+                feeder: str | None = self.peers.popleft()
+            elif self.direct is None or self.feeding < self.direct:
+                feeder = None
+                self.feeding += 1
+            else:
+                break
+            host = self.waiting.popleft()
+            self.fed_by[host] = feeder
+            started.append((host, feeder))
+        return started
 
 
 def project_key(root: str) -> str:
@@ -126,22 +191,41 @@ def sync(
     dead_after: float,
     wake_fd: int,
     keep: int,
+    relay: bool = True,
     progress: ProgressFn | None = None,
 ) -> dict[str, HostCopy]:
     """Every host's copy of `workdir`, by host name; HostError names a host that failed or went silent.
 
     As in the probe, the wait gives up when nothing moved for `stall` seconds; a host whose link carries
-    heartbeats is lost, as during the run, once it has been silent for `dead_after` seconds.
+    heartbeats is lost, as during the run, once it has been silent for `dead_after` seconds. `relay`: hosts
+    with the copy feed others (remote hosts the launcher reached directly, so others can reach them too).
     """
-    request = SyncRequest(project_key(str(workdir.root)), workdir.entries, workdir.manifest_hash, keep)
+    token = os.urandom(16).hex() if relay else ""
+    request = SyncRequest(project_key(str(workdir.root)), workdir.entries, workdir.manifest_hash, keep, token)
     frame = encode_message(SYNC, request)
     for node in nodes:
         node.send(frame)
+    by_name = {node.name: node for node in nodes}
     blobs = Blobs(workdir)
     senders: dict[str, _Sender] = {}
+    wanted: dict[str, list[str]] = {}
+    ports: dict[str, int] = {}
+    schedule = Schedule(DIRECT_WITH_RELAY if relay else None)
     done: dict[str, HostCopy] = {}
     deadline = StallDeadline(stall, time.monotonic())
     moved = 0
+
+    def feed(name: str, feeder: str | None) -> None:
+        node = by_name[name]
+        if feeder is None:
+            senders[name] = _Sender(node, wanted[name], blobs)
+            senders[name].start()
+            return
+        peer = by_name[feeder]
+        addr = peer.link.peer_addr
+        assert addr is not None, "only hosts with an address serve"
+        node.send(encode_message(FETCH, FetchRequest(addr, ports[feeder], token, wanted[name])))
+
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
         for node in nodes:
@@ -179,10 +263,18 @@ def sync(
                 for kind, _, payload in frames:
                     deadline.progressed(time.monotonic())
                     if kind == WANT:
-                        wanted = decode_message(Want, payload).digests
-                        sender = _Sender(node, wanted, blobs)
-                        senders[node.name] = sender
-                        sender.start()
+                        want = decode_message(Want, payload)
+                        wanted[node.name] = want.digests
+                        if want.error:  # a peer failed it
+                            log.info(
+                                "host %s: fetching the workdir failed (%s); sending it", node.name, want.error
+                            )
+                            schedule.fallback(node.name)
+                            feed(node.name, None)
+                        elif want.digests and node.local:
+                            feed(node.name, None)  # a pipe on this machine: no uplink to spare
+                        elif want.digests:
+                            schedule.want(node.name)
                     elif kind == SYNCED:
                         synced = decode_message(Synced, payload)
                         if synced.error:
@@ -193,10 +285,19 @@ def sync(
                         done[node.name] = HostCopy(
                             synced.path,
                             synced.manifest_hash,
-                            len(fed.digests) if fed else 0,
+                            len(wanted.get(node.name, ())),
                             fed.sent if fed else 0,
+                            synced.from_peers,
+                            schedule.fed_by.get(node.name),
                         )
+                        if node.name in schedule.fed_by:
+                            schedule.done(node.name)
+                        if synced.serve_port and node.link.peer_addr and not node.local:
+                            ports[node.name] = synced.serve_port
+                            schedule.served(node.name)
                         sel.unregister(node.link)
                         if progress is not None:
                             progress(Progress("syncing the workdir", len(nodes), len(done)))
+                for name, feeder in schedule.assign():
+                    feed(name, feeder)
     return done

@@ -98,6 +98,10 @@ def test_first_launch_sends_then_nothing_then_only_the_edit(setup: Setup, tmp_pa
     sent = json.loads(report.read_text())["workdir"]
     assert sent["files"] == 3 and sent["bytes_sent"] > 0
     assert {h: v["files_sent"] for h, v in sent["hosts"].items()} == {"h1": 3, "h2": 3}
+    # The launcher fed one host; that host fed the other.
+    (seed,) = [h for h, v in sent["hosts"].items() if not v["fed_by"]]
+    (fed,) = [v for v in sent["hosts"].values() if v["fed_by"]]
+    assert fed["fed_by"] == [seed] and fed["bytes_sent"] == 0 and fed["bytes_from_peers"] > 0
     copy = CACHE / "workdir" / "trees" / sent["manifest_hash"]
     assert all(f"cwd={copy}" in line for line in lines)
     secret = hashlib.sha256((setup.project / "secret.txt").read_bytes()).hexdigest()
@@ -154,7 +158,9 @@ def test_a_transfer_cut_midway_then_a_correct_run(setup: Setup, tmp_path: Path) 
         (data / f"part{i:02d}.bin").write_bytes(os.urandom(1 << 20))
     before = len(setup.objects("h2"))
     proc = start_distrun(
-        "-H", "h1:1,h2:1", "--workdir", setup.project, "--ssh-keepalive", "0.5", "train.py",
+        # From the launcher only: the agent link is what is cut (a peer would feed h2 too fast to catch).
+        "-H", "h1:1,h2:1", "--workdir", setup.project, "--no-workdir-relay", "--ssh-keepalive", "0.5",
+        "train.py",
         env=setup.cluster.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
     try:

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 
-from launcher.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FrameReader, SyncRequest
+from launcher.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FetchRequest, FrameReader, SyncRequest
+from launcher.receive import Receiver
 from launcher.samestack import differences
-from launcher.store import Receiver, Store, StoreError, manifest_hash
+from launcher.store import Store, StoreError, manifest_hash
 from launcher.wdfiles import WorkdirError, candidate_paths, ignored, missing_script, parse_ignore, scan
+from launcher.wdsync import Schedule
 
 
 @pytest.mark.parametrize(
@@ -246,9 +248,81 @@ def test_receiver_reports_a_corrupted_object(tmp_path: Path) -> None:
     receiver = Receiver(str(tmp_path))
     receiver.start(SyncRequest("p", entries, manifest_hash(entries)))
     (digest,) = blobs
-    (frame,) = receiver.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + b"not a")
-    ((_, _, payload),) = FrameReader().feed(frame)
-    assert "arrived corrupted" in json.loads(payload)["error"]
+    assert (
+        "arrived corrupted"
+        in _synced(receiver.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + b"not a"))["error"]
+    )
+
+
+def _synced(frames: list[bytes]) -> dict[str, Any]:
+    ((kind, _, payload),) = FrameReader().feed(b"".join(frames))
+    assert kind == SYNCED
+    return dict(json.loads(payload))
+
+
+def test_a_host_with_the_copy_feeds_a_peer_over_tcp(tmp_path: Path) -> None:
+    entries, blobs = _entries({"a.py": b"a" * 1000, "b.py": b"b"})
+    mhash = manifest_hash(entries)
+    seed = Receiver(str(tmp_path / "seed"))
+    seed.start(SyncRequest("p", entries, mhash, serve_token="t0k"))
+    out = []
+    for digest, data in blobs.items():
+        out += seed.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + data)
+    port = _synced(out)["serve_port"]
+    assert port > 0
+    peer = Receiver(str(tmp_path / "peer"))
+    peer.start(SyncRequest("p", entries, mhash))
+    try:
+        assert peer.fetch(FetchRequest("127.0.0.1", port, "t0k", sorted(blobs))) == []
+        import select
+
+        select.select([peer.fileno()], [], [], 30)
+        synced = _synced(peer.fetched())
+        assert synced["error"] == "" and synced["received"] == 0 and synced["from_peers"] > 1000
+        assert (Path(synced["path"]) / "a.py").read_bytes() == b"a" * 1000
+        # A wrong token gets nothing; the fetch fails and the host asks the launcher for what it lacks.
+        third = Receiver(str(tmp_path / "third"))
+        third.start(SyncRequest("p", entries, mhash))
+        third.fetch(FetchRequest("127.0.0.1", port, "wrong", sorted(blobs)))
+        select.select([third.fileno()], [], [], 30)
+        ((kind, _, payload),) = FrameReader().feed(b"".join(third.fetched()))
+        want = json.loads(payload)
+        assert kind == WANT and sorted(want["digests"]) == sorted(blobs) and "closed" in want["error"]
+    finally:
+        seed.stop_serving()
+
+
+@pytest.mark.parametrize(
+    ("direct", "events", "expected"),
+    [
+        # No relaying: the launcher feeds every host at once.
+        (None, ["want h1", "want h2", "want h3"], [("h1", None), ("h2", None), ("h3", None)]),
+        # Relaying: one host from the launcher; then it and the launcher feed one more each.
+        (1, ["want h1", "want h2", "want h3"], [("h1", None)]),
+        (
+            1,
+            ["want h1", "want h2", "want h3", "serves h1", "done h1"],
+            [("h1", None), ("h2", "h1"), ("h3", None)],
+        ),
+        # A host that had the copy already feeds the first in line.
+        (1, ["serves h0", "want h1", "want h2"], [("h1", "h0"), ("h2", None)]),
+        # A peer that failed is not used again; the launcher takes its host over at once.
+        (1, ["serves h0", "want h1", "fallback h1", "want h2", "done h1"], [("h1", "h0"), ("h2", None)]),
+    ],
+)
+def test_schedule(direct: int | None, events: list[str], expected: list[tuple[str, str | None]]) -> None:
+    schedule = Schedule(direct)
+    started = []
+    for event in events:
+        what, host = event.split()
+        {
+            "want": schedule.want,
+            "done": schedule.done,
+            "serves": schedule.served,
+            "fallback": schedule.fallback,
+        }[what](host)
+        started += schedule.assign()
+    assert started == expected
 
 
 # -- same code, same stack
