@@ -126,10 +126,10 @@ class Store:
         final = self.object_path(digest)
         os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
         tmp = self._tmp_name(digest)
+        # No fsync: a killed process or a cut link leaves at most a file in tmp/; what a crash of the whole
+        # host could leave under the name is caught when a copy is built (`_copy_checked`).
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         os.replace(tmp, final)
 
     def materialize(self, entries: list[list[Any]], mhash: str, project: str) -> str:
@@ -148,7 +148,7 @@ class Store:
                         os.symlink(value, dest)
                         continue
                     # A copy, not a hard link: a rank writing to its file must not change the object.
-                    shutil.copyfile(self.object_path(value), dest)
+                    self._copy_checked(value, dest)
                     os.chmod(dest, 0o755 if executable else 0o644)
                 os.rename(build, final)
             except OSError as exc:
@@ -161,6 +161,20 @@ class Store:
             json.dump(meta, f)
         os.replace(tmp, final + ".json")
         return final
+
+    def _copy_checked(self, digest: str, dest: str) -> None:
+        source = self.object_path(digest)
+        h = hashlib.sha256()
+        with open(source, "rb") as f, open(dest, "wb") as out:
+            while True:
+                chunk = f.read(CHUNK)
+                if not chunk:
+                    break
+                h.update(chunk)
+                out.write(chunk)
+        if h.hexdigest() != digest:
+            os.unlink(source)  # so that the next sync asks for it again
+            raise StoreError(f"the cached object {digest[:12]}... was damaged; launch again to replace it")
 
     # -- pruning
 

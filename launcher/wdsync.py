@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 # Compressed content is sent only when it is this much smaller (code compresses well; weights do not).
 WORTH_COMPRESSING = 0.9
+SAMPLE = 1 << 16
+SAMPLE_MIN = 256  # below this, a frame header costs more than compression could save
 
 
 # Remote hosts the launcher feeds at once when hosts relay the copy to each other.
@@ -124,6 +126,13 @@ def project_key(root: str) -> str:
     return f"{socket.gethostname()}:{root}"
 
 
+def _compressible(data: bytes) -> bool:
+    """Whether compressing `data` may pay, judged from its first SAMPLE bytes (weights, archives and random
+    data do not compress, and trying costs as much as sending them)."""
+    sample = data[:SAMPLE]
+    return len(data) > SAMPLE_MIN and len(zlib.compress(sample, 1)) < WORTH_COMPRESSING * len(sample)
+
+
 class Blobs:
     """Each object's BLOB frame, read, checked and compressed once however many hosts want it."""
 
@@ -152,9 +161,10 @@ class Blobs:
         if hashlib.sha256(data).hexdigest() != entry.digest:
             raise HostError(f"--workdir: {entry.path} changed while it was being sent; launch again")
         flags = 0
-        packed = zlib.compress(data, 1)
-        if len(packed) < WORTH_COMPRESSING * len(data):
-            flags, data = BLOB_ZLIB, packed
+        if _compressible(data):
+            packed = zlib.compress(data, 1)
+            if len(packed) < WORTH_COMPRESSING * len(data):
+                flags, data = BLOB_ZLIB, packed
         return encode(BLOB, -1, BLOB_HEADER.pack(flags, bytes.fromhex(entry.digest)) + data)
 
 
