@@ -142,6 +142,7 @@ def check_hosts(
                 python=python,
                 route_to=rank0_addr if index > 0 else None,
                 check=True,
+                stack=True,
                 connect_to=rank0_addr if others else None,
                 connect_port=listen_port if others else 0,
             )

@@ -129,6 +129,7 @@ class Receiver:
         self.store: Store | None = None
         self.received = 0
         self.from_peers = 0
+        self.stored: set[str] = set()  # objects stored (and so checked) by this sync
         self._adding: Any = None
         self._in_use: int | None = None
         self._server: _Server | None = None
@@ -143,6 +144,7 @@ class Receiver:
         self._release()
         self.request = request
         self.received = self.from_peers = 0
+        self.stored = set()
         try:
             self.store = Store(self.root or default_root())
             self._adding = self.store.adding()
@@ -170,6 +172,7 @@ class Receiver:
             self.wanted.clear()
             return [self._failed(exc)]
         self.wanted.discard(digest)
+        self.stored.add(digest)
         return [] if self.wanted else [self._finish()]
 
     def fetch(self, request: FetchRequest) -> list[bytes]:
@@ -199,6 +202,7 @@ class Receiver:
         got, received, error = result
         self.from_peers += received
         self.wanted -= got
+        self.stored |= got
         if error:  # the launcher sends what is still missing itself
             return [encode_message(WANT, Want(sorted(self.wanted), error))]
         return [] if self.wanted else [self._finish()]
@@ -212,14 +216,17 @@ class Receiver:
         request, store = self.request, self.store
         assert store is not None
         try:
-            path = store.materialize(request.entries, request.manifest_hash, request.project)
+            path, built = store.materialize(
+                request.entries, request.manifest_hash, request.project, self.stored
+            )
             self._in_use = store.use(request.manifest_hash)
         except (OSError, StoreError) as exc:
             return self._failed(exc)
         finally:
             self._end_adding()
-        with contextlib.suppress(OSError):
-            store.prune(request.keep)
+        if built:  # only a new copy can push an old one out
+            with contextlib.suppress(OSError):
+                store.prune(request.keep)
         port = 0
         if request.serve_token:
             try:

@@ -132,10 +132,15 @@ class Store:
             f.write(data)
         os.replace(tmp, final)
 
-    def materialize(self, entries: list[list[Any]], mhash: str, project: str) -> str:
-        """The complete copy named `mhash`, built from objects if it does not exist yet; its path."""
+    def materialize(
+        self, entries: list[list[Any]], mhash: str, project: str, checked: Any = frozenset()
+    ) -> tuple[str, bool]:
+        """The complete copy named `mhash`, built from objects if it does not exist yet: its path, and
+        whether it was built now. Objects are checked against their hash as they are copied, except those
+        in `checked` (just stored, so checked already)."""
         final = self.tree_path(mhash)
-        if not os.path.isdir(final):
+        built = not os.path.isdir(final)
+        if built:
             build = self._tmp_name(mhash)
             os.mkdir(build, 0o755)
             try:
@@ -148,7 +153,10 @@ class Store:
                         os.symlink(value, dest)
                         continue
                     # A copy, not a hard link: a rank writing to its file must not change the object.
-                    self._copy_checked(value, dest)
+                    if value in checked:
+                        shutil.copyfile(self.object_path(value), dest)
+                    else:
+                        self._copy_checked(value, dest)
                     os.chmod(dest, 0o755 if executable else 0o644)
                 os.rename(build, final)
             except OSError as exc:
@@ -160,7 +168,7 @@ class Store:
         with open(tmp, "w") as f:
             json.dump(meta, f)
         os.replace(tmp, final + ".json")
-        return final
+        return final, built
 
     def _copy_checked(self, digest: str, dest: str) -> None:
         source = self.object_path(digest)

@@ -74,7 +74,8 @@ class HostCopy:
 @dataclass
 class Schedule:
     """Who feeds whom (pure): hosts wait in `want` order; a free peer (a host with the copy, serving) feeds
-    the next, else the launcher while it has fewer than `direct` hosts in hand. `direct` None: the launcher
+    the next. Until some host serves, the launcher feeds up to `direct` hosts at a time (the seeds); after
+    that only peers do, so the launcher's uplink carries about `direct` copies. `direct` None: the launcher
     feeds every host at once (no relaying)."""
 
     direct: int | None
@@ -82,6 +83,7 @@ class Schedule:
     peers: deque[str] = field(default_factory=deque)
     feeding: int = 0
     fed_by: dict[str, str | None] = field(default_factory=dict)
+    seeded: bool = False
 
     def want(self, host: str) -> None:
         self.waiting.append(host)
@@ -89,6 +91,7 @@ class Schedule:
     def served(self, host: str) -> None:
         """`host` has the copy and serves it: it can feed another."""
         self.peers.append(host)
+        self.seeded = True
 
     def done(self, host: str, broken_feeder: bool = False) -> None:
         """`host` has its copy (or its peer failed it: `broken_feeder`); its feeder is free again."""
@@ -110,7 +113,7 @@ class Schedule:
         while self.waiting:
             if self.peers:
                 feeder: str | None = self.peers.popleft()
-            elif self.direct is None or self.feeding < self.direct:
+            elif self.direct is None or (self.feeding < self.direct and not self.seeded):
                 feeder = None
                 self.feeding += 1
             else:
@@ -220,7 +223,9 @@ def sync(
     senders: dict[str, _Sender] = {}
     wanted: dict[str, list[str]] = {}
     ports: dict[str, int] = {}
-    schedule = Schedule(DIRECT_WITH_RELAY if relay else None)
+    # Relaying needs hosts others can reach: remote ones the launcher reached directly (not through a proxy).
+    servers = [n for n in nodes if not n.local and n.link.peer_addr]
+    schedule = Schedule(DIRECT_WITH_RELAY if relay and len(servers) > 1 else None)
     done: dict[str, HostCopy] = {}
     deadline = StallDeadline(stall, time.monotonic())
     moved = 0

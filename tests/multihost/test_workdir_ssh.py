@@ -144,6 +144,13 @@ def test_a_host_with_another_torch_is_refused(setup: Setup, tmp_path: Path) -> N
         allowed = setup.launch("--allow-mismatch")
         assert allowed.returncode == 0, allowed.stderr.decode()
         assert "--allow-mismatch: running anyway" in allowed.stderr.decode()
+        checked = run_distrun(
+            "check", "-H", "h1,h2", env=setup.cluster.env(PYTHONPATH=str(REPO)), timeout=300
+        )
+        out = checked.stdout.decode()
+        assert checked.returncode == 3, out
+        assert f"h2: problem: a different stack: torch 2.12.0, others {ours}; fix:" in out
+        assert "h1: problem" not in out
     finally:
         subprocess.run(
             ["nsenter", "-t", str(setup.cluster.sshd_pid("h2")), "-m", "--", "umount", str(version_py)],

@@ -153,7 +153,8 @@ def test_store_lacks_only_what_it_has_not_and_builds_complete_copies(tmp_path: P
     for digest, data in blobs.items():
         store.put(digest, data)
     assert store.missing(entries, mhash) == []
-    path = store.materialize(entries, mhash, "proj")
+    path, built = store.materialize(entries, mhash, "proj")
+    assert built and store.materialize(entries, mhash, "proj") == (path, False)
     assert path == os.path.join(tmp_path, "workdir", "trees", mhash)
     assert (Path(path) / "same.py").read_bytes() == b"a"
     assert os.access(Path(path) / "sub/run.sh", os.X_OK) and not os.access(Path(path) / "a.py", os.X_OK)
@@ -219,7 +220,7 @@ def test_two_jobs_building_the_same_copy_both_get_it(tmp_path: Path) -> None:
         first.put(digest, data)
         second.put(digest, data)
     mhash = manifest_hash(entries)
-    assert first.materialize(entries, mhash, "p") == second.materialize(entries, mhash, "p")
+    assert first.materialize(entries, mhash, "p")[0] == second.materialize(entries, mhash, "p")[0]
 
 
 def test_receiver_asks_for_what_it_lacks_then_reports_the_copy(tmp_path: Path) -> None:
@@ -297,17 +298,22 @@ def test_a_host_with_the_copy_feeds_a_peer_over_tcp(tmp_path: Path) -> None:
     [
         # No relaying: the launcher feeds every host at once.
         (None, ["want h1", "want h2", "want h3"], [("h1", None), ("h2", None), ("h3", None)]),
-        # Relaying: one host from the launcher; then it and the launcher feed one more each.
+        # Relaying: the launcher seeds one host; from then on hosts with the copy feed the others.
         (1, ["want h1", "want h2", "want h3"], [("h1", None)]),
+        (1, ["want h1", "want h2", "want h3", "serves h1", "done h1"], [("h1", None), ("h2", "h1")]),
         (
             1,
-            ["want h1", "want h2", "want h3", "serves h1", "done h1"],
-            [("h1", None), ("h2", "h1"), ("h3", None)],
+            ["want h1", "want h2", "want h3", "serves h1", "done h1", "serves h2", "done h2"],
+            [("h1", None), ("h2", "h1"), ("h3", "h2")],
         ),
-        # A host that had the copy already feeds the first in line.
-        (1, ["serves h0", "want h1", "want h2"], [("h1", "h0"), ("h2", None)]),
+        # A host that had the copy already feeds the first in line; the launcher sends nothing.
+        (1, ["serves h0", "want h1", "want h2", "done h1"], [("h1", "h0"), ("h2", "h0")]),
         # A peer that failed is not used again; the launcher takes its host over at once.
-        (1, ["serves h0", "want h1", "fallback h1", "want h2", "done h1"], [("h1", "h0"), ("h2", None)]),
+        (
+            1,
+            ["serves h0", "want h1", "fallback h1", "want h2", "serves h1", "done h1"],
+            [("h1", "h0"), ("h2", "h1")],
+        ),
     ],
 )
 def test_schedule(direct: int | None, events: list[str], expected: list[tuple[str, str | None]]) -> None:
