@@ -187,16 +187,19 @@ class SyncRequest:
     entries: list[list[Any]]
     manifest_hash: str
     keep: int = 3
-    # Non-empty: once complete, serve the copy's objects to peer hosts that present this token (until START).
+    # Non-empty: serve the copy's objects to peer hosts that present this token, from now until START (each
+    # object once this host has it: a host feeds the next while it is still being fed).
     serve_token: str = ""
 
 
 @dataclass(frozen=True)
 class Want:
-    """What the host lacks. Again after a FETCH that failed (`error`): what it still lacks."""
+    """What the host lacks, and where it serves peers (0: it does not). Again after a FETCH that failed
+    (`error`): what it still lacks."""
 
     digests: list[str]
     error: str = ""
+    serve_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -213,15 +216,13 @@ class FetchRequest:
 class Synced:
     """The copy is ready at `path` (or `error` says why not); `manifest_hash` is what the host computed.
 
-    `received`: bytes that came from the launcher, `from_peers`: from peers; `serve_port`: where the host now
-    serves the copy's objects to peers (0: it does not)."""
+    `received`: bytes that came from the launcher, `from_peers`: from peers."""
 
     path: str = ""
     manifest_hash: str = ""
     received: int = 0
     error: str = ""
     from_peers: int = 0
-    serve_port: int = 0
 
 
 # A BLOB's payload: flags (1: zlib-compressed), the object's sha256 (raw), then the content.

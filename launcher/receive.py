@@ -2,11 +2,12 @@
 
 Shipped to remote hosts with the agent (see `launcher.transport.bootstrap`): stdlib-only, Python 3.7.
 
-SYNC -> WANT (what this host lacks); then BLOBs from the launcher, or a FETCH naming a peer host that already
-has the copy; SYNCED once the copy is complete. A host with the copy can serve it to peers: a TCP listener
-that answers only a connection presenting the sync's random token, and only with objects by content hash
-(each checked against its hash by the receiver). So the launcher's uplink carries a copy to a few hosts and
-those feed the rest. Serving ends when ranks start (START), so that no thread runs while ranks are forked.
+SYNC -> WANT (what this host lacks); then BLOBs from the launcher, or a FETCH naming a peer host; SYNCED once
+the copy is complete. Every host serves peers from SYNC on: a TCP listener that answers only a connection
+presenting the sync's random token, and only with objects by content hash (each checked against its hash by
+the receiver), each as soon as this host has it. So hosts form a chain, each fed by the one before while
+that one is still being fed, and the launcher's uplink carries one copy. Serving ends when ranks start
+(START), so that no thread runs while ranks are forked.
 
 Peer protocol, one connection per fetch: the client sends `token\\n` and a JSON list of hashes `\\n`; the
 server answers, per hash, an 8-byte big-endian length and the content.
@@ -20,6 +21,7 @@ import os
 import socket
 import struct
 import threading
+import time
 import zlib
 from typing import Any
 
@@ -90,7 +92,13 @@ class _Server(threading.Thread):
         if stream.readline().rstrip(b"\n") != self.token:
             return
         for digest in json.loads(stream.readline()):
-            with open(self.store.object_path(str(digest)), "rb") as f:
+            path = self.store.object_path(str(digest))
+            waited = time.monotonic() + PEER_TIMEOUT
+            while not os.path.exists(path):  # not here yet: this host is still being fed
+                if self._stopping.is_set() or time.monotonic() > waited:
+                    return
+                time.sleep(0.005)
+            with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 conn.sendall(SIZE.pack(size))
                 conn.sendfile(f)
@@ -152,7 +160,15 @@ class Receiver:
             self.wanted = set(self.store.missing(request.entries, request.manifest_hash))
         except (OSError, StoreError) as exc:
             return [self._failed(exc)]
-        frames = [encode_message(WANT, Want(sorted(self.wanted)))]
+        port = 0
+        if request.serve_token:
+            try:
+                self._server = _Server(self.store, request.serve_token)
+                self._server.start()
+                port = self._server.port
+            except OSError:
+                self._server = None  # no peer is fed from here; the launcher feeds them
+        frames = [encode_message(WANT, Want(sorted(self.wanted), "", port))]
         if not self.wanted:
             frames.append(self._finish())
         return frames
@@ -227,15 +243,7 @@ class Receiver:
         if built:  # only a new copy can push an old one out
             with contextlib.suppress(OSError):
                 store.prune(request.keep)
-        port = 0
-        if request.serve_token:
-            try:
-                self._server = _Server(store, request.serve_token)
-                self._server.start()
-                port = self._server.port
-            except OSError:
-                self._server = None  # no peer is fed from here; the launcher feeds them
-        synced = Synced(path, manifest_hash(request.entries), self.received, "", self.from_peers, port)
+        synced = Synced(path, manifest_hash(request.entries), self.received, "", self.from_peers)
         return encode_message(SYNCED, synced)
 
     def _failed(self, exc: BaseException) -> bytes:

@@ -2,11 +2,11 @@
 
 Every agent gets the manifest (SYNC) and answers with the content hashes it lacks (WANT). A host is then fed
 either by the launcher over its agent link (BLOBs, each compressed once, zlib where that saves a tenth or
-more, and the same bytes for every host), or, with relaying on, by a peer host that already has the copy
-(FETCH: the host gets the objects from the peer over TCP; see launcher.receive). `Schedule` decides who feeds
-whom: the launcher feeds one remote host at a time and every host with the copy feeds one more, so the copies
-double each round and the launcher's uplink carries about one copy, not one per host. A fetch that fails
-falls back to the launcher. The agent answers SYNCED once its copy is complete.
+more, and the same bytes for every host), or, with relaying on, by a peer host (FETCH: the host gets the
+objects from the peer over TCP, each as soon as the peer has it; see launcher.receive). `Chain` decides who
+feeds whom: hosts form a chain fed by the launcher at its head, so the launcher's uplink carries one copy,
+not one per host, and all hosts receive at once. A fetch that fails falls back to the launcher. The agent
+answers SYNCED once its copy is complete.
 
 Senders run one thread per host; the main thread reads answers and notices lost hosts as the probe does.
 """
@@ -20,7 +20,6 @@ import socket
 import threading
 import time
 import zlib
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -54,10 +53,6 @@ SAMPLE = 1 << 16
 SAMPLE_MIN = 256  # below this, a frame header costs more than compression could save
 
 
-# Remote hosts the launcher feeds at once when hosts relay the copy to each other.
-DIRECT_WITH_RELAY = 1
-
-
 @dataclass(frozen=True)
 class HostCopy:
     """Where one host's copy is, the manifest hash it computed, and what it took to get it there: objects
@@ -72,61 +67,33 @@ class HostCopy:
 
 
 @dataclass
-class Schedule:
-    """Who feeds whom (pure): hosts wait in `want` order; a free peer (a host with the copy, serving) feeds
-    the next. Until some host serves, the launcher feeds up to `direct` hosts at a time (the seeds); after
-    that only peers do, so the launcher's uplink carries about `direct` copies. `direct` None: the launcher
-    feeds every host at once (no relaying)."""
+class Chain:
+    """Who feeds whom (pure). With relaying, hosts form a chain in the order they ask: each is fed by the last
+    host before it that serves peers (the launcher feeds the first, unless a host has the whole copy already),
+    while that host is itself still being fed; so the launcher sends one copy, and every host receives while
+    the next one does. Without relaying, and for a host that a failed fetch left short, the launcher feeds it.
+    """
 
-    direct: int | None
-    waiting: deque[str] = field(default_factory=deque)
-    peers: deque[str] = field(default_factory=deque)
-    feeding: int = 0
+    relay: bool
+    last: str | None = None
     fed_by: dict[str, str | None] = field(default_factory=dict)
-    seeded: bool = False
 
-    def want(self, host: str) -> None:
-        self.waiting.append(host)
+    def has_copy(self, host: str) -> None:
+        """`host` has the whole copy and serves it: the chain starts there, unless it has started."""
+        if self.relay and self.last is None and not self.fed_by:
+            self.last = host
 
-    def served(self, host: str) -> None:
-        """`host` has the copy and serves it: it can feed another."""
-        self.peers.append(host)
-        self.seeded = True
-
-    def done(self, host: str, broken_feeder: bool = False) -> None:
-        """`host` has its copy (or its peer failed it: `broken_feeder`); its feeder is free again."""
-        feeder = self.fed_by.get(host)
-        if feeder is None:
-            self.feeding -= 1
-        elif not broken_feeder:
-            self.peers.append(feeder)
+    def want(self, host: str, serves: bool) -> str | None:
+        """`host` lacks objects: who feeds it (None: the launcher)."""
+        feeder = self.last if self.relay else None
+        self.fed_by[host] = feeder
+        if self.relay and serves:
+            self.last = host
+        return feeder
 
     def fallback(self, host: str) -> None:
-        """A fetch from a peer failed: the launcher feeds `host` now, whatever it has in hand."""
-        self.done(host, broken_feeder=True)
+        """A fetch from a peer failed: the launcher feeds `host` what it still lacks."""
         self.fed_by[host] = None
-        self.feeding += 1
-
-    def assign(self) -> list[tuple[str, str | None]]:
-        """(host, its feeder: a peer, or None for the launcher) for every host that can start now."""
-        started = []
-        while self.waiting:
-            if self.peers:
-                feeder: str | None = self.peers.popleft()
-            elif self.direct is None or (self.feeding < self.direct and not self.seeded):
-                feeder = None
-                self.feeding += 1
-            else:
-                break
-            host = self.waiting.popleft()
-            self.fed_by[host] = feeder
-            started.append((host, feeder))
-        return started
-
-
-def project_key(root: str) -> str:
-    """Which copies are versions of one project, for pruning: this machine and the directory."""
-    return f"{socket.gethostname()}:{root}"
 
 
 def _compressible(data: bytes) -> bool:
@@ -134,6 +101,11 @@ def _compressible(data: bytes) -> bool:
     data do not compress, and trying costs as much as sending them)."""
     sample = data[:SAMPLE]
     return len(data) > SAMPLE_MIN and len(zlib.compress(sample, 1)) < WORTH_COMPRESSING * len(sample)
+
+
+def project_key(root: str) -> str:
+    """Which copies are versions of one project, for pruning: this machine and the directory."""
+    return f"{socket.gethostname()}:{root}"
 
 
 class Blobs:
@@ -225,7 +197,7 @@ def sync(
     ports: dict[str, int] = {}
     # Relaying needs hosts others can reach: remote ones the launcher reached directly (not through a proxy).
     servers = [n for n in nodes if not n.local and n.link.peer_addr]
-    schedule = Schedule(DIRECT_WITH_RELAY if relay and len(servers) > 1 else None)
+    chain = Chain(relay and len(servers) > 1)
     done: dict[str, HostCopy] = {}
     deadline = StallDeadline(stall, time.monotonic())
     moved = 0
@@ -280,16 +252,22 @@ def sync(
                     if kind == WANT:
                         want = decode_message(Want, payload)
                         wanted[node.name] = want.digests
+                        serves = bool(want.serve_port and node.link.peer_addr) and not node.local
+                        if serves:
+                            ports[node.name] = want.serve_port
                         if want.error:  # a peer failed it
                             log.info(
                                 "host %s: fetching the workdir failed (%s); sending it", node.name, want.error
                             )
-                            schedule.fallback(node.name)
+                            chain.fallback(node.name)
                             feed(node.name, None)
-                        elif want.digests and node.local:
+                        elif not want.digests:
+                            if serves:
+                                chain.has_copy(node.name)
+                        elif node.local:
                             feed(node.name, None)  # a pipe on this machine: no uplink to spare
-                        elif want.digests:
-                            schedule.want(node.name)
+                        else:
+                            feed(node.name, chain.want(node.name, serves))
                     elif kind == SYNCED:
                         synced = decode_message(Synced, payload)
                         if synced.error:
@@ -303,16 +281,9 @@ def sync(
                             len(wanted.get(node.name, ())),
                             fed.sent if fed else 0,
                             synced.from_peers,
-                            schedule.fed_by.get(node.name),
+                            chain.fed_by.get(node.name),
                         )
-                        if node.name in schedule.fed_by:
-                            schedule.done(node.name)
-                        if synced.serve_port and node.link.peer_addr and not node.local:
-                            ports[node.name] = synced.serve_port
-                            schedule.served(node.name)
                         sel.unregister(node.link)
                         if progress is not None:
                             progress(Progress("syncing the workdir", len(nodes), len(done)))
-                for name, feeder in schedule.assign():
-                    feed(name, feeder)
     return done

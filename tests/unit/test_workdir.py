@@ -18,7 +18,7 @@ from launcher.receive import Receiver
 from launcher.samestack import differences
 from launcher.store import Store, StoreError, manifest_hash
 from launcher.wdfiles import WorkdirError, candidate_paths, ignored, missing_script, parse_ignore, scan
-from launcher.wdsync import Schedule
+from launcher.wdsync import Chain
 
 
 @pytest.mark.parametrize(
@@ -265,12 +265,15 @@ def test_a_host_with_the_copy_feeds_a_peer_over_tcp(tmp_path: Path) -> None:
     entries, blobs = _entries({"a.py": b"a" * 1000, "b.py": b"b"})
     mhash = manifest_hash(entries)
     seed = Receiver(str(tmp_path / "seed"))
-    seed.start(SyncRequest("p", entries, mhash, serve_token="t0k"))
+    ((_, _, want),) = FrameReader().feed(
+        b"".join(seed.start(SyncRequest("p", entries, mhash, serve_token="t0k")))
+    )
+    port = json.loads(want)["serve_port"]
+    assert port > 0
     out = []
     for digest, data in blobs.items():
         out += seed.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + data)
-    port = _synced(out)["serve_port"]
-    assert port > 0
+    assert _synced(out)["error"] == ""
     peer = Receiver(str(tmp_path / "peer"))
     peer.start(SyncRequest("p", entries, mhash))
     try:
@@ -294,41 +297,33 @@ def test_a_host_with_the_copy_feeds_a_peer_over_tcp(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("direct", "events", "expected"),
+    ("relay", "events", "expected"),
     [
-        # No relaying: the launcher feeds every host at once.
-        (None, ["want h1", "want h2", "want h3"], [("h1", None), ("h2", None), ("h3", None)]),
-        # Relaying: the launcher seeds one host; from then on hosts with the copy feed the others.
-        (1, ["want h1", "want h2", "want h3"], [("h1", None)]),
-        (1, ["want h1", "want h2", "want h3", "serves h1", "done h1"], [("h1", None), ("h2", "h1")]),
-        (
-            1,
-            ["want h1", "want h2", "want h3", "serves h1", "done h1", "serves h2", "done h2"],
-            [("h1", None), ("h2", "h1"), ("h3", "h2")],
-        ),
-        # A host that had the copy already feeds the first in line; the launcher sends nothing.
-        (1, ["serves h0", "want h1", "want h2", "done h1"], [("h1", "h0"), ("h2", "h0")]),
-        # A peer that failed is not used again; the launcher takes its host over at once.
-        (
-            1,
-            ["serves h0", "want h1", "fallback h1", "want h2", "serves h1", "done h1"],
-            [("h1", "h0"), ("h2", "h1")],
-        ),
+        # No relaying: the launcher feeds every host.
+        (False, ["want h1", "want h2", "want h3"], {"h1": None, "h2": None, "h3": None}),
+        # Relaying: a chain from the launcher, each host fed by the one before it.
+        (True, ["want h1", "want h2", "want h3"], {"h1": None, "h2": "h1", "h3": "h2"}),
+        # A host that cannot serve (no address others can reach) is fed but feeds no one.
+        (True, ["want h1", "want-quiet h2", "want h3"], {"h1": None, "h2": "h1", "h3": "h1"}),
+        # A host with the whole copy heads the chain: the launcher sends nothing.
+        (True, ["has h0", "want h1", "want h2"], {"h1": "h0", "h2": "h1"}),
+        # ... unless the chain had started already.
+        (True, ["want h1", "has h0", "want h2"], {"h1": None, "h2": "h1"}),
+        # A failed fetch: the launcher feeds that host; the chain goes on behind it.
+        (True, ["want h1", "want h2", "fallback h2", "want h3"], {"h1": None, "h2": None, "h3": "h2"}),
     ],
 )
-def test_schedule(direct: int | None, events: list[str], expected: list[tuple[str, str | None]]) -> None:
-    schedule = Schedule(direct)
-    started = []
+def test_chain(relay: bool, events: list[str], expected: dict[str, str | None]) -> None:
+    chain = Chain(relay)
     for event in events:
         what, host = event.split()
-        {
-            "want": schedule.want,
-            "done": schedule.done,
-            "serves": schedule.served,
-            "fallback": schedule.fallback,
-        }[what](host)
-        started += schedule.assign()
-    assert started == expected
+        if what == "has":
+            chain.has_copy(host)
+        elif what == "fallback":
+            chain.fallback(host)
+        else:
+            chain.want(host, serves=what == "want")
+    assert chain.fed_by == expected
 
 
 # -- same code, same stack
