@@ -3,6 +3,7 @@ them; and what is refused before anything starts."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -82,3 +83,24 @@ def test_a_workdir_that_is_no_directory_is_bad_input(tmp_path: Path) -> None:
     assert result.stderr.decode().splitlines() == [
         f"distrun: error: --workdir {tmp_path / 'nowhere'}: not a directory"
     ]
+
+
+def test_a_restart_runs_in_the_same_copy_and_sends_nothing_again(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(
+        "import os, sys\n"
+        "print(os.environ['DISTRUN_RESTART_COUNT'], os.getcwd())\n"
+        "sys.exit(1 if os.environ['DISTRUN_RESTART_COUNT'] == '0' else 0)\n"
+    )
+    report = tmp_path / "report.json"
+    env = clean_env(DISTRUN_CACHE_DIR=str(tmp_path / "cache"))
+    result = run_distrun(
+        "--workdir", project, "--max-restarts", "1", "--restart-delay", "0", "--report", report, "train.py",
+        env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    (copy,) = [p for p in (tmp_path / "cache" / "workdir" / "trees").iterdir() if p.is_dir()]
+    assert result.stdout.decode().splitlines() == [f"[0] 0 {copy}", f"[0] 1 {copy}"]
+    workdir = json.loads(report.read_text())["workdir"]
+    assert workdir["hosts"]["localhost"]["files_sent"] == 1, "the restart found the copy there"
