@@ -64,7 +64,7 @@ from launcher.protocol import (
     encode_message,
     write_all,
 )
-from launcher.receive import Receiver
+from launcher.receive import Receiver, listen
 
 # When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
 ORPHAN_GRACE_CAP = 2.0
@@ -258,10 +258,11 @@ print(json.dumps(out))
 TCP_PROBE_TIMEOUT = 5.0
 
 
-def _torch(python: str) -> Any:
+def _ask(python: str, code: str) -> Any:
+    """The JSON that `python -c code` printed last, or {"error": why there is none}."""
     try:
         done = subprocess.run(
-            [python, "-c", _TORCH_PROBE],
+            [python, "-c", code],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=TORCH_PROBE_TIMEOUT,
@@ -275,16 +276,13 @@ def _torch(python: str) -> Any:
         return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
 
 
+def _torch(python: str) -> Any:
+    return _ask(python, _TORCH_PROBE)
+
+
 def _stack(python: str) -> dict[str, str]:
-    try:
-        done = subprocess.run(
-            [python, "-c", _STACK_PROBE],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=TORCH_PROBE_TIMEOUT,
-        )
-        found = json.loads(done.stdout.decode().strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+    found = _ask(python, _STACK_PROBE)
+    if "error" in found:
         return {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
     return {k: str(v) for k, v in found.items()}
 
@@ -306,21 +304,6 @@ def _tcp_error(host: str, port: int) -> str:
         return f"no answer within {TCP_PROBE_TIMEOUT:.0f}s (a firewall dropping packets?)"
     except OSError as exc:
         return exc.strerror or str(exc)
-
-
-def _listen() -> socket.socket:
-    """A socket on a free port of every address, open until the agent exits: the kernel completes
-    connections to it (backlog) without the agent ever accepting them."""
-    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-    try:  # IPv6 and IPv4 at once where the host has IPv6
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("::", 0))
-    except OSError:
-        sock.close()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("", 0))
-    sock.listen(64)
-    return sock
 
 
 def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
@@ -464,7 +447,7 @@ class Agent:
         self.beat_every = request.heartbeat
         self.dead_after = request.dead_after
         if request.listen and self.listener is None:
-            self.listener = _listen()
+            self.listener = listen()
         self.send(encode_message(FACTS, host_facts(request, self.listener)))
 
     def start(self, spec: StartRequest) -> None:

@@ -49,16 +49,20 @@ def _read_exact(stream: Any, size: int) -> bytes:
     return bytes(data)
 
 
-def _listen() -> socket.socket:
+def listen() -> socket.socket:
+    """A socket on a free port of every address (IPv6 and IPv4 at once where the host has IPv6).
+
+    `distrun check` also holds one open for other hosts to connect to: the kernel completes those connections
+    (backlog) without the agent ever accepting them."""
     sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-    try:  # IPv6 and IPv4 at once where the host has IPv6
+    try:
         sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(("::", 0))
     except OSError:
         sock.close()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("", 0))
-    sock.listen(16)
+    sock.listen(64)
     return sock
 
 
@@ -69,7 +73,7 @@ class _Server(threading.Thread):
         super().__init__(name="workdir-serve", daemon=True)
         self.store = store
         self.token = token.encode()
-        self.sock = _listen()
+        self.sock = listen()
         self.sock.settimeout(0.2)
         self.port = int(self.sock.getsockname()[1])
         self._stopping = threading.Event()
