@@ -34,7 +34,6 @@ from launcher.protocol import (
     Synced,
     SyncRequest,
     Want,
-    encode_message,
 )
 from launcher.store import Store, StoreError, default_root, manifest_hash
 
@@ -127,11 +126,11 @@ def fetch(store: Store, request: FetchRequest) -> int:
 
 
 class Receiver:
-    """A sync in the agent: methods take a request and return the frames to send back.
+    """A sync in the agent: methods take a request and return the (kind, message) pairs to send back.
 
     The cache is marked in use (`Store.adding`) from SYNC to SYNCED; the copy stays in use (its lock held)
     until the next sync or the agent's exit. A FETCH runs in a thread; `fileno()` becomes readable when it
-    ends, and `fetched()` then gives the frames.
+    ends, and `fetched()` then gives what to send.
     """
 
     def __init__(self, root: str | None = None) -> None:
@@ -151,7 +150,7 @@ class Receiver:
     def fileno(self) -> int:
         return self._done_r
 
-    def start(self, request: SyncRequest) -> list[bytes]:
+    def start(self, request: SyncRequest) -> list[tuple[int, Any]]:
         self.stop_serving()
         self._release()
         self.request = request
@@ -172,12 +171,12 @@ class Receiver:
                 port = self._server.port
             except OSError:
                 self._server = None  # no peer is fed from here; the launcher feeds them
-        frames = [encode_message(WANT, Want(sorted(self.wanted), "", port))]
+        frames: list[tuple[int, Any]] = [(WANT, Want(sorted(self.wanted), "", port))]
         if not self.wanted:
             frames.append(self._finish())
         return frames
 
-    def blob(self, payload: bytes) -> list[bytes]:
+    def blob(self, payload: bytes) -> list[tuple[int, Any]]:
         if self.store is None or not self.wanted:
             return []  # after a failure: the rest of the transfer is dropped
         flags, raw = BLOB_HEADER.unpack_from(payload)
@@ -195,7 +194,7 @@ class Receiver:
         self.stored.add(digest)
         return [] if self.wanted else [self._finish()]
 
-    def fetch(self, request: FetchRequest) -> list[bytes]:
+    def fetch(self, request: FetchRequest) -> list[tuple[int, Any]]:
         store = self.store
         if store is None or not self.wanted:
             return []
@@ -214,7 +213,7 @@ class Receiver:
         threading.Thread(target=run, name="workdir-fetch", daemon=True).start()
         return []
 
-    def fetched(self) -> list[bytes]:
+    def fetched(self) -> list[tuple[int, Any]]:
         os.read(self._done_r, 64)
         result, self._fetch_result = self._fetch_result, None
         if result is None or self.store is None:
@@ -224,7 +223,7 @@ class Receiver:
         self.wanted -= got
         self.stored |= got
         if error:  # the launcher sends what is still missing itself
-            return [encode_message(WANT, Want(sorted(self.wanted), error))]
+            return [(WANT, Want(sorted(self.wanted), error))]
         return [] if self.wanted else [self._finish()]
 
     def stop_serving(self) -> None:
@@ -232,7 +231,7 @@ class Receiver:
             self._server.stop()
             self._server = None
 
-    def _finish(self) -> bytes:
+    def _finish(self) -> tuple[int, Any]:
         request, store = self.request, self.store
         assert store is not None
         try:
@@ -247,13 +246,12 @@ class Receiver:
         if built:  # only a new copy can push an old one out
             with contextlib.suppress(OSError):
                 store.prune(request.keep)
-        synced = Synced(path, manifest_hash(request.entries), self.received, "", self.from_peers)
-        return encode_message(SYNCED, synced)
+        return SYNCED, Synced(path, manifest_hash(request.entries), self.received, "", self.from_peers)
 
-    def _failed(self, exc: BaseException) -> bytes:
+    def _failed(self, exc: BaseException) -> tuple[int, Any]:
         self._end_adding()
         reason = getattr(exc, "strerror", None) or str(exc)
-        return encode_message(SYNCED, Synced(error=f"workdir cache {self._where()}: {reason}"))
+        return SYNCED, Synced(error=f"workdir cache {self._where()}: {reason}")
 
     def _where(self) -> str:
         return self.store.root if self.store is not None else (self.root or default_root())

@@ -39,8 +39,6 @@ from launcher.protocol import (
     SyncRequest,
     Want,
     decode_message,
-    encode,
-    encode_message,
 )
 from launcher.supervise import STOP_SIGNALS, read_signals
 from launcher.wdfiles import Workdir, WorkdirFile
@@ -109,22 +107,22 @@ def project_key(root: str) -> str:
 
 
 class Blobs:
-    """Each object's BLOB frame, read, checked and compressed once however many hosts want it."""
+    """Each object's BLOB body, read, checked and compressed once however many hosts want it."""
 
     def __init__(self, workdir: Workdir) -> None:
         self._files = workdir.by_digest()
         self._root = workdir.root
-        self._frames: dict[str, bytes] = {}
+        self._bodies: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
-    def frame(self, digest: str) -> bytes:
+    def body(self, digest: str) -> bytes:
         with self._lock:
-            ready = self._frames.get(digest)
+            ready = self._bodies.get(digest)
         if ready is not None:
             return ready
         made = self._make(self._files[digest])
         with self._lock:
-            return self._frames.setdefault(digest, made)
+            return self._bodies.setdefault(digest, made)
 
     def _make(self, entry: WorkdirFile) -> bytes:
         import hashlib
@@ -140,7 +138,7 @@ class Blobs:
             packed = zlib.compress(data, 1)
             if len(packed) < WORTH_COMPRESSING * len(data):
                 flags, data = BLOB_ZLIB, packed
-        return encode(BLOB, -1, BLOB_HEADER.pack(flags, bytes.fromhex(entry.digest)) + data)
+        return BLOB_HEADER.pack(flags, bytes.fromhex(entry.digest)) + data
 
 
 def _lost(node: Node, what: str) -> HostError:
@@ -161,9 +159,9 @@ class _Sender(threading.Thread):
     def run(self) -> None:
         try:
             for digest in self.digests:
-                frame = self.blobs.frame(digest)
-                self.node.send(frame)
-                self.sent += len(frame)
+                body = self.blobs.body(digest)
+                self.node.send(BLOB, body)
+                self.sent += len(body)
         except BaseException as exc:  # handed to the main thread, which raises it
             self.error = exc
 
@@ -187,9 +185,8 @@ def sync(
     """
     token = os.urandom(16).hex() if relay else ""
     request = SyncRequest(project_key(str(workdir.root)), workdir.entries, workdir.manifest_hash, keep, token)
-    frame = encode_message(SYNC, request)
     for node in nodes:
-        node.send(frame)
+        node.send(SYNC, request)
     by_name = {node.name: node for node in nodes}
     blobs = Blobs(workdir)
     senders: dict[str, _Sender] = {}
@@ -211,7 +208,7 @@ def sync(
         peer = by_name[feeder]
         addr = peer.link.peer_addr
         assert addr is not None, "only hosts with an address serve"
-        node.send(encode_message(FETCH, FetchRequest(addr, ports[feeder], token, wanted[name])))
+        node.send(FETCH, FetchRequest(addr, ports[feeder], token, wanted[name]))
 
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
@@ -247,7 +244,7 @@ def sync(
                     raise _lost(
                         node, "the link closed while syncing the workdir" + (f": {detail}" if detail else "")
                     )
-                for kind, _, payload in frames:
+                for kind, _, _, payload in frames:
                     deadline.progressed(time.monotonic())
                     if kind == WANT:
                         want = decode_message(Want, payload)

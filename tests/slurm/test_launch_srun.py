@@ -316,3 +316,13 @@ def test_workdir_under_slurm_runs_every_rank_in_the_copy(slurm: SlurmCluster, tm
     assert sorted(os.listdir(copy)) == ["mod.py", "train.py"]
     assert os.listdir(cache / "workdir" / "tmp") == []
     assert_clean(slurm)
+
+
+def test_check_inside_an_allocation_reaches_every_node_through_srun(slurm: SlurmCluster) -> None:
+    # The nodes run no sshd: only srun steps can reach them, so a ready verdict proves the backend was srun.
+    result = salloc(slurm, "-N3", *distrun_argv("check"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:4]]
+    assert [(row[0], row[3]) for row in rows] == [(node, node) for node in NODES]
+    assert "ready: all 3 hosts passed" in result.stdout
+    assert_clean(slurm)

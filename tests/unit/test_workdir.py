@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import subprocess
 import zlib
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from launcher.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FetchRequest, FrameReader, SyncRequest
+from launcher.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FetchRequest, Synced, SyncRequest
 from launcher.receive import Receiver
 from launcher.samestack import differences
 from launcher.store import Store, StoreError, manifest_hash
@@ -223,25 +224,29 @@ def test_two_jobs_building_the_same_copy_both_get_it(tmp_path: Path) -> None:
     assert first.materialize(entries, mhash, "p")[0] == second.materialize(entries, mhash, "p")[0]
 
 
+def _synced(replies: list[tuple[int, Any]]) -> Synced:
+    ((kind, synced),) = replies
+    assert kind == SYNCED
+    assert isinstance(synced, Synced)
+    return synced
+
+
 def test_receiver_asks_for_what_it_lacks_then_reports_the_copy(tmp_path: Path) -> None:
     entries, blobs = _entries({"a.py": b"print('a')\n" * 50, "b.py": b"b"})
     mhash = manifest_hash(entries)
     receiver = Receiver(str(tmp_path))
-    reader = FrameReader()
-    frames = reader.feed(b"".join(receiver.start(SyncRequest("p", entries, mhash))))
-    assert [kind for kind, _, _ in frames] == [WANT]
-    assert sorted(json.loads(frames[0][2])["digests"]) == sorted(blobs)
-    out = []
+    ((kind, want),) = receiver.start(SyncRequest("p", entries, mhash))
+    assert kind == WANT and sorted(want.digests) == sorted(blobs)
+    replies = []
     for digest, data in blobs.items():
         packed = zlib.compress(data)
-        out += receiver.blob(BLOB_HEADER.pack(BLOB_ZLIB, bytes.fromhex(digest)) + packed)
-    ((kind, _, payload),) = reader.feed(b"".join(out))
-    synced = json.loads(payload)
-    assert kind == SYNCED and synced["error"] == "" and synced["manifest_hash"] == mhash
-    assert (Path(synced["path"]) / "b.py").read_bytes() == b"b"
+        replies += receiver.blob(BLOB_HEADER.pack(BLOB_ZLIB, bytes.fromhex(digest)) + packed)
+    synced = _synced(replies)
+    assert synced.error == "" and synced.manifest_hash == mhash and synced.received > 0
+    assert (Path(synced.path) / "b.py").read_bytes() == b"b"
     # A second sync of the same copy wants nothing and answers at once.
-    again = reader.feed(b"".join(Receiver(str(tmp_path)).start(SyncRequest("p", entries, mhash))))
-    assert [kind for kind, _, _ in again] == [WANT, SYNCED]
+    again = Receiver(str(tmp_path)).start(SyncRequest("p", entries, mhash))
+    assert [kind for kind, _ in again] == [WANT, SYNCED]
 
 
 def test_receiver_reports_a_corrupted_object(tmp_path: Path) -> None:
@@ -249,49 +254,36 @@ def test_receiver_reports_a_corrupted_object(tmp_path: Path) -> None:
     receiver = Receiver(str(tmp_path))
     receiver.start(SyncRequest("p", entries, manifest_hash(entries)))
     (digest,) = blobs
-    assert (
-        "arrived corrupted"
-        in _synced(receiver.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + b"not a"))["error"]
-    )
+    replies = receiver.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + b"not a")
+    assert "arrived corrupted" in _synced(replies).error
 
 
-def _synced(frames: list[bytes]) -> dict[str, Any]:
-    ((kind, _, payload),) = FrameReader().feed(b"".join(frames))
-    assert kind == SYNCED
-    return dict(json.loads(payload))
-
-
-def test_a_host_with_the_copy_feeds_a_peer_over_tcp(tmp_path: Path) -> None:
+def test_a_host_feeds_a_peer_over_tcp_while_it_is_fed(tmp_path: Path) -> None:
     entries, blobs = _entries({"a.py": b"a" * 1000, "b.py": b"b"})
     mhash = manifest_hash(entries)
     seed = Receiver(str(tmp_path / "seed"))
-    ((_, _, want),) = FrameReader().feed(
-        b"".join(seed.start(SyncRequest("p", entries, mhash, serve_token="t0k")))
-    )
-    port = json.loads(want)["serve_port"]
-    assert port > 0
-    out = []
-    for digest, data in blobs.items():
-        out += seed.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + data)
-    assert _synced(out)["error"] == ""
+    ((_, want),) = seed.start(SyncRequest("p", entries, mhash, serve_token="t0k"))
+    assert want.serve_port > 0
     peer = Receiver(str(tmp_path / "peer"))
     peer.start(SyncRequest("p", entries, mhash))
     try:
-        assert peer.fetch(FetchRequest("127.0.0.1", port, "t0k", sorted(blobs))) == []
-        import select
-
-        select.select([peer.fileno()], [], [], 30)
+        # The peer asks before the seed has anything: the seed answers each object once it arrives.
+        assert peer.fetch(FetchRequest("127.0.0.1", want.serve_port, "t0k", sorted(blobs))) == []
+        replies = []
+        for digest, data in blobs.items():
+            replies += seed.blob(BLOB_HEADER.pack(0, bytes.fromhex(digest)) + data)
+        assert _synced(replies).error == ""
+        assert select.select([peer.fileno()], [], [], 30)[0]
         synced = _synced(peer.fetched())
-        assert synced["error"] == "" and synced["received"] == 0 and synced["from_peers"] > 1000
-        assert (Path(synced["path"]) / "a.py").read_bytes() == b"a" * 1000
+        assert synced.error == "" and synced.received == 0 and synced.from_peers > 1000
+        assert (Path(synced.path) / "a.py").read_bytes() == b"a" * 1000
         # A wrong token gets nothing; the fetch fails and the host asks the launcher for what it lacks.
         third = Receiver(str(tmp_path / "third"))
         third.start(SyncRequest("p", entries, mhash))
-        third.fetch(FetchRequest("127.0.0.1", port, "wrong", sorted(blobs)))
-        select.select([third.fileno()], [], [], 30)
-        ((kind, _, payload),) = FrameReader().feed(b"".join(third.fetched()))
-        want = json.loads(payload)
-        assert kind == WANT and sorted(want["digests"]) == sorted(blobs) and "closed" in want["error"]
+        third.fetch(FetchRequest("127.0.0.1", want.serve_port, "wrong", sorted(blobs)))
+        assert select.select([third.fileno()], [], [], 30)[0]
+        ((kind, again),) = third.fetched()
+        assert kind == WANT and sorted(again.digests) == sorted(blobs) and "closed" in again.error
     finally:
         seed.stop_serving()
 
