@@ -351,7 +351,8 @@ class Job:
                 heartbeat=heartbeat if host.link.heartbeat else 0.0,
                 dead_after=self.dead_after if host.link.heartbeat else 0.0,
                 script=None if synced else _script(self.config.command),
-                stack=True,
+                # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
+                stack=len(hosts) > 1,
             )
             for i, host in enumerate(hosts)
         ]
