@@ -38,7 +38,8 @@ from launcher.protocol import (
 from launcher.store import Store, StoreError, default_root, manifest_hash
 
 SIZE = struct.Struct("!Q")
-PEER_TIMEOUT = 60.0
+PEER_TIMEOUT = 60.0  # without a byte from the peer: it is stuck (what it waits for does not come)
+PEER_CONNECT_TIMEOUT = 10.0  # a peer that a firewall hides: the launcher feeds this host instead
 
 
 def _read_exact(stream: Any, size: int) -> bytes:
@@ -115,7 +116,8 @@ class _Server(threading.Thread):
 def fetch(store: Store, request: FetchRequest) -> int:
     """Get `request.digests` from the peer into `store` (each checked); the bytes received."""
     received = 0
-    with socket.create_connection((request.addr, request.port), timeout=PEER_TIMEOUT) as conn:
+    with socket.create_connection((request.addr, request.port), timeout=PEER_CONNECT_TIMEOUT) as conn:
+        conn.settimeout(PEER_TIMEOUT)
         conn.sendall(request.token.encode() + b"\n" + json.dumps(request.digests).encode() + b"\n")
         stream = conn.makefile("rb")
         for digest in request.digests:

@@ -13,6 +13,7 @@ Senders run one thread per host; the main thread reads answers and notices lost 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import selectors
@@ -125,8 +126,6 @@ class Blobs:
             return self._bodies.setdefault(digest, made)
 
     def _make(self, entry: WorkdirFile) -> bytes:
-        import hashlib
-
         try:
             data = (self._root / entry.path).read_bytes()
         except OSError as err:
