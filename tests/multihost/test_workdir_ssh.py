@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,3 +198,25 @@ def test_a_transfer_cut_midway_then_a_correct_run(setup: Setup, tmp_path: Path) 
     # h2 kept the objects that arrived whole before the cut: only the rest travels.
     total = json.loads(report.read_text())["workdir"]["files"]
     assert hosts["h2"]["files_sent"] <= total - cut_at
+
+
+def test_a_peer_that_cannot_be_reached_is_replaced_by_the_launcher(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    cluster = make_cluster(len(HOSTS))
+    project = _project(tmp_path / "proj")
+    for host in HOSTS:
+        cluster.own_dir(host, CACHE)
+    # Each host's TCP to the other is dropped (SSH from this machine still works): no peer can feed another.
+    cluster.block_tcp("h1", cluster.addr("h2"))
+    cluster.block_tcp("h2", cluster.addr("h1"))
+    report = tmp_path / "report.json"
+    result = run_distrun(
+        "-H", "h1:1,h2:1", "--workdir", project, "-v", "--report", report, "train.py",
+        env=cluster.env(PYTHONPATH=str(REPO)), timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    assert all("value=1" in line for line in _lines(result)) and len(_lines(result)) == 2
+    assert "fetching the workdir failed" in result.stderr.decode()
+    hosts = json.loads(report.read_text())["workdir"]["hosts"]
+    assert all(v["fed_by"] == [] and v["bytes_sent"] > 0 and v["files_sent"] == 3 for v in hosts.values())

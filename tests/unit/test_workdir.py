@@ -344,3 +344,15 @@ STACK = {"workdir": "abc", "python": "3.11.7", "torch": "2.13.0", "cuda": "12.1"
 )
 def test_differences(hosts: list[tuple[str, dict[str, str]]], expected: list[str]) -> None:
     assert differences(hosts) == expected
+
+
+def test_prune_waits_for_no_one_and_removes_nothing_while_a_job_adds(tmp_path: Path) -> None:
+    store = Store(str(tmp_path))
+    _, blobs = _entries({"a.py": b"a"})
+    for digest, data in blobs.items():
+        store.put(digest, data)
+    (Path(store.tmp) / "another-job-writing").write_bytes(b"half")
+    with Store(str(tmp_path)).adding():  # another job's sync, between SYNC and SYNCED
+        assert store.prune(keep=0) == []
+        assert os.listdir(store.tmp) == ["another-job-writing"]
+        assert os.path.exists(store.object_path(next(iter(blobs))))
