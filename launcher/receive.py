@@ -154,7 +154,7 @@ class Receiver:
 
     def start(self, request: SyncRequest) -> list[tuple[int, Any]]:
         self.stop_serving()
-        self._release()
+        self._end_adding()
         self.request = request
         self.received = self.from_peers = 0
         self.stored = set()
@@ -162,6 +162,8 @@ class Receiver:
             self.store = Store(self.root or default_root())
             self._adding = self.store.adding()
             self._adding.__enter__()
+            # Only now, with pruning held off, the last copy may be let go: a restart finds it still there.
+            self._let_go()
             self.wanted = set(self.store.missing(request.entries, request.manifest_hash))
         except (OSError, StoreError) as exc:
             return [self._failed(exc)]
@@ -263,8 +265,7 @@ class Receiver:
             self._adding.__exit__(None, None, None)
             self._adding = None
 
-    def _release(self) -> None:
-        self._end_adding()
+    def _let_go(self) -> None:
         if self._in_use is not None:
             os.close(self._in_use)
             self._in_use = None

@@ -128,8 +128,8 @@ def _walk(root: Path, patterns: Sequence[str]) -> list[str]:
     return sorted(found)
 
 
-def candidate_paths(root: Path) -> tuple[list[str], tuple[str, ...]]:
-    """The relative paths that may travel (before reading them) and the ignore patterns applied."""
+def candidate_paths(root: Path) -> list[str]:
+    """The relative paths that may travel (before reading them)."""
     try:
         own = parse_ignore((root / IGNORE_FILE).read_text(encoding="utf-8").splitlines())
     except FileNotFoundError:
@@ -138,9 +138,8 @@ def candidate_paths(root: Path) -> tuple[list[str], tuple[str, ...]]:
         raise WorkdirError(f"--workdir: cannot read {root / IGNORE_FILE}: {err}") from None
     tracked = _git_files(root)
     if tracked is not None:
-        return [p for p in tracked if not ignored(p, own)], own
-    patterns = (*DEFAULT_EXCLUDES, *own)
-    return _walk(root, patterns), patterns
+        return [p for p in tracked if not ignored(p, own)]
+    return _walk(root, (*DEFAULT_EXCLUDES, *own))
 
 
 def _hash_file(path: Path) -> str:
@@ -156,7 +155,7 @@ def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
     if not root.is_dir():
         raise WorkdirError(f"--workdir {root}: not a directory")
     root = root.resolve()
-    paths, _ = candidate_paths(root)
+    paths = candidate_paths(root)
     files: list[WorkdirFile] = []
     skipped: list[str] = []
     for rel in paths:

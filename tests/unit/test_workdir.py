@@ -65,7 +65,7 @@ def test_outside_git_default_excludes_and_own_ignore_file(tmp_path: Path) -> Non
             ".distrunignore": "ckpt/\n",
         },
     )
-    paths, _ = candidate_paths(tmp_path)
+    paths = candidate_paths(tmp_path)
     assert paths == [".distrunignore", "pkg/mod.py", "train.py"]
 
 
@@ -83,7 +83,7 @@ def test_in_git_gitignore_is_honoured_and_git_not_sent(tmp_path: Path) -> None:
     )
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "add", "train.py", ".gitignore"], check=True)
-    paths, _ = candidate_paths(tmp_path)
+    paths = candidate_paths(tmp_path)
     assert paths == [".distrunignore", ".gitignore", "train.py", "untracked.py"]
 
 
