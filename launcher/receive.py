@@ -88,7 +88,7 @@ class _Server(threading.Thread):
                 return
             with conn:
                 conn.settimeout(PEER_TIMEOUT)
-                with contextlib.suppress(OSError, ValueError):
+                with contextlib.suppress(OSError, ValueError, StoreError):
                     self._serve(conn)
 
     def _serve(self, conn: socket.socket) -> None:
@@ -96,7 +96,7 @@ class _Server(threading.Thread):
         if stream.readline().rstrip(b"\n") != self.token:
             return
         for digest in json.loads(stream.readline()):
-            path = self.store.object_path(str(digest))
+            path = self.store.object_path(str(digest))  # StoreError (the connection ends) if no hash
             waited = time.monotonic() + PEER_TIMEOUT
             while not os.path.exists(path):  # not here yet: this host is still being fed
                 if self._stopping.is_set() or time.monotonic() > waited:

@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from typing import Any
 
 FILE, LINK = "f", "l"
+HEX = "0123456789abcdef"
 KEEP = 3  # copies kept per project when pruning
 CHUNK = 1 << 20
 
@@ -77,6 +78,9 @@ class Store:
     # -- paths
 
     def object_path(self, digest: str) -> str:
+        """Where the object lies; StoreError for anything but a sha256 in hex (a path must not get in)."""
+        if len(digest) != 64 or digest.strip(HEX):
+            raise StoreError(f"not a content hash: {digest[:80]!r}")
         return os.path.join(self.objects, digest[:2], digest[2:])
 
     def tree_path(self, mhash: str) -> str:
@@ -159,6 +163,9 @@ class Store:
                         self._copy_checked(value, dest)
                     os.chmod(dest, 0o755 if executable else 0o644)
                 os.rename(build, final)
+            except StoreError:
+                shutil.rmtree(build, ignore_errors=True)
+                raise
             except OSError as exc:
                 shutil.rmtree(build, ignore_errors=True)
                 if not os.path.isdir(final):  # else another job built the same copy first: use it

@@ -172,6 +172,7 @@ def test_store_refuses_corrupted_content_and_escaping_paths(tmp_path: Path) -> N
     with pytest.raises(StoreError, match="refusing the path"):
         store.materialize(entries, manifest_hash(entries), "proj")
     assert not (tmp_path / "workdir" / "evil.py").exists()
+    assert os.listdir(store.tmp) == [], "the half-built copy is gone"
 
 
 def test_interrupted_transfer_leaves_nothing_trusted(tmp_path: Path) -> None:
@@ -356,3 +357,9 @@ def test_prune_waits_for_no_one_and_removes_nothing_while_a_job_adds(tmp_path: P
         assert store.prune(keep=0) == []
         assert os.listdir(store.tmp) == ["another-job-writing"]
         assert os.path.exists(store.object_path(next(iter(blobs))))
+
+
+@pytest.mark.parametrize("digest", ["../../../../etc/passwd", "AB" * 32, "a" * 63, "a" * 64 + "/x", "g" * 64])
+def test_only_content_hashes_name_objects(tmp_path: Path, digest: str) -> None:
+    with pytest.raises(StoreError, match="not a content hash"):
+        Store(str(tmp_path)).object_path(digest)
