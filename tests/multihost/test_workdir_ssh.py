@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster, cleanup_stale, unavailable_reason
-from tests.support import REPO, run_distrun, start_distrun
+from tests.support import REPO, run_distrun, start_distrun, wait_for_files
 
 pytestmark = pytest.mark.multihost
 
@@ -220,3 +220,54 @@ def test_a_peer_that_cannot_be_reached_is_replaced_by_the_launcher(
     assert "fetching the workdir failed" in result.stderr.decode()
     hosts = json.loads(report.read_text())["workdir"]["hosts"]
     assert all(v["fed_by"] == [] and v["bytes_sent"] > 0 and v["files_sent"] == 3 for v in hosts.values())
+
+
+WAITING = """\
+import os, pathlib, sys, time, mod
+marks = pathlib.Path(sys.argv[1])
+if len(sys.argv) > 2:  # the long job: says it runs, then waits for the word
+    (marks / f"ready.{os.environ['RANK']}").touch()
+    while not (marks / "go").exists():
+        time.sleep(0.02)
+text = pathlib.Path("mod.py").read_text()
+print(f"value={mod.VALUE} same={text == 'VALUE = %d' % mod.VALUE + chr(10)}")
+"""
+
+
+def test_jobs_at_once_keep_their_own_copies_while_later_ones_prune(setup: Setup, tmp_path: Path) -> None:
+    """A job runs on version 1 while four more versions launch and finish: pruning (3 copies a project)
+    leaves the running job's copy alone, and every job sees its own version."""
+    project = tmp_path / "proj2"
+    project.mkdir()
+    (project / "train.py").write_text(WAITING)
+    (project / "mod.py").write_text("VALUE = 1\n")
+    for host in HOSTS:
+        setup.cluster.hide_path(host, project)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = setup.cluster.env(PYTHONPATH=str(REPO))
+    hosts = ",".join(f"{h}:1" for h in HOSTS)
+    first = start_distrun("-H", hosts, "--workdir", project, "train.py", marks, "wait", env=env)
+    try:
+        wait_for_files(marks, "ready.*", len(HOSTS), timeout=120)
+        trees = {
+            h: {p.name for p in (setup.caches[h] / "workdir" / "trees").iterdir() if p.is_dir()}
+            for h in HOSTS
+        }
+        for version in range(2, 6):
+            (project / "mod.py").write_text(f"VALUE = {version}\n")
+            later = run_distrun("-H", hosts, "--workdir", project, "train.py", marks, env=env, timeout=120)
+            assert later.returncode == 0, later.stderr.decode()
+            assert _lines(later) == [f"[{r}] value={version} same=True" for r in range(len(HOSTS))]
+        for host in HOSTS:
+            now = {p.name for p in (setup.caches[host] / "workdir" / "trees").iterdir() if p.is_dir()}
+            assert trees[host] <= now, "the running job's copy (and the other project's) were kept"
+            assert len(now - trees[host]) == 3, "of versions 2-5, the oldest was pruned (3 kept a project)"
+        (marks / "go").touch()
+        out, err = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, err.decode()
+    assert sorted(out.decode().splitlines()) == [f"[{r}] value=1 same=True" for r in range(len(HOSTS))]
