@@ -102,18 +102,29 @@ def ignored(path: str, patterns: Sequence[str], is_dir: bool = False) -> bool:
 
 
 def _git_files(root: Path) -> list[str] | None:
-    """What git tracks or could track under `root`, or None when `root` is not in a git work tree."""
+    """What git tracks or could track under `root`, or None when `root` is not in a git work tree (or git
+    lists nothing there: an outer repository ignores all of it). WorkdirError when git should answer and
+    cannot: sending everything would ignore .gitignore."""
     try:
         done = subprocess.run(
             ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
             capture_output=True,
             check=False,
         )
-    except OSError:
+    except OSError as err:
+        if any((d / ".git").exists() for d in (root, *root.parents)):
+            raise WorkdirError(
+                f"--workdir {root} is in a git work tree, but git cannot run here ({err.strerror}) to read"
+                " its .gitignore"
+            ) from None
         return None
     if done.returncode != 0:
-        return None
-    return sorted({p for p in done.stdout.decode(errors="surrogateescape").split("\0") if p})
+        said = done.stderr.decode(errors="replace").strip()
+        if "not a git repository" in said:
+            return None
+        why = said.splitlines()[0] if said else f"exit {done.returncode}"
+        raise WorkdirError(f"--workdir {root}: git ls-files failed: {why}")
+    return sorted({p for p in done.stdout.decode(errors="surrogateescape").split("\0") if p}) or None
 
 
 def _walk(root: Path, patterns: Sequence[str]) -> list[str]:

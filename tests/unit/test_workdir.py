@@ -363,3 +363,24 @@ def test_prune_waits_for_no_one_and_removes_nothing_while_a_job_adds(tmp_path: P
 def test_only_content_hashes_name_objects(tmp_path: Path, digest: str) -> None:
     with pytest.raises(StoreError, match="not a content hash"):
         Store(str(tmp_path)).object_path(digest)
+
+
+def test_a_git_that_refuses_to_answer_is_an_error_not_everything_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the repository another owner")
+    _tree(tmp_path, {"train.py": "", "secret.env": "", ".gitignore": "secret.env\n"})
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    os.chown(tmp_path, 12345, 12345)  # git refuses a repository of another owner ("dubious ownership")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no safe.directory from the real ~/.gitconfig
+    for name in [n for n in os.environ if n.startswith("GIT_")]:
+        monkeypatch.delenv(name)
+    with pytest.raises(WorkdirError, match=r"git ls-files failed: .*dubious ownership"):
+        candidate_paths(tmp_path)
+
+
+def test_a_directory_that_an_outer_repository_ignores_is_walked(tmp_path: Path) -> None:
+    _tree(tmp_path, {".gitignore": "build/\n", "build/proj/train.py": "", "build/proj/__pycache__/x.pyc": ""})
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert candidate_paths(tmp_path / "build" / "proj") == ["train.py"]
