@@ -70,6 +70,7 @@ from launcher.protocol import (
     write_all,
 )
 from launcher.receive import Receiver, listen
+from launcher.store import has_copy
 
 SIOCGIFADDR = 0x8915
 
@@ -320,6 +321,8 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
         extra["listen_port"] = listener.getsockname()[1]
     if request.stack:
         extra["stack"] = _stack(request.python or sys.executable)
+    if request.workdir_hash:
+        extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:
         extra.update(
             python_version=".".join(str(part) for part in sys.version_info[:3]),

@@ -138,6 +138,18 @@ def stack_findings(checks: Sequence[HostCheck], allow_mismatch: bool) -> list[Fi
     return found
 
 
+def workdir_line(mhash: str, files: int, size: int, checks: Sequence[HostCheck]) -> str:
+    """Which hosts already hold the --workdir copy a launch would run (the others get what they lack)."""
+    cached = [c.host for c in checks if (c.probe or {}).get("workdir_cached")]
+    missing = [c.host for c in checks if c.probe is not None and not c.probe.get("workdir_cached")]
+    parts = [
+        f"cached on {', '.join(cached)}" if cached else "",
+        f"to send to {', '.join(missing)}" if missing else "",
+    ]
+    where = "; ".join(p for p in parts if p) or "no host answered"
+    return f"workdir {mhash[:12]} ({plural(files, 'file', 'files')}, {size / (1 << 20):.1f} MiB): {where}"
+
+
 def row(check: HostCheck) -> tuple[str, ...]:
     """The cells of one host's row, in HEADER's order."""
     if check.error is not None or check.probe is None:

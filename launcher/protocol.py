@@ -88,6 +88,8 @@ class ProbeRequest:
     connect_port: int = 0
     # Report `stack` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
     stack: bool = False
+    # `distrun check --workdir`: say whether this host's cache holds the copy of that manifest hash.
+    workdir_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class Facts:
     tcp_error: str | None = None
     # Only when the probe asked `stack`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
     stack: dict[str, str] | None = None
+    workdir_cached: bool | None = None  # None: not asked
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,11 @@ def default_root() -> str:
     return os.path.join(base, "distrun")
 
 
+def has_copy(mhash: str, root: str | None = None) -> bool:
+    """Whether the cache holds the complete copy `mhash` (looked at, nothing created)."""
+    return os.path.isdir(os.path.join(root or default_root(), "workdir", "trees", mhash))
+
+
 def _safe(path: str) -> bool:
     """A relative path that stays below the copy (no .., no absolute path, no empty part)."""
     parts = path.split("/")

@@ -123,6 +123,19 @@ def test_first_launch_sends_then_nothing_then_only_the_edit(setup: Setup, tmp_pa
     assert {h: v["files_sent"] for h, v in hosts.items()} == {"h1": 1, "h2": 1}
 
 
+def test_check_says_which_hosts_hold_the_copy(setup: Setup) -> None:
+    (setup.project / "notes.txt").write_text(f"a version no host has: {time.time()}\n")
+    env = setup.cluster.env(PYTHONPATH=str(REPO))
+    check = ("check", "-H", "h1,h2", "--workdir", setup.project)
+    before = run_distrun(*check, env=env, timeout=300)
+    assert before.returncode == 0, before.stdout.decode() + before.stderr.decode()
+    assert ": to send to h1, h2" in before.stdout.decode()
+    launched = setup.launch()
+    assert launched.returncode == 0, launched.stderr.decode()
+    after = run_distrun(*check, env=env, timeout=300)
+    assert ": cached on h1, h2" in after.stdout.decode()
+
+
 def test_a_host_with_another_torch_is_refused(setup: Setup, tmp_path: Path) -> None:
     import importlib.util
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from launcher.check import HostCheck, findings, row, stack_findings, table, verdict
+from launcher.check import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
 
 GOOD: dict[str, Any] = {
     "hostname": "h1",
@@ -116,3 +116,15 @@ def test_a_host_with_another_stack_is_a_problem_unless_allowed() -> None:
         True,
     )
     assert [f.fatal for f in stack_findings(checks, allow_mismatch=True)] == [False]
+
+
+def test_workdir_line_names_the_hosts_that_hold_the_copy() -> None:
+    checks = [
+        HostCheck("h1", 1, probe={**GOOD, "workdir_cached": True}),
+        HostCheck("h2", 1, probe={**GOOD, "workdir_cached": False}),
+        HostCheck("h3", 1, error="unreachable"),
+    ]
+    assert workdir_line("ab" * 32, 3, 2 << 20, checks) == (
+        "workdir abababababab (3 files, 2.0 MiB): cached on h1; to send to h2"
+    )
+    assert workdir_line("ab" * 32, 1, 0, checks[2:]).endswith(": no host answered")
