@@ -7,13 +7,14 @@ docs/report.schema.json.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from launcher.report_file import write_whole
 
 REPORT_VERSION = 1
 
@@ -186,7 +187,5 @@ def build_report(
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Written whole or not at all: a reader never sees half a report."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Written whole or not at all, through a symlink as `>` would (see launcher.report_file)."""
+    write_whole(path, json.dumps(report, indent=2) + "\n")

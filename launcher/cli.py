@@ -31,6 +31,7 @@ from launcher.forward import job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import Plan, implicit_localhost, make_plan, plural
+from launcher.report_file import ReportPathError, report_target
 from launcher.slurm import JOB_ID, allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
@@ -410,12 +411,10 @@ def _report_path(value: str | None, label: str) -> Path | None:
     if value is None:
         return None
     path = Path(value).expanduser()
-    if path.is_dir():
-        raise UsageError(f"{label} {value}: is a directory; give a file name such as run.json")
-    if not path.parent.is_dir():
-        raise UsageError(f"{label} {value}: directory {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{label} {value}: cannot write in {path.parent}")
+    try:
+        report_target(path)
+    except ReportPathError as err:
+        raise ReportPathError(str(err).replace("--report", label, 1)) from None
     return path
 
 

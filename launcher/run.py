@@ -24,7 +24,14 @@ from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.discovery import discover
 from launcher.env import own_part, rank_env, tf_workers
-from launcher.errors import CommandNotFound, DistrunError, HostError
+from launcher.errors import (
+    EXIT_INTERNAL,
+    EXIT_SIGINT,
+    CommandNotFound,
+    DistrunError,
+    HostError,
+    Interrupted,
+)
 from launcher.facts import Rendezvous
 from launcher.forward import LEFTOVER_PREFIXES, job_env
 from launcher.hosts import Host
@@ -71,6 +78,8 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         ),
     )
     job: Job | None = None
+    exit_code = EXIT_INTERNAL
+    error: Failure | None = None  # what ended the run before (or instead of) an outcome
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
@@ -85,13 +94,20 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
                 with job.heartbeat:
                     outcome = job.run(plan)
             finally:
-                # Whatever ended the job, once ranks ran: the account, as a table and as --report.
-                if job.accounts:
-                    _account(config, job, relay)
+                # Whatever ended the job, once ranks ran: the account as a table.
+                if job.accounts and len(job.accounts[-1].ranks) > 1:
+                    relay.note(format_account(job.accounts[-1].ranks).splitlines())
             relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
-            return outcome.exit_code
+            exit_code = outcome.exit_code
+            return exit_code
+    except DistrunError as err:
+        exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
+        raise
+    except KeyboardInterrupt:
+        exit_code, error = EXIT_SIGINT, Failure(None, None, str(Interrupted("SIGINT", EXIT_SIGINT)))
+        raise
     finally:
         # Links first: whatever happens to the console or the log files, the agents must hear EOF.
         try:
@@ -99,6 +115,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
                 close_all(list(job.nodes.values()))
         finally:
             relay.close()
+            if config.report is not None:
+                # Every run given --report writes it, whatever ended it: no earlier run's report stays.
+                _write_report(config, job, exit_code, error)
 
 
 @dataclass(frozen=True)
@@ -293,6 +312,7 @@ class Job:
         )
         lines = summarize(outcome, self.relay.stderr_tail)
         failed = outcome.failure if isinstance(outcome, RankFailed) else None
+        self.failure = None  # the last attempt's, if any: a job that succeeded after restarts has none
         if lines:
             self.failure = Failure(
                 failed.rank if failed else None,
@@ -467,19 +487,18 @@ def _script(command: Sequence[str]) -> str | None:
     return command[0] if command and command[0].endswith(".py") else None
 
 
-def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
-    last = job.accounts[-1]
-    if len(last.ranks) > 1:
-        relay.note(format_account(last.ranks).splitlines())
-    if config.report is not None:
-        report = build_report(
-            run_id=job.run_id,
-            command=config.command,
-            exit_code=last.exit_code,
-            attempts=job.accounts,
-            failure=job.failure,
-        )
-        try:
-            write_report(config.report, report)
-        except OSError as err:
-            log.error("cannot write the report %s: %s", config.report, err.strerror or err)
+def _write_report(config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None) -> None:
+    assert config.report is not None
+    attempts = job.accounts if job is not None else []
+    failure = (job.failure if job is not None else None) or error
+    report = build_report(
+        run_id=job.run_id if job is not None else os.urandom(6).hex(),
+        command=config.command,
+        exit_code=exit_code,
+        attempts=attempts,
+        failure=failure,
+    )
+    try:
+        write_report(config.report, report)
+    except (OSError, DistrunError) as err:
+        log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +123,65 @@ def test_another_user_on_this_machine_is_not_run_as_me(tmp_path: Path) -> None:
     assert not marker.exists()
     # Here no sshd listens on localhost; with one, SSH would refuse nobody's login: exit 3 either way.
     assert result.stderr.decode().startswith("distrun: error: localhost: ")
+
+
+STALE = '{"outcome": "succeeded", "exit_code": 0}\n'
+
+
+def test_every_run_given_report_writes_it_whatever_ends_it(tmp_path: Path) -> None:
+    """An earlier run's report never survives a later run that ended early (issue 19, defect 2)."""
+    cases = {
+        # A missing script: refused on the host before anything starts (127).
+        "missing-script": (("no_such_script.py",), 127, "no_such_script.py not found"),
+        # A host that cannot be reached (no sshd answers as nobody on this machine: exit 3).
+        "unreachable": (("-H", "nobody@localhost", "--ssh-connect-timeout", "5", "true"), 3, "localhost"),
+    }
+    env = {**clean_env(), "HOME": str(tmp_path)}  # no SSH keys: the login can only fail
+    for name, (args, code, said) in cases.items():
+        report = tmp_path / f"{name}.json"
+        report.write_text(STALE)
+        result = run_distrun("--report", report, *args, env=env, cwd=tmp_path)
+        assert result.returncode == code, (name, result.stderr.decode())
+        doc = report_of(report)
+        assert (doc["outcome"], doc["exit_code"], doc["attempts"], doc["ranks"]) == (
+            "not-started",
+            code,
+            [],
+            [],
+        )
+        assert said in doc["failure"]["detail"]
+        assert doc["failure"]["detail"] in result.stderr.decode(), "the report says what the console said"
+
+
+def test_success_after_a_restart_has_no_failure(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_distrun(
+        "-np", "2", "--max-restarts", "1", "--restart-delay", "0", "--report", report,
+        SCRIPTS / "restartable.py", "--out", out, "--fail", "0:1:4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    doc = report_of(report)
+    assert (doc["outcome"], doc["restarts"], doc["failure"]) == ("succeeded", 1, None)
+    assert [a["outcome"] for a in doc["attempts"]] == ["rank-failed", "succeeded"]
+
+
+def test_report_through_a_symlink_and_refusal_of_a_fifo(tmp_path: Path) -> None:
+    """End to end: a symlink stays and its target gets the report; a FIFO is refused before the run."""
+    (tmp_path / "real.json").write_text(STALE)
+    (tmp_path / "link.json").symlink_to("real.json")
+    result = run_distrun("--report", tmp_path / "link.json", "true")
+    assert result.returncode == 0, result.stderr.decode()
+    assert (tmp_path / "link.json").is_symlink()
+    assert report_of(tmp_path / "real.json")["outcome"] == "succeeded"
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = run_distrun("--report", fifo, "true")
+    assert result.returncode == 2
+    assert (
+        result.stderr.decode()
+        == f"distrun: error: --report {fifo}: is a FIFO, not a regular file; give a file name\n"
+    )
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
