@@ -34,6 +34,8 @@ LINE_LIMIT = 64 * 1024
 # On a terminal, a partial line with no redraw is shown once its rank has been quiet this long (it may be a
 # prompt, or `print(..., end="")` before a long step).
 QUIET_SECONDS = 0.05
+# A console write that blocks longer than this counts as time the relay was not reading (see `stalled`).
+STALL_SECONDS = 0.01
 _COLORS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
 
 
@@ -117,6 +119,13 @@ class LineBuffer:
             del pending[:end]
         return b"\n".join(pieces) + b"\n"
 
+    def take(self) -> bytes:
+        """The unfinished line as it stands, ended with a newline and gone from the buffer; what follows it
+        starts a line of its own. A last \r (maybe half of \r\n) and a cut character stay for later."""
+        text = self.text
+        del self.pending[: len(text)]
+        return text + b"\n" if text else b""
+
     @property
     def text(self) -> bytes:
         """The line as it stands, ending on a whole character: what a progress display shows."""
@@ -160,6 +169,7 @@ class LogRelay:
             self._close_files()
             raise UsageError(f"--output-dir {options.output_dir}: {exc.strerror or exc}") from None
         terminal = same_terminal(out_fd, err_fd) and os.environ.get("TERM") != "dumb"
+        self._terminal = terminal
         # Off a terminal a partial line, once written, stays: show it only if it stays unfinished a while.
         self._quiet_seconds = QUIET_SECONDS if terminal else max(QUIET_SECONDS, options.progress_interval)
         self._console = Console(out_fd, err_fd, merged=terminal)
@@ -285,10 +295,28 @@ class LogRelay:
                 break
             del quiet[key]
             buf = self._buffers[key]
-            if buf.pending:
-                self._show(key, buf, now)
+            if not buf.pending:
+                continue
+            if self._terminal:
+                self._show(key, buf, now)  # in the status area, which the whole line replaces later
+            else:
+                # Off a terminal what is written stays: the line so far goes out as a line, and the rest
+                # of it follows on a line of its own, so that no byte is ever written twice.
+                taken = buf.take()
+                if taken:
+                    self._lines(key, buf, taken)
         self._display.tick(now)
+        began = time.monotonic()
         self._console.flush()
+        blocked = time.monotonic() - began
+        if blocked > STALL_SECONDS:
+            self.stalled(blocked)
+
+    def stalled(self, seconds: float) -> None:
+        """The relay could not read for `seconds` (a console that did not take its output, distrun itself
+        stopped): quiet spells exclude that time, since the ranks' output may be waiting unread."""
+        for key in self._quiet:
+            self._quiet[key] += seconds
 
     def flush(self) -> None:
         self.tick(time.monotonic())

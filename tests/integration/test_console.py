@@ -206,3 +206,18 @@ def test_a_negative_progress_interval_is_bad_input() -> None:
         result.stderr
         == b"distrun: error: --progress-interval must be zero or a positive number of seconds, got -1\n"
     )
+
+
+def test_a_slow_console_gets_every_byte_exactly_once() -> None:
+    """`distrun -np 2 flood | (sleep; cat)`: two ranks flood 80-byte lines into a pipe nobody reads for
+    longer than the progress interval; every byte arrives once, no line cut or repeated."""
+    flood = "import sys\nline = b'%s' * 79 + b'\\n'\nfor _ in range(40_000): sys.stdout.buffer.write(line)\n"
+    cmd = ("-np", "2", "--progress-interval", "1", "python", "-c")
+    proc = start_distrun(*cmd, flood % "x")
+    assert proc.stdout is not None and proc.stderr is not None
+    time.sleep(3)  # the console is full long before: distrun waits on it, as under `(sleep 3; cat)`
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    lines = out.split(b"\n")
+    assert len(out) == 2 * 40_000 * 84, f"{len(out)} bytes instead of {2 * 40_000 * 84}"
+    assert set(lines[:-1]) == {b"[0] " + b"x" * 79, b"[1] " + b"x" * 79} and lines[-1] == b""
