@@ -32,6 +32,7 @@ from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import Plan, implicit_localhost, make_plan, plural
 from launcher.report_file import ReportPathError, report_target
+from launcher.scrub import SCRUBBER
 from launcher.slurm import JOB_ID, allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
@@ -402,7 +403,9 @@ def _exports(values: Mapping[str, Any], sources: _Sources) -> tuple[tuple[str, s
     given = tuple(values["export"])
     in_file = sources.file_counts.get("export", 0)
     exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
-    exports.update(parse_exports(given[in_file:], os.environ, sources.label("export", "-x")))
+    from_env = sources.levels["export"] == _level(ParameterSource.ENVIRONMENT)
+    label = f"{ENV_PREFIX}_EXPORT" if from_env else sources.label("export", "-x")
+    exports.update(parse_exports(given[in_file:], os.environ, label, split_on_blanks=from_env))
     return tuple(exports.items())
 
 
@@ -648,7 +651,7 @@ def _run_check(config: LaunchConfig) -> int:
         click.echo(click.style(line, fg=state) if color else line)
     for finding in problems:
         label = "problem" if finding.fatal else "warning"
-        click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")
+        click.echo(SCRUBBER(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}"))
     final = verdict(checks, problems)
     ready = final.startswith("ready")
     click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)
@@ -741,10 +744,14 @@ def _parse(argv: Sequence[str]) -> Request | int:
 
 
 def _run(argv: Sequence[str]) -> int:
+    SCRUBBER.learn(os.environ)
     try:
         request = _parse(argv)
         if isinstance(request, int):
             return request
+        config = request.config
+        SCRUBBER.learn(os.environ, config.redact)
+        SCRUBBER.learn((*config.env_file, *config.exports), config.redact)
         _configure_logging(request.verbose)
         if request.dry_run:
             click.echo(format_dry_run(request.config, os.environ))
@@ -765,10 +772,13 @@ def _run(argv: Sequence[str]) -> int:
 def _configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(format="distrun: %(message)s", level=level, stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if SCRUBBER not in handler.filters:
+            handler.addFilter(SCRUBBER)
 
 
 def _error(message: str) -> None:
-    click.echo(f"distrun: error: {' '.join(message.splitlines())}", err=True)
+    click.echo(f"distrun: error: {SCRUBBER(' '.join(message.splitlines()))}", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

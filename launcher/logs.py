@@ -24,6 +24,7 @@ from typing import Literal
 from launcher.console import Console, same_terminal, write_all
 from launcher.errors import UsageError
 from launcher.redraws import RedrawDisplay, RedrawLines, StatusArea
+from launcher.scrub import SCRUBBER
 
 Stream = Literal["stdout", "stderr"]
 log = logging.getLogger(__name__)
@@ -340,7 +341,8 @@ class LogRelay:
         """distrun's own words (stopping, the failure summary) on the console's stderr, below the job's."""
         if lines:
             self._display.before_lines()
-            self._console.write("stderr", "".join(f"distrun: {line}\n" for line in lines).encode())
+            said = "".join(f"distrun: {line}\n" for line in lines)
+            self._console.write("stderr", SCRUBBER(said).encode())
         self.flush()
 
     def finish(self) -> None:
