@@ -47,6 +47,7 @@ from launcher.supervise import (
     FORWARDED_SIGNALS,
     STOP_SIGNALS,
     Supervisor,
+    caught,
     probe,
     read_signals,
     signal_pipe,
@@ -84,7 +85,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
-        for signum in FORWARDED_SIGNALS:
+        for signum in caught(FORWARDED_SIGNALS):
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)

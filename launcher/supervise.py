@@ -61,7 +61,7 @@ def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
     for fd in (read_fd, write_fd):
         os.set_blocking(fd, False)
     old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    previous = {signum: signal.signal(signum, lambda *_: None) for signum in signums}
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in caught(signums)}
     try:
         yield read_fd
     finally:
@@ -70,6 +70,12 @@ def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
         signal.set_wakeup_fd(old_wakeup)
         os.close(read_fd)
         os.close(write_fd)
+
+
+def caught(signums: Sequence[int]) -> list[int]:
+    """The signals distrun may catch: not those it inherited ignored. `nohup distrun` must survive SIGHUP,
+    and a background job of a non-interactive shell ignores SIGINT and SIGQUIT, as users of both expect."""
+    return [signum for signum in signums if signal.getsignal(signum) is not signal.SIG_IGN]
 
 
 def read_signals(wake_fd: int) -> bytes:

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.support import SCRIPTS, assert_all_gone, read_until, recorded_pids, start_distrun, wait_for_files
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    assert_all_gone,
+    clean_env,
+    distrun_argv,
+    read_until,
+    recorded_pids,
+    start_distrun,
+    wait_for_files,
+)
 
 
 def _start(pid_dir: Path, *script_args: str, ranks: int = 2) -> subprocess.Popen[bytes]:
@@ -95,3 +106,31 @@ def test_ctrl_z_stops_every_rank_and_sigcont_resumes_them(pid_dir: Path) -> None
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err.decode()
     assert_all_gone(ranks)
+
+
+# Starts distrun with one signal ignored, as `nohup` (SIGHUP) or `cmd &` in a script (SIGINT, SIGQUIT) do.
+_IGNORING = "import os, signal, sys; signal.signal(int(sys.argv[1]), signal.SIG_IGN); os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1],
+    ids=lambda s: s.name,
+)
+def test_a_signal_ignored_at_start_stays_ignored(pid_dir: Path, sig: signal.Signals) -> None:
+    """`nohup distrun ...` survives the logout's SIGHUP: no inherited SIG_IGN is undone."""
+    argv = distrun_argv("-np", "2", SCRIPTS / "signals.py", pid_dir, "--wait-for", pid_dir / "go")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _IGNORING, str(int(sig)), *argv[1:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        cwd=REPO,
+    )
+    read_until(proc, b"ready", 2)
+    proc.send_signal(sig)  # an ignored signal is discarded when sent: nothing can be on its way after this
+    (pid_dir / "go").touch()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert b"got" not in out, "no rank heard of the signal"
+    assert b"stopped" not in err and b"Traceback" not in err, err.decode()
