@@ -151,8 +151,12 @@ def build_report(
     exit_code: int,
     attempts: Sequence[Attempt],
     failure: Failure | None,
+    outcome: str | None = None,
 ) -> dict[str, Any]:
-    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`."""
+    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`.
+
+    `outcome`: the job's, where it differs from the last attempt's (--timeout during a restart delay).
+    """
     last = attempts[-1] if attempts else None
     return {
         "version": REPORT_VERSION,
@@ -161,7 +165,7 @@ def build_report(
         "started": _iso(attempts[0].started) if attempts else None,
         "ended": _iso(last.ended) if last else None,
         "exit_code": exit_code,
-        "outcome": last.outcome if last else "not-started",
+        "outcome": outcome or (last.outcome if last else "not-started"),
         "restarts": max(0, len(attempts) - 1),
         "ranks": [_rank_json(r) for r in (last.ranks if last else ())],
         "failure": None

@@ -22,12 +22,13 @@ from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.discovery import discover
+from launcher.discovery import TIMEOUT, discover
 from launcher.env import own_part, rank_env, tf_workers
 from launcher.errors import (
     EXIT_INTERNAL,
     EXIT_SIGINT,
     CommandNotFound,
+    DeadlineReached,
     DistrunError,
     HostError,
     Interrupted,
@@ -41,7 +42,7 @@ from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
 from launcher.restart import GiveUp, HostBook, cause, decide
-from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
@@ -81,6 +82,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     job: Job | None = None
     exit_code = EXIT_INTERNAL
     error: Failure | None = None  # what ended the run before (or instead of) an outcome
+    final: str | None = None  # the job's outcome
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
@@ -101,7 +103,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
-            exit_code = outcome.exit_code
+            exit_code, final = outcome.exit_code, outcome.name
             return exit_code
     except DistrunError as err:
         exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
@@ -118,7 +120,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             relay.close()
             if config.report is not None:
                 # Every run given --report writes it, whatever ended it: no earlier run's report stays.
-                _write_report(config, job, exit_code, error)
+                _write_report(config, job, exit_code, error, final)
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,8 @@ class Job:
         self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
         self.heartbeat = Heartbeat(nodes, self.check_every)
         self.started = time.monotonic()
+        # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
+        self.deadline = self.started + config.timeout if config.timeout else None
         self.attempts: list[AttemptRecord] = []
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
@@ -192,6 +196,7 @@ class Job:
             )
             interrupted = self.pause(options.delay)
             if interrupted is not None:
+                self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
                 return interrupted
             plan = make_plan(decision.hosts, decision.num_proc)
 
@@ -215,24 +220,44 @@ class Job:
         script = self.config.restart.discovery_script
         if script is None:
             return ()
+        left = TIMEOUT if self.deadline is None else min(TIMEOUT, self.deadline - time.monotonic())
+        if left <= 0:
+            return ()  # --timeout has expired: the job ends before any restart
         try:
-            return discover(script)
+            return discover(script, left)
         except DistrunError as err:
             # A flaky discovery script must not end a job that could go on with the hosts it has.
             log.warning("%s; going on with the hosts already known", err)
             return ()
 
     def pause(self, seconds: float) -> Outcome | None:
-        """Wait before a restart; a signal meanwhile ends the job (None: the pause ran out)."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
+        """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
+        end = time.monotonic() + seconds
+        while True:
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                return self.timed_out()
+            left = end - now if self.deadline is None else min(end, self.deadline) - now
+            if end <= now:
+                return None
             readable, _, _ = select.select([self.wake_fd], [], [], left)
             if readable:
                 received = read_signals(self.wake_fd)
                 stop = [s for s in received if s in STOP_SIGNALS]
                 if stop:
                     return Signalled(stop[0])
-        return None
+
+    def timed_out(self) -> TimedOut:
+        return TimedOut(self.config.timeout or 0.0)
+
+    def time_left(self) -> float | None:
+        """Seconds until --timeout expires (None: no --timeout); DeadlineReached once it has."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineReached("--timeout expired")
+        return left
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
@@ -252,7 +277,11 @@ class Job:
     def attempt(self, index: int, plan: Plan) -> Outcome:
         """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
         try:
-            return self.run_attempt(index, plan, self.nodes_for(plan))
+            nodes = self.nodes_for(plan)
+            self.time_left()  # reconnecting took that long
+            return self.run_attempt(index, plan, nodes)
+        except DeadlineReached:
+            return self.timed_out()
         except HostError as err:
             if index == 0 or err.host is None:
                 raise
@@ -354,7 +383,8 @@ class Job:
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
-            probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
+            shown = line if remote else None
+            probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
         for node in nodes:
             log.debug("host %s: %s", node.name, node.facts)
             facts = _facts(node)
@@ -488,7 +518,9 @@ def _script(command: Sequence[str]) -> str | None:
     return command[0] if command and command[0].endswith(".py") else None
 
 
-def _write_report(config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None) -> None:
+def _write_report(
+    config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None, outcome: str | None
+) -> None:
     assert config.report is not None
     attempts = job.accounts if job is not None else []
     failure = (job.failure if job is not None else None) or error
@@ -498,6 +530,7 @@ def _write_report(config: LaunchConfig, job: Job | None, exit_code: int, error: 
         exit_code=exit_code,
         attempts=attempts,
         failure=failure,
+        outcome=outcome,
     )
     try:
         write_report(config.report, report)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from launcher.errors import HostError, Interrupted
+from launcher.errors import DeadlineReached, HostError, Interrupted
 from launcher.logs import LogRelay
 from launcher.node import Node
 from launcher.progress import Progress, ProgressFn, StallDeadline
@@ -104,6 +104,8 @@ def probe(
     stall: float,
     wake_fd: int,
     progress: ProgressFn | None = None,
+    *,
+    deadline_at: float | None = None,
 ) -> None:
     """Send each agent its preflight question and set every node's `facts` (one round-trip, in parallel).
 
@@ -111,6 +113,7 @@ def probe(
     hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
+    `deadline_at` (time.monotonic()): --timeout's end, which raises DeadlineReached.
     """
     for node, request in zip(nodes, requests, strict=True):
         node.facts = None
@@ -125,7 +128,10 @@ def probe(
         if progress is not None:
             progress(Progress("waiting for agents", len(nodes)))
         while waiting:
-            remaining = deadline.remaining(time.monotonic())
+            now = time.monotonic()
+            if deadline_at is not None and now >= deadline_at:
+                raise DeadlineReached("--timeout expired while the agents were being probed")
+            remaining = deadline.remaining(now)
             if remaining <= 0:
                 missing = next(n for n in nodes if n.facts is None)
                 answered = f"; {len(nodes) - waiting} of {len(nodes)} answered" if len(nodes) > 1 else ""
@@ -133,6 +139,8 @@ def probe(
                     f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
                     host=missing.name,
                 )
+            if deadline_at is not None:
+                remaining = min(remaining, deadline_at - now)
             for key, _ in sel.select(remaining):
                 node = key.data
                 if node is None:
