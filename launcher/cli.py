@@ -25,7 +25,7 @@ from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMod
 from launcher.console import guard_std_fds, use_color
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
-from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
+from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
 from launcher.facts import Rendezvous
 from launcher.forward import job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
@@ -766,6 +766,8 @@ def _run(argv: Sequence[str]) -> int:
         _error(err.format_message())
         return err.exit_code
     except (KeyboardInterrupt, click.exceptions.Abort):
+        # Before distrun's signal handling took over (it turns Ctrl-C into a stop of the job): one line.
+        _error(str(Interrupted("SIGINT", EXIT_SIGINT)))
         return EXIT_SIGINT
 
 
@@ -783,5 +785,9 @@ def _error(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point: parse, launch, exit with the job's exit code."""
-    guard_std_fds()
+    try:
+        guard_std_fds()
+    except KeyboardInterrupt:
+        _error(str(Interrupted("SIGINT", EXIT_SIGINT)))
+        sys.exit(EXIT_SIGINT)
     sys.exit(_run(sys.argv[1:] if argv is None else argv))

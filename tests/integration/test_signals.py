@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -134,3 +135,39 @@ def test_a_signal_ignored_at_start_stays_ignored(pid_dir: Path, sig: signal.Sign
     assert proc.returncode == 0, err.decode()
     assert b"got" not in out, "no rank heard of the signal"
     assert b"stopped" not in err and b"Traceback" not in err, err.decode()
+
+
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(tmp_path: Path) -> None:
+    """From distrun's first instruction on (issue 19, defect 12): Ctrl-C at moments spread over its start-up
+    and the first moments of the job never shows a traceback; before any rank started it is one line.
+
+    A sitecustomize says when the interpreter's own start-up is over: an interrupt before that is Python's.
+    """
+    # runpy too: `python -m` imports it after site, still the interpreter's part of the start-up.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, runpy\nos.write(int(os.environ['READY_FD']), b'R')\n"
+    )
+    for step in range(16):
+        ready_r, ready_w = os.pipe()
+        env = clean_env(READY_FD=str(ready_w))
+        env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+        proc = subprocess.Popen(
+            distrun_argv("-np", "2", "sleep", "30"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+            pass_fds=(ready_w,),
+        )
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"R"
+        os.close(ready_r)
+        time.sleep(0.005 + step * 0.02)  # 5 ms to 0.3 s after the interpreter's own start-up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        said = err.decode()
+        assert proc.returncode == 130, (step, said)
+        assert "Traceback" not in said, (step, said)
+        assert all(line.startswith("distrun: ") for line in said.splitlines()), (step, said)
+        if "error: interrupted by SIGINT" in said:
+            assert said == "distrun: error: interrupted by SIGINT before any rank started\n", (step, said)

@@ -208,7 +208,7 @@ def test_launch_errors_become_one_line(
     assert run(capsys, "x") == (3, "", "distrun: error: node9: ssh: connection refused\n")
 
 
-def test_interrupt_before_launch_is_quiet(
+def test_interrupt_before_launch_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = types.ModuleType("launcher.run")
@@ -218,7 +218,8 @@ def test_interrupt_before_launch_is_quiet(
 
     fake.launch = launch  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "launcher.run", fake)
-    assert run(capsys, "x") == (130, "", "")
+    said = "distrun: error: interrupted by SIGINT before any rank started\n"
+    assert run(capsys, "x") == (130, "", said)
 
 
 @pytest.mark.parametrize(
