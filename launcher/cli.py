@@ -27,7 +27,7 @@ from launcher.devices import Placement, RankDevices, assumed_hosts, describe, pl
 from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
 from launcher.facts import Rendezvous
-from launcher.forward import job_env, parse_env_file
+from launcher.forward import dropped_here, job_env, parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import Plan, implicit_localhost, make_plan, plural
@@ -534,8 +534,12 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         lines.append(f"launcher: {config.launcher}")
     placed, placement_lines = _dry_run_placement(plan, config.placement)
     lines.extend(placement_lines)
-    if jenv.unset:
-        lines.append(f"removed from every rank (left by another launcher): {' '.join(jenv.unset)}")
+    leftovers = dropped_here(environ, jenv.explicit)
+    if leftovers:
+        lines.append(f"removed from every rank (left by another launcher): {' '.join(leftovers)}")
+    if not config.forward_env and any(runs_here(h) for h in plan.nodes):
+        kept = " ".join(sorted(jenv.here)) or "none"
+        lines.append(f"ranks on this machine keep only its login variables (--no-forward-env): {kept}")
     for slot in plan.slots:
         env, defaults = rank_env(
             slot,
