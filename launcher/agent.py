@@ -59,6 +59,7 @@ from launcher.protocol import (
     encode_message,
     write_all,
 )
+from launcher.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 
 # When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
 ORPHAN_GRACE_CAP = 2.0
@@ -463,6 +464,9 @@ class Agent:
             if entry.returncode is None or leftovers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
+        if leftovers or sig in (signal.SIGSTOP, signal.SIGCONT):
+            # What left the ranks' groups (own sessions, daemons): every descendant, adopted ones included.
+            signal_descendants(sig)
 
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
@@ -547,6 +551,7 @@ class Agent:
             entry.returncode = exited.returncode
             self._drain(entry)
             self.send(encode_message(EXIT, exited, entry.rank))
+        reap_adopted({e.proc.pid for e in self.ranks.values() if e.returncode is None})
 
     # -- control from the launcher
 
@@ -582,13 +587,13 @@ class Agent:
         """Once every rank and its process group is gone: DONE. True when the attempt is over."""
         if not self._all_exited():
             return False
-        if self.by_fd:
-            # Leaders are gone but something in their groups (a DataLoader worker, say) holds the pipes.
+        if self.by_fd or descendants():
+            # Leaders are gone but something they started (a DataLoader worker, a detached daemon) runs on.
             if self.leftovers_at is None:
                 self._signal_all(signal.SIGTERM, leftovers=True)
                 self.leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
                 return False
-            if now < self.leftovers_at:
+            if now < self.leftovers_at and (self.by_fd or descendants()):
                 return False
             for fd in list(self.by_fd):
                 self._close_pipe(fd)
@@ -598,6 +603,7 @@ class Agent:
         return True
 
     def run(self) -> int:
+        become_subreaper()  # see launcher.reaper: detached descendants of the ranks stay ours
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)

@@ -1,0 +1,92 @@
+"""Every process a rank started, however it detached, belongs to the agent: it is stopped with the job.
+
+A rank's process group holds its ordinary children (DataLoader workers), but a child started with
+`start_new_session=True`, a double-forked `setsid` daemon or a `process_group=0` child leaves that group. The
+agent makes itself a child subreaper (Linux's PR_SET_CHILD_SUBREAPER): whatever its ranks leave orphaned is
+re-parented to the agent instead of to init, so every such process stays a descendant of the agent, where
+`descendants()` finds it and the agent can signal and reap it.
+
+Why a subreaper and not a cgroup: it needs no privileges and no cgroup delegation, so it works the same for
+the local agent, over a plain SSH login (no systemd user scope) and inside a Slurm step (whose cgroup
+slurmstepd owns). Its limit: an agent killed outright (SIGKILL) cannot stop them; its ranks still die with it
+(PR_SET_PDEATHSIG), but detached processes are re-parented further up.
+
+Stdlib-only and Python 3.7 compatible: it is shipped to remote hosts with the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Set
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its children; False where the system cannot."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """Every visible process's parent and state letter (Z: zombie), from /proc (empty without /proc)."""
+    found = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return {}
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # The command name in parentheses may contain anything, spaces and ")" included: split after the last.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            found[int(name)] = (int(fields[1]), fields[0])
+    return found
+
+
+def descendants(root: int = 0) -> list[int]:
+    """The living pids below `root` (this process by default), parents before children.
+
+    A zombie is left out: its own children were re-parented already, and only its parent's wait removes it.
+    """
+    root = root or os.getpid()
+    children: dict[int, list[int]] = {}
+    for pid, (parent, state) in _processes().items():
+        if state != b"Z":
+            children.setdefault(parent, []).append(pid)
+    found: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
+
+
+def signal_descendants(sig: int) -> None:
+    """Send `sig` to every living descendant of this process."""
+    for pid in descendants():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def reap_adopted(keep: Set[int]) -> None:
+    """Reap the exited children of this process but `keep` (its ranks, which it reaps itself for their exit
+    status and usage): the processes it adopted as their subreaper, which nobody else waits for."""
+    me = os.getpid()
+    for pid, (parent, state) in _processes().items():
+        if parent == me and state == b"Z" and pid not in keep:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
