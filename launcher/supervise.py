@@ -193,6 +193,8 @@ class Supervisor:
         self.deadline = now + timeout if timeout else None
         self.grace = grace
         self.dead_after = dead_after
+        for node in self.nodes:
+            node.beat_gap = 0.0
         self.exits: dict[int, RankExit] = {}
         self.measured: dict[int, RankExited] = {}  # what each rank's agent measured (pid, times, memory)
         self.cause: Outcome | None = None  # why the attempt is stopping; None while it runs
@@ -276,7 +278,21 @@ class Supervisor:
 
     def _lose(self, node: Node, detail: str, now: float) -> None:
         node.drop()
-        self._stop(lambda stopped: HostLost(node.name, detail, stopped), now)
+        # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
+        ours = node.link.heartbeat and node.beat_gap > self.dead_after
+        if ours:
+            detail = (
+                f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
+                f"{self.dead_after:g}s its agents wait for it (--ssh-keepalive x 5)"
+            )
+        self._stop(lambda stopped: HostLost(node.name, detail, stopped, ours=ours), now)
+
+    def on_stall(self, seconds: float, now: float) -> None:
+        """distrun did not run for `seconds` (stopped, or starved): nobody could be heard meanwhile, so that
+        silence is not the hosts'; and the rank output waiting unread was not quiet either."""
+        for node in self.nodes:
+            node.last_heard = max(node.last_heard, now)
+        self.relay.stalled(seconds)
 
     def on_tick(self, now: float) -> None:
         if self.deadline is not None and now >= self.deadline and self.cause is None:
@@ -318,8 +334,13 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
             relay_due = sup.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
             if relay_due is not None:
                 wait = min(wait, relay_due - now)
+            before = time.monotonic()
             events = sel.select(max(0.0, wait))
             selected = time.monotonic()
+            overslept = selected - before - max(0.0, wait)
+            if overslept > check_every:
+                # Our clock jumped past the wait: this process was stopped (SIGSTOP) or starved meanwhile.
+                sup.on_stall(overslept, selected)
             for key, _ in events:
                 node = key.data
                 if node is None:
@@ -341,7 +362,8 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
                 suspend_self()
             now = time.monotonic()
             if now - selected > check_every:
-                # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
+                # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile. (The
+                # heartbeat thread went on, so the agents heard us; the relay counts its own wait.)
                 for node in sup.nodes:
                     node.last_heard = max(node.last_heard, now)
             if now >= next_check or (sup.deadline is not None and now >= sup.deadline):
