@@ -49,10 +49,9 @@ def test_stopped_longer_than_the_agents_wait_blames_no_host(cluster: Cluster, tm
     assert "lost host" not in said, said
     assert "host h1 stopped its ranks: distrun itself did not run for" in said, said
     assert numbers == list(range(len(numbers))), "a line was lost or repeated"
-    # The rank went on writing for the 5 s the agent waited: all of that reached the console.
-    assert numbers[-1] >= 10 + 100, (
-        f"only {numbers[-1]} lines: what the ranks wrote while distrun was stopped"
-    )
+    # The rank went on writing for the 5 s the agent waited (250 lines on an idle machine): that output got
+    # to the console, not only what distrun had read before it was stopped.
+    assert numbers[-1] >= 10 + 30, f"only {numbers[-1]} lines: what the rank wrote while distrun was stopped"
     assert cluster.wait_clean(timeout=10.0) == {}
 
 
