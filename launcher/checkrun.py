@@ -22,6 +22,7 @@ from launcher.hosts import Host
 from launcher.node import Node, close_all, locality, master_address
 from launcher.protocol import ProbeRequest
 from launcher.supervise import probe
+from launcher.transport.bootstrap import NO_PYTHON
 from launcher.transport.local import LocalLink
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,11 @@ PROBE_TIMEOUT = 120.0  # importing torch on a cold, busy host takes a while
 MAX_PARALLEL = 32
 
 
-def _error_kind(message: str, auth: bool) -> str:
+def _error_kind(message: str, auth: bool = False) -> str:
     if auth:
         return "auth"
+    if NO_PYTHON in message:
+        return "python"
     if "CHANGED" in message:
         return "host-key"
     if "unreachable" in message or "refused" in message or "resolve" in message:
@@ -45,7 +48,7 @@ def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None
     slots = host.slots
     if local:
         return Node(host, LocalLink(host.name), True), HostCheck(
-            host.name, slots, login_s=0.0, host_key="local"
+            host.name, slots, login_s=0.0, host_key="local", user=host.user
         )
     from launcher.transport.ssh import open_links
     from launcher.transport.sshconn import (
@@ -65,7 +68,7 @@ def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None
         client = connect_target(target, config.ssh, jump_targets(target, config.ssh, ssh_config))
     except HostError as err:
         kind = _error_kind(str(err), isinstance(err, AuthRefused))
-        return None, HostCheck(host.name, slots, error=str(err), error_kind=kind)
+        return None, HostCheck(host.name, slots, error=str(err), error_kind=kind, user=host.user)
     login = time.monotonic() - started
     key = "unchecked" if target.host_key_policy == "ignore" else ("known" if known else "recorded")
     pythons = [config.python] if config.python else [sys.executable, "python3"]
@@ -73,10 +76,8 @@ def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None
         link = open_links({host.name: client}, pythons, limit=1)[host.name]
     except HostError as err:
         client.close()
-        return None, HostCheck(
-            host.name, slots, login_s=login, host_key=key, error=str(err), error_kind="other"
-        )
-    return Node(host, link, False), HostCheck(host.name, slots, login_s=login, host_key=key)
+        return None, HostCheck(host.name, slots, login, key, str(err), _error_kind(str(err)), user=host.user)
+    return Node(host, link, False), HostCheck(host.name, slots, login_s=login, host_key=key, user=host.user)
 
 
 def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck) -> HostCheck:
@@ -87,15 +88,13 @@ def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck
         sent = time.time()
         probe([node], [request], PROBE_TIMEOUT, wake_fd)
     except HostError as err:
-        return HostCheck(check.host, check.slots, check.login_s, check.host_key, str(err), "other")
+        return replace(check, error=str(err), error_kind=_error_kind(str(err)))
     assert node.facts is not None
     facts = asdict(node.facts)
     # The agent stamps the time it read the question: its offset from when we sent it, less the (small)
     # one-way delay, is the clock offset.
     offset = facts["time"] - sent if facts.get("time") else None
-    return HostCheck(
-        check.host, check.slots, check.login_s, check.host_key, probe=facts, clock_offset_s=offset
-    )
+    return replace(check, probe=facts, clock_offset_s=offset)
 
 
 def check_hosts(
@@ -126,7 +125,7 @@ def check_hosts(
                 probe([rank0], [ProbeRequest(ports=0, cwd=cwd, listen=True)], PROBE_TIMEOUT, wake_fd)
                 listen_port = rank0.facts.listen_port if rank0.facts is not None else 0
             except HostError as err:
-                results[0] = replace(results[0], error=str(err), error_kind="other")
+                results[0] = replace(results[0], error=str(err), error_kind=_error_kind(str(err)))
         rank0_addr = master_address(
             config.master_addr, local, [node.link if node is not None else None for node in nodes]
         )

@@ -102,6 +102,24 @@ def test_key_refused_points_at_ssh_setup(make_cluster: Callable[..., Cluster], t
     )
     assert result.returncode == 3
     assert "fix: distrun ssh-setup -H h1" in result.stdout
+    result = subprocess.run(
+        distrun_argv("check", "-H", "root@h1"),
+        capture_output=True,
+        text=True,
+        env={**cluster.env(PYTHONPATH=str(REPO)), "HOME": str(home)},
+        cwd=REPO,
+        timeout=120,
+    )
+    assert result.returncode == 3
+    assert "fix: distrun ssh-setup -H root@h1" in result.stdout, "the fix names the login as given"
+
+
+def test_missing_interpreter_is_not_blamed_on_ssh(cluster: Cluster) -> None:
+    result = check(cluster, "-H", "h1", "--python", "/nonexistent/python")
+    assert result.returncode == 3, result.stdout + result.stderr
+    problem = next(line for line in result.stdout.splitlines() if line.startswith("h1: problem:"))
+    assert "no Python interpreter found here (tried /nonexistent/python)" in problem
+    assert problem.endswith("fix: give --python the path of a Python 3.7 or newer on h1"), problem
 
 
 def test_terminal_gets_progress_and_colours(cluster: Cluster) -> None:

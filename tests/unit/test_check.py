@@ -54,6 +54,27 @@ def test_healthy_host_has_no_findings_and_a_full_row() -> None:
             "check that h2 is up and sshd listens there (ssh h2 true)",
         ),
         (
+            HostCheck("h2", 1, error="h2: authentication refused", error_kind="auth", user="alice"),
+            "authentication refused",
+            "distrun ssh-setup -H alice@h2",
+        ),
+        (
+            HostCheck("h2", 1, error="h2: refused", error_kind="unreachable", user="alice"),
+            "refused",
+            "(ssh alice@h2 true)",
+        ),
+        (
+            HostCheck(
+                "h2",
+                1,
+                error="host h2: the distrun agent exited before answering: distrun: no Python interpreter "
+                "found here (tried /nonexistent/python)",
+                error_kind="python",
+            ),
+            "no Python interpreter found here (tried /nonexistent/python)",
+            "install Python 3.7 or newer on h2 as python3, or give --python PATH",
+        ),
+        (
             HostCheck("h2", 1, probe={**GOOD, "cwd_exists": False}),
             "launch directory /work/job is missing",
             "create or mount /work/job on h2",
