@@ -5,6 +5,7 @@ Errors only become exit codes and the one-line `distrun: error: ...` message in 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import logging
 import math
@@ -19,12 +20,21 @@ from typing import Any, NoReturn, cast
 import click
 from click.core import ParameterSource
 
+from collectives.placement import OWN_GPUS_VAR
 from launcher import __version__
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMode, RestartOptions, SshOptions
 from launcher.console import guard_std_fds, use_color
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
-from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
+from launcher.env import (
+    CONTRACT_NAMES,
+    join_host_port,
+    own_part,
+    parse_exports,
+    parse_rank_filter,
+    rank_env,
+    redact,
+)
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
 from launcher.facts import Rendezvous
 from launcher.forward import dropped_here, job_env, parse_env_file
@@ -36,6 +46,9 @@ from launcher.scrub import SCRUBBER
 from launcher.slurm import JOB_ID, allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
+# What distrun sets in each rank's environment, not settings of distrun (see launcher/env.py).
+RANK_VARIABLES = frozenset({*(n for n in CONTRACT_NAMES if n.startswith(f"{ENV_PREFIX}_")), OWN_GPUS_VAR})
+log = logging.getLogger(__name__)
 
 _EPILOG = """\b
 Examples:
@@ -757,6 +770,8 @@ def _run(argv: Sequence[str]) -> int:
         SCRUBBER.learn(os.environ, config.redact)
         SCRUBBER.learn((*config.env_file, *config.exports), config.redact)
         _configure_logging(request.verbose)
+        for line in unknown_settings(os.environ, cli.params):
+            log.warning("%s", line)
         if request.dry_run:
             click.echo(format_dry_run(request.config, os.environ))
             return EXIT_OK
@@ -773,6 +788,21 @@ def _run(argv: Sequence[str]) -> int:
         # Before distrun's signal handling took over (it turns Ctrl-C into a stop of the job): one line.
         _error(str(Interrupted("SIGINT", EXIT_SIGINT)))
         return EXIT_SIGINT
+
+
+def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Parameter]) -> list[str]:
+    """A warning for each DISTRUN_* variable that names no option (a typo would otherwise do nothing).
+
+    The variables distrun gives its own ranks are no settings: a distrun started inside a rank sees them.
+    """
+    options = {f"{ENV_PREFIX}_{p.name.upper()}" for p in params if isinstance(p, click.Option) and p.name}
+    lines = []
+    for name in sorted(environ):
+        if name.startswith(f"{ENV_PREFIX}_") and name not in options and name not in RANK_VARIABLES:
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"{name} names no option of distrun and is ignored{hint}")
+    return lines
 
 
 def _configure_logging(verbose: int) -> None:

@@ -141,6 +141,19 @@ class LineBuffer:
         return rest + b"\n" if rest else b""
 
 
+def _other_ranks(output_dir: Path, ranks: Iterable[int]) -> list[int]:
+    """The `rank.N` directories in `output_dir` of ranks not in `ranks`, in order."""
+    mine = set(ranks)
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(output_dir):
+            number = entry.name.removeprefix("rank.")
+            stale = entry.name.startswith("rank.") and number.isdigit() and int(number) not in mine
+            if stale and entry.is_dir():
+                found.append(int(number))
+    return sorted(found)
+
+
 @dataclass(frozen=True)
 class LogOptions:
     prefix: Literal["rank", "host", "none"] = "rank"
@@ -169,6 +182,16 @@ class LogRelay:
         except OSError as exc:
             self._close_files()
             raise UsageError(f"--output-dir {options.output_dir}: {exc.strerror or exc}") from None
+        if options.output_dir is not None:
+            stale = _other_ranks(options.output_dir, hosts)
+            if stale:
+                # Left, not deleted: they are an earlier run's logs, which the user may still want.
+                log.warning(
+                    "--output-dir %s: %s from an earlier run (this job has %d ranks); left as they are",
+                    options.output_dir,
+                    ", ".join(f"rank.{r}" for r in stale),
+                    len(hosts),
+                )
         terminal = same_terminal(out_fd, err_fd) and os.environ.get("TERM") != "dumb"
         self._terminal = terminal
         # Off a terminal a partial line, once written, stays: show it only if it stays unfinished a while.

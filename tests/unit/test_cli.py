@@ -15,6 +15,7 @@ from launcher.cli import main
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
+from tests.support import clean_env, run_distrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -651,3 +652,29 @@ def test_dry_run_shows_the_slurm_hosts(capsys: pytest.CaptureFixture[str]) -> No
         "rank 4: host=cpu-a1 local_rank=0 node_rank=2",
     ]
     assert "    MASTER_ADDR=gpu01" in lines
+
+
+def test_distrun_variables_that_name_no_option_are_warned_about() -> None:
+    from launcher.cli import cli, unknown_settings
+
+    environ = {
+        "DISTRUN_NUMPROC": "4",  # a typo of DISTRUN_NUM_PROC
+        "DISTRUN_NUM_PROC": "2",
+        "DISTRUN_WHATEVER": "x",
+        "DISTRUN_RUN_ID": "abc",  # what distrun gives its ranks: a distrun started in a rank sees it
+        "DISTRUN_OWN_GPUS": "1",
+        "OTHER": "y",
+    }
+    assert unknown_settings(environ, cli.params) == [
+        "DISTRUN_NUMPROC names no option of distrun and is ignored (did you mean DISTRUN_NUM_PROC?)",
+        "DISTRUN_WHATEVER names no option of distrun and is ignored",
+    ]
+
+
+def test_an_unknown_distrun_variable_is_one_warning_line() -> None:
+    result = run_distrun("--dry-run", "true", env=clean_env(DISTRUN_TIMEOUTS="5"))
+    assert result.returncode == 0
+    assert result.stderr.decode() == (
+        "distrun: DISTRUN_TIMEOUTS names no option of distrun and is ignored "
+        "(did you mean DISTRUN_TIMEOUT?)\n"
+    )
