@@ -278,6 +278,22 @@ def _listen() -> socket.socket:
     return sock
 
 
+def machine_identity() -> str:
+    """What tells this machine from others: its machine-id and boot, and (for containers and network
+    namespaces sharing one kernel) its network namespace and hostname; "" where none of the files exists."""
+    parts = [
+        (_read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or "").strip(),
+        (_read("/proc/sys/kernel/random/boot_id") or "").strip(),
+    ]
+    if not any(parts):
+        return ""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return "/".join([*parts, netns, socket.gethostname()])
+
+
 def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     received = time.time()
     route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
@@ -299,6 +315,7 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
             extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
     return Facts(
         hostname=socket.gethostname(),
+        machine=machine_identity(),
         python=sys.executable,
         python_found=_which(request.python) if request.python else True,
         script_found=not script or os.path.isfile(os.path.join(cwd, script)),

@@ -35,6 +35,7 @@ from launcher.errors import (
 from launcher.facts import Rendezvous
 from launcher.forward import job_env
 from launcher.hosts import Host
+from launcher.locality import refuse_one_machine_twice
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, HostAttempt, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
@@ -389,6 +390,8 @@ class Job:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
             answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+        # Whatever the backend, two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
+        refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
