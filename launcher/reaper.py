@@ -84,7 +84,22 @@ def signal_descendants(sig: int) -> None:
 
 def reap_adopted(keep: Set[int]) -> None:
     """Reap the exited children of this process but `keep` (its ranks, which it reaps itself for their exit
-    status and usage): the processes it adopted as their subreaper, which nobody else waits for."""
+    status and usage): the processes it adopted as their subreaper, which nobody else waits for.
+
+    A peek (WNOWAIT) first, so that the common case, no exited child at all, costs one system call and no
+    walk through /proc.
+    """
+    while True:
+        try:
+            peeked = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except (ChildProcessError, AttributeError):  # no children; no waitid (not Linux)
+            return
+        if peeked is None:
+            return
+        if peeked.si_pid in keep:
+            break  # a rank that exited just now is first in line: look past it below
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(peeked.si_pid, 0)
     me = os.getpid()
     for pid, (parent, state) in _processes().items():
         if parent == me and state == b"Z" and pid not in keep:
