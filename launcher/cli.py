@@ -5,7 +5,6 @@ Errors only become exit codes and the one-line `distrun: error: ...` message in 
 
 from __future__ import annotations
 
-import difflib
 import functools
 import logging
 import math
@@ -699,6 +698,8 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
     lines = []
     for name in sorted(environ):
         if name.startswith(f"{ENV_PREFIX}_") and name not in options and name not in RANK_VARIABLES:
+            import difflib  # only when there is a stray variable: it costs start-up time
+
             close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)
             hint = f" (did you mean {close[0]}?)" if close else ""
             lines.append(f"{name} names no option of distrun and is ignored{hint}")
