@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
-from tests.support import REPO, SCRIPTS, clean_env, run_distrun
+from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun
 
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 # A rank that holds ~40 MB and burns a little CPU, so the measured figures have something to show.
@@ -185,3 +189,26 @@ def test_report_through_a_symlink_and_refusal_of_a_fifo(tmp_path: Path) -> None:
         == f"distrun: error: --report {fifo}: is a FIFO, not a regular file; give a file name\n"
     )
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_report_that_does_not_fit_leaves_the_old_one_and_no_temporary_file(tmp_path: Path) -> None:
+    """On a real full file system (a 64 KiB tmpfs in a mount namespace of the test's own): the write fails
+    with one line, the earlier report is untouched, and no .NAME.PID.tmp is left (issue 19, defect 1)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    argv = " ".join(shlex.quote(a) for a in distrun_argv("--report", disk / "r.json", "-np", "2", "true"))
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {disk} && printf old > {disk}/r.json && "
+        f"(head -c 1000000 /dev/zero > {disk}/filler 2>/dev/null; true) && {argv}; "
+        f"echo rc=$?; ls -A {disk}; cat {disk}/r.json"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, env=clean_env(), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert "rc=0" in out, err
+    assert f"distrun: cannot write the report {disk}/r.json: No space left on device" in err
+    assert out.splitlines()[1:] == ["filler", "r.json", "old"], out
