@@ -171,3 +171,18 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(tmp_path: Path) ->
         assert all(line.startswith("distrun: ") for line in said.splitlines()), (step, said)
         if "error: interrupted by SIGINT" in said:
             assert said == "distrun: error: interrupted by SIGINT before any rank started\n", (step, said)
+
+
+def test_distrun_stopped_and_continued_loses_no_line() -> None:
+    """kill -STOP / -CONT of distrun itself (not Ctrl-Z): the job goes on and every line arrives once."""
+    counter = "import time\nfor i in range(300):\n    print(f'line {i}', flush=True)\n    time.sleep(0.01)\n"
+    proc = start_distrun("-np", "2", "python", "-c", counter)
+    before = read_until(proc, b"line 10\n", 2)
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(2.5)  # the point: distrun does not run meanwhile, longer than its 1 s checks
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    for rank in (0, 1):
+        lines = [line for line in (before + out).splitlines() if line.startswith(b"[%d] " % rank)]
+        assert lines == [b"[%d] line %d" % (rank, i) for i in range(300)], f"rank {rank}"
