@@ -117,6 +117,11 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         try:
             if job is not None:
                 close_all(list(job.nodes.values()))
+        except KeyboardInterrupt:
+            # Ctrl-C while the agents end (they heard EOF already): no more waiting, and the job's own exit
+            # code and report stand; the agents stop whatever is left when this process is gone.
+            if error is None and final is None:
+                raise
         finally:
             relay.close()
             if config.report is not None:
