@@ -395,8 +395,9 @@ class Job:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
             answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
-        # Whatever the backend, two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
-        refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
+        if self.backend.one_machine_per_host:
+            # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
+            refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
