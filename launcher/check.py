@@ -186,6 +186,27 @@ def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (HEADER, *rows)]
 
 
+def same_machines(checks: Sequence[HostCheck]) -> list[Finding]:
+    """A problem for each host that is a machine listed before it under another name (its agent reports the
+    same machine identity): a launch refuses that, since both would share its GPUs and LOCAL_RANKs."""
+    first: dict[str, HostCheck] = {}
+    found = []
+    for check in checks:
+        identity = (check.probe or {}).get("machine") or ""
+        if not identity:
+            continue
+        earlier = first.setdefault(identity, check)
+        if earlier is not check:
+            found.append(
+                Finding(
+                    check.host,
+                    f"the same machine as {earlier.host} (one machine-id, boot and hostname)",
+                    f"list it once with both entries' slots ({earlier.host}:{earlier.slots + check.slots})",
+                )
+            )
+    return found
+
+
 def verdict(checks: Sequence[HostCheck], problems: Sequence[Finding]) -> str:
     failing = sorted({f.host for f in problems if f.fatal})
     warnings = sum(not f.fatal for f in problems)

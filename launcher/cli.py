@@ -537,7 +537,7 @@ check_cli = click.Command(
 
 
 def _run_check(config: LaunchConfig) -> int:
-    from launcher.check import findings, row, table, verdict
+    from launcher.check import findings, row, same_machines, table, verdict
     from launcher.checkrun import check_hosts
     from launcher.progress import Progress, progress_line
     from launcher.supervise import signal_pipe
@@ -556,6 +556,8 @@ def _run_check(config: LaunchConfig) -> int:
         for c in checks
         for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
     ]
+    if backend.get(config.launcher).one_machine_per_host:
+        problems += same_machines(checks)
     lines = table([row(c) for c in checks])
     click.echo(click.style(lines[0], bold=True) if color else lines[0])
     for line, check in zip(lines[1:], checks, strict=True):

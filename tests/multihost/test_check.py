@@ -127,3 +127,12 @@ def test_terminal_gets_progress_and_colours(cluster: Cluster) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, text
     assert "checking 0/2 hosts" in text and "checking 2/2 hosts" in text
     assert "\x1b[32m" in text, "rows of healthy hosts are green on a terminal"
+
+
+def test_one_host_under_a_name_and_an_address_is_a_problem(cluster: Cluster) -> None:
+    result = check(cluster, "-H", f"h1:1,{cluster.addr('h1')}:1")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert (
+        f"{cluster.addr('h1')}: problem: the same machine as h1 (one machine-id, boot and hostname); "
+        "fix: list it once with both entries' slots (h1:2)"
+    ) in result.stdout.splitlines()

@@ -120,3 +120,18 @@ def test_verdict_names_failing_hosts_and_table_aligns() -> None:
     assert lines[0].startswith("host  ssh   login")
     assert lines[2].startswith("h10   FAIL")
     assert lines[1].index("ok") == lines[2].index("FAIL") == lines[0].index("ssh"), "columns line up"
+
+
+def test_one_machine_under_two_names_is_a_problem_of_the_second() -> None:
+    from launcher.check import same_machines
+
+    checks = [
+        HostCheck("h1", 2, probe={**GOOD, "machine": "m/b/n/h1"}),
+        HostCheck("h2", 1, probe={**GOOD, "machine": "m/b/n/h2"}),
+        HostCheck("10.0.0.1", 1, probe={**GOOD, "machine": "m/b/n/h1"}),
+        HostCheck("old-agent", 1, probe=GOOD),  # an agent that reports no identity is never a duplicate
+    ]
+    (found,) = same_machines(checks)
+    assert (found.host, found.fatal) == ("10.0.0.1", True)
+    assert found.what == "the same machine as h1 (one machine-id, boot and hostname)"
+    assert found.fix == "list it once with both entries' slots (h1:3)"
