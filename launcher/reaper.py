@@ -56,12 +56,56 @@ def _processes() -> dict[int, tuple[int, bytes]]:
     return found
 
 
+def _children(pid: int) -> list[int] | None:
+    """`pid`'s children from /proc/PID/task/*/children; None where the kernel does not offer that file."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone meanwhile
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                found.extend(int(child) for child in f.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{task}"):
+                continue  # the thread ended meanwhile
+            return None
+        except OSError:
+            continue
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True  # gone: as good as a zombie for whoever asks
+    return stat[stat.rfind(b")") + 2 :].split()[:1] == [b"Z"]
+
+
 def descendants(root: int = 0) -> list[int]:
     """The living pids below `root` (this process by default), parents before children.
 
     A zombie is left out: its own children were re-parented already, and only its parent's wait removes it.
+    Only the subtree is read where the kernel lists each task's children; else every process's parent.
     """
     root = root or os.getpid()
+    found: list[int] = []
+    todo = [root]
+    while todo:
+        children = _children(todo.pop())
+        if children is None:
+            return _descendants_by_scan(root)
+        for child in children:
+            if not _zombie(child):
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _descendants_by_scan(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, (parent, state) in _processes().items():
         if state != b"Z":
