@@ -24,10 +24,15 @@ def release_start_guard() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-# As the `distrun` command or `python -m launcher` (argv[0] is "-m" while the module is found), Ctrl-C is
-# guarded from this first instruction on; imported as a library (tests, the local agent) nothing changes. An
-# ignored SIGINT (a background job of a script) stays ignored.
-if (sys.argv[:1] == ["-m"] or os.path.basename(sys.argv[0] if sys.argv else "") == "distrun") and (
-    signal.getsignal(signal.SIGINT) is signal.default_int_handler
-):
+def _started_as_distrun() -> bool:
+    """The `distrun` command or `python -m launcher`, not a program importing the package."""
+    if sys.argv and os.path.basename(sys.argv[0]) == "distrun":
+        return True
+    orig = getattr(sys, "orig_argv", [])
+    return "-m" in orig and orig[orig.index("-m") + 1 : orig.index("-m") + 2] == ["launcher"]
+
+
+# Started as distrun, Ctrl-C is guarded from this first instruction on; imported as a library (tests, the
+# local agent) nothing changes. An ignored SIGINT (a background job of a script) stays ignored.
+if _started_as_distrun() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted)
