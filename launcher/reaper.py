@@ -34,25 +34,29 @@ def become_subreaper() -> bool:
         return False
 
 
+def _stat(pid: int | str) -> tuple[int, bytes] | None:
+    """A process's parent and state letter (Z: zombie) from /proc/PID/stat; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # The command name in parentheses may contain anything, spaces and ")" included: split after the last.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return (int(fields[1]), fields[0]) if len(fields) > 1 else None
+
+
 def _processes() -> dict[int, tuple[int, bytes]]:
-    """Every visible process's parent and state letter (Z: zombie), from /proc (empty without /proc)."""
-    found = {}
+    """Every visible process's parent and state letter, from /proc (empty without /proc)."""
     try:
         names = os.listdir("/proc")
     except OSError:
         return {}
+    found = {}
     for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        # The command name in parentheses may contain anything, spaces and ")" included: split after the last.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            found[int(name)] = (int(fields[1]), fields[0])
+        stat = _stat(name) if name.isdigit() else None
+        if stat is not None:
+            found[int(name)] = stat
     return found
 
 
@@ -77,12 +81,8 @@ def _children(pid: int) -> list[int] | None:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True  # gone: as good as a zombie for whoever asks
-    return stat[stat.rfind(b")") + 2 :].split()[:1] == [b"Z"]
+    stat = _stat(pid)
+    return stat is None or stat[1] == b"Z"  # gone: as good as a zombie for whoever asks
 
 
 def descendants(root: int = 0) -> list[int]:

@@ -48,4 +48,9 @@ with open(os.path.join(pid_dir, f"r{rank}.ready"), "w") as f:
 print(f"rank {rank} detached", flush=True)
 if "--wait" in sys.argv:
     time.sleep(300)
+# Every rank has detached its processes before any rank ends the job (a failing one stops the others).
+world = int(os.environ["WORLD_SIZE"])
+deadline = time.monotonic() + 60
+while sum(name.endswith(".ready") for name in os.listdir(pid_dir)) < world and time.monotonic() < deadline:
+    time.sleep(0.02)
 sys.exit(code)
