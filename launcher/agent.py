@@ -12,6 +12,9 @@ the launcher's heartbeats stopping) sends SIGTERM (SIGINT first, when STOP says 
 group and SIGKILL after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
 SIGNAL forwards a signal (SIGUSR1, SIGSTOP/SIGCONT for Ctrl-Z and fg) to every running rank. The agent exits
 at stdin EOF once its ranks are gone.
+
+The host facts (probe answers) and the rank supervisor share this one file because it is what travels to
+every host as source, next to launcher/protocol.py; hence its length.
 """
 
 from __future__ import annotations
@@ -28,14 +31,16 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.protocol import (
     BEAT,
+    BLOB,
     DONE,
     ERR,
     EXIT,
     FACTS,
+    FETCH,
     KILL,
     ORPHAN_GRACE_CAP,
     OUT,
@@ -44,6 +49,7 @@ from launcher.protocol import (
     SIGNAL,
     START,
     STOP,
+    SYNC,
     VERSION,
     Facts,
     Frame,
@@ -64,6 +70,8 @@ from launcher.protocol import (
     write_all,
 )
 from launcher.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
+from launcher.receive import Receiver, listen
+from launcher.store import has_copy
 
 SIOCGIFADDR = 0x8915
 
@@ -224,13 +232,42 @@ else:
     print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
 """
 TORCH_PROBE_TIMEOUT = 90.0
+
+# Run by the ranks' interpreter at every launch: its Python, and torch's version and CUDA/NCCL build, read
+# from files without importing torch (which takes seconds).
+_STACK_PROBE = r"""
+import importlib.util, json, os, re, sys
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "torch": "", "cuda": "", "nccl": ""}
+spec = importlib.util.find_spec("torch")
+for where in (spec.submodule_search_locations or []) if spec else []:
+    try:
+        text = open(os.path.join(where, "version.py")).read()
+    except OSError:
+        continue
+    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+        m = re.search(r"^" + name + r"\s*(?::[^=]*)?=\s*[\x27\x22]([^\x27\x22]*)", text, re.M)
+        out[key] = m.group(1) if m else ""
+    break
+for d in sys.path:
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        continue
+    found = [re.match(r"nvidia_nccl_cu\d+-([^-]+)\.dist-info$", n) for n in names]
+    m = next((f for f in found if f), None)
+    if m:
+        out["nccl"] = m.group(1)
+        break
+print(json.dumps(out))
+"""
 TCP_PROBE_TIMEOUT = 5.0
 
 
-def _torch(python: str) -> Any:
+def _ask(python: str, code: str) -> Any:
+    """The JSON that `python -c code` printed last, or {"error": why there is none}."""
     try:
         done = subprocess.run(
-            [python, "-c", _TORCH_PROBE],
+            [python, "-c", code],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=TORCH_PROBE_TIMEOUT,
@@ -242,6 +279,17 @@ def _torch(python: str) -> Any:
     except (ValueError, IndexError):
         tail = done.stderr.decode(errors="replace").strip().splitlines()
         return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
+
+
+def _torch(python: str) -> Any:
+    return _ask(python, _TORCH_PROBE)
+
+
+def _stack(python: str) -> dict[str, str]:
+    found = _ask(python, _STACK_PROBE)
+    if "error" in found:
+        return {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
+    return {k: str(v) for k, v in found.items()}
 
 
 def _disk_free(path: str) -> Any:
@@ -261,21 +309,6 @@ def _tcp_error(host: str, port: int) -> str:
         return f"no answer within {TCP_PROBE_TIMEOUT:.0f}s (a firewall dropping packets?)"
     except OSError as exc:
         return exc.strerror or str(exc)
-
-
-def _listen() -> socket.socket:
-    """A socket on a free port of every address, open until the agent exits: the kernel completes
-    connections to it (backlog) without the agent ever accepting them."""
-    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-    try:  # IPv6 and IPv4 at once where the host has IPv6
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("::", 0))
-    except OSError:
-        sock.close()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("", 0))
-    sock.listen(64)
-    return sock
 
 
 def machine_identity() -> str:
@@ -303,6 +336,10 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     extra: dict[str, Any] = {}
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
+    if request.stack:
+        extra["stack"] = _stack(request.python or sys.executable)
+    if request.workdir_hash:
+        extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:
         extra.update(
             python_version=".".join(str(part) for part in sys.version_info[:3]),
@@ -377,11 +414,11 @@ def _signal_number(name: str) -> int | None:
 
 
 class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes], started: float) -> None:
         self.rank = rank
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the rank leads its own process group
-        self.started = time.monotonic()
+        self.started = started
         self.returncode: int | None = None
         assert proc.stdout is not None and proc.stderr is not None
         self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
@@ -389,7 +426,22 @@ class _Rank:
 
 
 class Agent:
-    def __init__(self, in_fd: int, out_fd: int) -> None:
+    """One host's agent, reading frames from `in_fd` and writing to `out_fd`.
+
+    `clock` (monotonic seconds) and `start_process` (subprocess.Popen's signature) are parameters so that a
+    test can run an agent in its own process with a fake clock and fake ranks.
+    """
+
+    def __init__(
+        self,
+        in_fd: int,
+        out_fd: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        start_process: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    ) -> None:
+        self.clock = clock
+        self.start_process = start_process
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.sel = selectors.DefaultSelector()
@@ -397,7 +449,7 @@ class Agent:
         self.launcher_gone = False
         self.beat_every = 0.0  # 0: no heartbeats (until a PROBE asks for them)
         self.dead_after = 0.0
-        self.last_heard = time.monotonic()
+        self.last_heard = self.clock()
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
@@ -409,7 +461,14 @@ class Agent:
             STOP: self._on_stop,
             SIGNAL: lambda _, request: self.forward(request),
             KILL: lambda *_: self.kill(),
+            SYNC: lambda _, request: self._send_all(self.receiver.start(request)),
+            BLOB: lambda _, payload: self._send_all(self.receiver.blob(payload)),
+            FETCH: lambda _, request: self._send_all(self.receiver.fetch(request)),
         }
+        self.receiver = Receiver()  # --workdir
+        # A subreaper (see launcher.reaper), which `run` makes this process: its descendants are then the
+        # job's, to stop and reap. An agent driven in-process by a test is none, and leaves others' alone.
+        self.reaping = False
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -430,6 +489,10 @@ class Agent:
     def send_message(self, kind: int, message: Any, rank: int = -1) -> None:
         self._write(encode_message(kind, message, rank, self.agent_id))
 
+    def _send_all(self, messages: list[tuple[int, Any]]) -> None:
+        for kind, message in messages:
+            self.send_message(kind, message)
+
     def _write(self, frame: bytes) -> None:
         if self.launcher_gone:
             return
@@ -449,28 +512,33 @@ class Agent:
         self.beat_every = request.heartbeat
         self.dead_after = request.dead_after
         if request.listen and self.listener is None:
-            self.listener = _listen()
+            self.listener = listen()
         self.send_message(FACTS, host_facts(request, self.listener))
 
     def start(self, spec: StartRequest) -> None:
+        self.receiver.stop_serving()  # no thread may run while ranks are forked
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
         # Leftovers of another launcher go first; the launcher's environment comes over them.
         shared = start_environment(os.environ, spec)
+        cwd = spec.workdir or spec.cwd or None
+        if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
+            shared["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, shared.get("PYTHONPATH")) if p)
         die_with_agent = _die_with_agent()
         for r in spec.ranks:
             env = rank_environment(shared, r)
             try:
-                proc = subprocess.Popen(
+                proc = self.start_process(
                     r.argv,
                     env=env,
-                    cwd=spec.cwd or None,
+                    cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
-                    preexec_fn=_pre_exec(die_with_agent, r.cpus),  # noqa: PLW1509 - the agent has a single thread
+                    # A pre-exec hook is safe here: the agent has a single thread.
+                    preexec_fn=_pre_exec(die_with_agent, r.cpus),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -480,7 +548,7 @@ class Agent:
                 self.send(ERR, r.rank, msg.encode())
                 self.send_message(EXIT, RankExited(code), r.rank)
                 continue
-            entry = _Rank(r.rank, proc)
+            entry = _Rank(r.rank, proc, self.clock())
             self.ranks[r.rank] = entry
             for fd in entry.fds:
                 self.by_fd[fd] = entry
@@ -493,14 +561,14 @@ class Agent:
             if entry.returncode is None or leftovers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
-        if leftovers or sig in (signal.SIGSTOP, signal.SIGCONT):
+        if self.reaping and (leftovers or sig in (signal.SIGSTOP, signal.SIGCONT)):
             # What left the ranks' groups (own sessions, daemons): every descendant, adopted ones included.
             signal_descendants(sig)
 
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
             return  # between attempts there is nothing to stop (a late STOP of the last attempt, say)
-        now = time.monotonic()
+        now = self.clock()
         grace = self.grace if grace is None else grace
         if self.kill_at is None or now + grace < self.kill_at:
             self.kill_at = now + grace
@@ -519,14 +587,14 @@ class Agent:
             self.paused = True
         elif signum == signal.SIGCONT:
             self.paused = False
-            self.last_heard = time.monotonic()
+            self.last_heard = self.clock()
         if self.started:
             self._signal_all(signum)
 
     def kill(self) -> None:
         if not self.started:
             return
-        self.kill_at = time.monotonic()
+        self.kill_at = self.clock()
         self._signal_all(signal.SIGKILL, leftovers=True)
 
     def _read_pipe(self, fd: int) -> bool:
@@ -576,14 +644,15 @@ class Agent:
                 exited = RankExited(
                     code,
                     entry.proc.pid,
-                    time.monotonic() - entry.started,
+                    self.clock() - entry.started,
                     cpu_s=usage.ru_utime + usage.ru_stime,
                     max_rss_kb=usage.ru_maxrss,  # KiB on Linux
                 )
             entry.returncode = exited.returncode
             self._drain(entry)
             self.send_message(EXIT, exited, entry.rank)
-        reap_adopted({e.proc.pid for e in self.ranks.values() if e.returncode is None})
+        if self.reaping:
+            reap_adopted({e.proc.pid for e in self.ranks.values() if e.returncode is None})
 
     # -- control from the launcher
 
@@ -597,7 +666,7 @@ class Agent:
             self.sel.unregister(self.in_fd)
             self._lost_launcher()
             return False
-        self.last_heard = time.monotonic()
+        self.last_heard = self.clock()
         for frame in self.reader.feed(data):
             # The launcher names us in its frames: ours carry the same id back (see launcher.protocol).
             self.agent_id = frame.agent
@@ -607,17 +676,21 @@ class Agent:
     def _all_exited(self) -> bool:
         return all(e.returncode is not None for e in self.ranks.values())
 
+    def _leftovers(self) -> bool:
+        """Something the ranks started still runs (detached from their groups, say)."""
+        return self.reaping and bool(descendants())
+
     def _finish_attempt(self, now: float) -> bool:
         """Once every rank and its process group is gone: DONE. True when the attempt is over."""
         if not self._all_exited():
             return False
-        if self.by_fd or descendants():
+        if self.by_fd or self._leftovers():
             # Leaders are gone but something they started (a DataLoader worker, a detached daemon) runs on.
             if self.leftovers_at is None:
                 self._signal_all(signal.SIGTERM, leftovers=True)
                 self.leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
                 return False
-            if now < self.leftovers_at and (self.by_fd or descendants()):
+            if now < self.leftovers_at and (self.by_fd or self._leftovers()):
                 return False
             for fd in list(self.by_fd):
                 self._close_pipe(fd)
@@ -627,7 +700,7 @@ class Agent:
         return True
 
     def run(self) -> int:
-        become_subreaper()  # see launcher.reaper: detached descendants of the ranks stay ours
+        self.reaping = become_subreaper()  # see launcher.reaper: detached descendants of the ranks stay ours
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)
@@ -636,11 +709,12 @@ class Agent:
             signal.signal(sig, lambda *_: None)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        self.sel.register(self.receiver.fileno(), selectors.EVENT_READ, "fetched")
         control_open = True
         exiting = False
         while True:
             timeout = 0.5
-            now = time.monotonic()
+            now = self.clock()
             if self.beat_every:
                 if now >= self.next_beat:
                     self.send(BEAT)
@@ -659,6 +733,8 @@ class Agent:
             for key, _ in events:
                 if key.data == "control":
                     control_open = self._read_control()
+                elif key.data == "fetched":
+                    self._send_all(self.receiver.fetched())
                 elif key.data == "wake":
                     try:
                         signums = os.read(wake_r, 512)
@@ -673,7 +749,7 @@ class Agent:
                     reap = reap or key.fd not in self.by_fd
             if reap:
                 self._reap()
-            now = time.monotonic()
+            now = self.clock()
             if self.term_at is not None and now >= self.term_at:
                 self.term_at = None
                 self._signal_all(signal.SIGTERM, leftovers=True)

@@ -56,12 +56,14 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     ]
     if config.launcher != "ssh":
         lines.append(f"launcher: {config.launcher}")
+    if config.workdir is not None:
+        lines.append(f"workdir: {config.workdir}, copied to every host's cache; ranks run in the copy")
     lines.extend(placement_lines)
-    leftovers = dropped_here(environ, jenv.explicit)
+    leftovers = dropped_here(environ, dict((*config.env_file, *config.exports)))
     if leftovers:
         lines.append(f"removed from every rank (left by another launcher): {' '.join(leftovers)}")
     if not config.forward_env and any(local):
-        kept = " ".join(sorted(jenv.here)) or "none"
+        kept = " ".join(sorted(set(environ) - set(jenv.unset))) or "none"
         lines.append(f"ranks on this machine keep only its login variables (--no-forward-env): {kept}")
     slots = {slot.rank: slot for slot in plan.slots}
     for spec in (spec for request in requests for spec in request.ranks):

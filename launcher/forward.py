@@ -165,16 +165,13 @@ def travelling_env(
 class JobEnv:
     """The environment side of a launch, computed once for every rank.
 
-    `travelling`: what every rank starts from (StartRequest.env); `explicit`: the user's word (--env-file,
-    then -x), which beats distrun's defaults; `unset`: removed from ranks on this machine (with
-    --no-forward-env, all but its login variables); `here`: what a rank on this machine inherits beneath
-    `travelling`.
+    `travelling`: what every rank starts from (StartRequest.env), the user's word (--env-file, then -x) last;
+    `unset`: removed from ranks on this machine (leftovers of another launcher; with --no-forward-env, all
+    but its login variables).
     """
 
     travelling: dict[str, str]
-    explicit: dict[str, str]
     unset: tuple[str, ...]
-    here: dict[str, str]
 
 
 def job_env(
@@ -193,9 +190,7 @@ def job_env(
         unset = tuple(sorted({*unset, *(n for n in environ if n not in explicit and not login_variable(n))}))
     return JobEnv(
         travelling=travelling_env(environ, forward=forward, env_file=env_file, exports=exports),
-        explicit=explicit,
         unset=unset,
-        here={k: v for k, v in environ.items() if k not in unset},
     )
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 _LAUNCHER = Path(__file__).resolve().parents[1]
 # What a host without any of the interpreters tried says (`distrun check` tells it from SSH trouble).
 NO_PYTHON = "distrun: no Python interpreter found here"
-SHIPPED = ("launcher.protocol", "launcher.reaper", "launcher.agent")
+SHIPPED = ("launcher.protocol", "launcher.store", "launcher.receive", "launcher.reaper", "launcher.agent")
 
 # argv[1:] holds each shipped module's source length, in SHIPPED order. The modules are registered under their
 # real names, so `from launcher.protocol import ...` in the agent works as it does when imported here.

@@ -22,6 +22,7 @@ from tests.support import (
     recorded_pids,
     start_distrun,
     wait_for_files,
+    wait_until,
 )
 
 
@@ -33,13 +34,11 @@ def _start(pid_dir: Path, *script_args: str, ranks: int = 2) -> subprocess.Popen
 
 def _wait_for_status(pids: list[int], wanted: bool, timeout: float = 30.0) -> None:
     """Until every process is stopped (wanted=True) or none is (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all((psutil.Process(pid).status() == psutil.STATUS_STOPPED) == wanted for pid in pids):
-            return
-        time.sleep(0.05)
-    states = {pid: psutil.Process(pid).status() for pid in pids}
-    raise AssertionError(f"expected {'stopped' if wanted else 'running'}: {states}")
+    wait_until(
+        lambda: all((psutil.Process(pid).status() == psutil.STATUS_STOPPED) == wanted for pid in pids),
+        timeout,
+        f"{pids} {'stopped' if wanted else 'running'}",
+    )
 
 
 def test_ctrl_c_reaches_every_rank_as_sigint_first(pid_dir: Path) -> None:

@@ -12,15 +12,21 @@ import re
 import shlex
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
-from tests.support import REPO, SCRIPTS, assert_all_gone, distrun_argv, recorded_pids
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    assert_all_gone,
+    attempt_envs,
+    distrun_argv,
+    recorded_pids,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -41,13 +47,6 @@ def assert_clean(slurm: SlurmCluster, within: float = 30.0) -> None:
     """Nothing left on the nodes, and no job left in the queue for the next test to wait behind."""
     assert_nodes_clean(slurm, within)
     slurm.wait_idle()
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def salloc(slurm: SlurmCluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -193,11 +192,11 @@ class Outlived:
 
     def __enter__(self) -> psutil.Process:
         """The distrun process, once all its ranks run."""
-        _wait_for(lambda: self.pid_file.exists() and len(list(self.pid_dir.glob("rank*.pid"))) == 3)
+        wait_until(lambda: self.pid_file.exists() and len(list(self.pid_dir.glob("rank*.pid"))) == 3)
         return psutil.Process(int(self.pid_file.read_text()))
 
     def exit_code(self) -> int:
-        _wait_for(lambda: self.code_file.exists() and self.code_file.read_text().strip() != "")
+        wait_until(lambda: self.code_file.exists() and self.code_file.read_text().strip() != "")
         return int(self.code_file.read_text())
 
     def __exit__(self, *exc: object) -> None:
@@ -256,11 +255,10 @@ def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, t
 
 def _world(out: Path, attempt: int) -> dict[int, tuple[str, str, str]]:
     """rank -> (host, WORLD_SIZE, MASTER_PORT) as the ranks of that attempt saw it."""
-    found = {}
-    for path in out.glob(f"a{attempt}.r*.json"):
-        env = json.loads(path.read_text())
-        found[int(env["RANK"])] = (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], env["MASTER_PORT"])
-    return found
+    return {
+        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], env["MASTER_PORT"])
+        for rank, env in attempt_envs(out, attempt).items()
+    }
 
 
 def test_max_restarts_under_slurm_restarts_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -291,7 +289,7 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
         stderr=subprocess.PIPE,
         text=True,
     )
-    _wait_for(lambda: len(list(tmp_path.glob("a0.r*.pid"))) == 3)
+    wait_until(lambda: len(list(tmp_path.glob("a0.r*.pid"))) == 3)
     slurm.network.link_down("node03")
     try:
         _, err = proc.communicate(timeout=120)
@@ -302,10 +300,31 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
             1: ("node02", "2"),
         }
         # Only slurmstepd waits on node03, to report its step to a controller it cannot reach.
-        _wait_for(lambda: {p.name() for p in slurm.processes("node03")} <= {"slurmstepd"}, timeout=30)
+        wait_until(lambda: {p.name() for p in slurm.processes("node03")} <= {"slurmstepd"}, 30)
     finally:
         slurm.network.link_up("node03")
     assert_clean(slurm, within=60.0)
+
+
+def test_workdir_under_slurm_runs_every_rank_in_the_copy(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The nodes share this machine's disk, so both agents build the same copy at once in one cache: the
+    concurrent case of two jobs, which must leave one complete copy that both use."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("import os, mod; print(os.environ['RANK'], os.getcwd(), mod.VALUE)\n")
+    (project / "mod.py").write_text("VALUE = 7\n")
+    cache = tmp_path / "cache"
+    env = {**slurm_env(slurm), "DISTRUN_CACHE_DIR": str(cache)}
+    argv = ["salloc", "-N2", *distrun_argv("--workdir", project, "train.py")]
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (copy,) = [p for p in (cache / "workdir" / "trees").iterdir() if p.is_dir()]
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
+        f"[{rank}] {rank} {copy} 7" for rank in range(2)
+    ]
+    assert sorted(os.listdir(copy)) == ["mod.py", "train.py"]
+    assert os.listdir(cache / "workdir" / "tmp") == []
+    assert_clean(slurm)
 
 
 def test_check_inside_an_allocation_reaches_every_node_through_srun(slurm: SlurmCluster) -> None:
