@@ -21,7 +21,7 @@ from typing import Any, NoReturn, cast
 import click
 
 from collectives.placement import OWN_GPUS_VAR
-from launcher import __version__, backend
+from launcher import __version__, backend, release_start_guard
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
 from launcher.configfile import ENV_LEVEL, Sources, merge_config_file
@@ -531,8 +531,11 @@ def _parse(argv: Sequence[str]) -> Request | int:
 
 
 def _run(argv: Sequence[str]) -> int:
-    SCRUBBER.learn(os.environ)
     try:
+        # From here a Ctrl-C is a KeyboardInterrupt this function answers (until then launcher/__init__.py's
+        # guard does, with the same line).
+        release_start_guard()
+        SCRUBBER.learn(os.environ)
         request = _parse(argv)
         if isinstance(request, int):
             return request
@@ -593,9 +596,5 @@ def _error(message: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Console-script entry point: parse, launch, exit with the job's exit code."""
-    try:
-        guard_std_fds()
-    except KeyboardInterrupt:
-        _error(str(Interrupted("SIGINT", EXIT_SIGINT)))
-        sys.exit(EXIT_SIGINT)
+    guard_std_fds()
     sys.exit(_run(sys.argv[1:] if argv is None else argv))
