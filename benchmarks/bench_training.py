@@ -1,19 +1,21 @@
 """Training throughput: collectives.DistributedOptimizer vs torch DDP, and what their hooks cost per step.
 
-    python benchmarks/bench_training.py                     # world sizes 1 and 2, through distrun
+    python benchmarks/bench_training.py                     # resnet18 and mlp, 2 ranks, through distrun
     python benchmarks/bench_training.py --image-size 32 --batch-size 8 --rounds 5   # small, for a CPU
-    distrun -np 2 python benchmarks/bench_training.py --model digits   # one world size, as a distrun job
+    distrun -np 2 python benchmarks/bench_training.py --models digits   # one world size, as a distrun job
 
-The model is ResNet-18 (11.7 M parameters, 1000 classes) on generated images, large enough that gradient
-communication and its hooks matter (``--model digits`` is the example's 0.15 M-parameter CNN). Three
-replicas start from the same weights and train on the same batches: "local" (the plain optimizer, no hooks
-and no communication: the baseline), DistributedOptimizer and DDP (with its defaults, so it also
-broadcasts the BatchNorm buffers, 0.01 M values, each step). Each round runs every method back to back, in
-rotating order; ratios and per-step overheads are medians over rounds of the paired values, so machine
-noise, which changes slowly, affects both sides of a pair alike.
+The models: ResNet-18 (11.7 M parameters, 1000 classes) on generated images, and a 10.2 M-parameter MLP
+(5 linear layers) on generated vectors, large enough that gradient communication and its hooks matter
+(``digits`` is the example's 0.15 M-parameter CNN). Three replicas start from the same weights and train on
+the same batches: "local" (the plain optimizer, no hooks and no communication: the baseline),
+DistributedOptimizer and DDP, both with the same ``--bucket-cap-mb``. DDP runs with
+``broadcast_buffers=False``: DistributedOptimizer does not synchronise buffers, so both do the same work,
+and after the last round their parameters must agree (the table shows the largest difference). Each round
+runs every method back to back, in rotating order; ratios and per-step overheads are medians over rounds
+of the paired values, so machine noise, which changes slowly, affects both sides of a pair alike.
 
-Run without a launcher, the script starts itself under distrun once per world size: on GPUs when the
-machine has one per rank (nccl), else on the CPU with GPUs hidden (gloo), and prints one table.
+Run without a launcher, the script starts itself under distrun once per model and world size: on GPUs when
+the machine has one per rank (nccl), else on the CPU with GPUs hidden (gloo), and prints one table.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 import collectives as hvd
 
 METHODS = ("local", "DistributedOptimizer", "DDP")
+MODELS = ("resnet18", "mlp", "digits")
 
 
 class BasicBlock(nn.Module):
@@ -81,8 +84,18 @@ def resnet18(classes: int = 1000, small_images: bool = False) -> nn.Module:
     return nn.Sequential(*stem, *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, classes))
 
 
+def mlp(features: int = 1024, hidden: int = 1536, classes: int = 1000) -> nn.Module:
+    """10.2 M parameters in five linear layers: few, large gradients, so communication dominates."""
+    layers: list[nn.Module] = [nn.Linear(features, hidden), nn.ReLU()]
+    for _ in range(3):
+        layers += [nn.Linear(hidden, hidden), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, classes))
+
+
 def make_model(name: str, image_size: int) -> tuple[nn.Module, tuple[int, ...], int]:
     """The model, one sample's shape and the number of classes."""
+    if name == "mlp":
+        return mlp(), (1024,), 1000
     if name == "digits":
         import importlib.util
 
@@ -137,10 +150,15 @@ def worker(args: argparse.Namespace) -> int:
         replicas[name] = make_model(args.model, args.image_size)[0].to(device)
     sgd = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in replicas.items()}
     ours = hvd.DistributedOptimizer(
-        sgd["DistributedOptimizer"], replicas["DistributedOptimizer"].named_parameters()
+        sgd["DistributedOptimizer"],
+        replicas["DistributedOptimizer"].named_parameters(),
+        bucket_cap_mb=args.bucket_cap_mb,
     )
     ddp = DistributedDataParallel(
-        replicas["DDP"], device_ids=[device.index] if device.type == "cuda" else None
+        replicas["DDP"],
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_cap_mb,
+        broadcast_buffers=False,
     )
     steps = {
         "local": make_step(replicas["local"], sgd["local"]),
@@ -155,7 +173,15 @@ def worker(args: argparse.Namespace) -> int:
         for name in METHODS[shift:] + METHODS[:shift]:
             seconds[name].append(time_steps(steps[name], batches))
     samples = args.batch_size * args.steps * hvd.size()
+    # Same start, same batches, same number of steps: the two distributed replicas must agree.
+    difference = max(
+        float((a - b).abs().max())
+        for a, b in zip(
+            replicas["DistributedOptimizer"].parameters(), replicas["DDP"].parameters(), strict=True
+        )
+    )
     result = {
+        "model": args.model,
         "ranks": hvd.size(),
         "backend": hvd.backend(),
         "device": device.type,
@@ -172,6 +198,7 @@ def worker(args: argparse.Namespace) -> int:
             for name in ("DistributedOptimizer", "DDP")
         },
         "rounds": {name: [round(samples / s, 1) for s in values] for name, values in seconds.items()},
+        "difference": difference,
     }
     if hvd.is_coordinator():
         print_table(args, [result])
@@ -182,44 +209,46 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def driver(args: argparse.Namespace) -> int:
-    """Start the worker under distrun for each world size; print one table."""
+    """Start the worker under distrun for each model and world size; print one table."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     worker_args = [
         f"--{name.replace('_', '-')}={getattr(args, name)}"
-        for name in ("model", "image_size", "batch_size", "steps", "rounds")
+        for name in ("image_size", "batch_size", "steps", "rounds", "bucket_cap_mb")
     ]
     rows = []
-    for size in args.world_sizes:
-        env = env_with_repo()
-        if gpus < size:
-            env["CUDA_VISIBLE_DEVICES"] = ""  # one rank per GPU or none: gloo on the CPU
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp, "result.json")
-            command = distrun("-np", size, sys.executable, __file__, *worker_args, "--json", out)
-            subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
-            rows.append(json.loads(out.read_text()))
+    for model in args.models:
+        for size in args.world_sizes:
+            env = env_with_repo()
+            if gpus < size:
+                env["CUDA_VISIBLE_DEVICES"] = ""  # one rank per GPU or none: gloo on the CPU
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp, "result.json")
+                command = distrun(
+                    "-np", size, sys.executable, __file__, *worker_args, f"--models={model}", "--json", out
+                )
+                subprocess.run(command, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
+                rows.append(json.loads(out.read_text()))
     print_table(args, rows)
     return 0
 
 
 def print_table(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> None:
-    first = rows[0]
     print(
-        f"{args.model}: {first['parameters'] / 1e6:.2f} M parameters, batch {args.batch_size} per rank"
-        + (f", {args.image_size}x{args.image_size} images" if args.model == "resnet18" else "")
-        + f", {args.steps} steps x {args.rounds} rounds"
+        f"batch {args.batch_size} per rank, {args.image_size}x{args.image_size} images for resnet18, "
+        f"bucket cap {args.bucket_cap_mb} MB for both, {args.steps} steps x {args.rounds} rounds"
     )
     print(
-        "| ranks | device, backend | local samples/s | DistributedOptimizer | DDP "
-        "| DistributedOptimizer / DDP | overhead per step: DistributedOptimizer | DDP |"
+        "| model | ranks | device, backend | local samples/s | DistributedOptimizer | DDP "
+        "| DistributedOptimizer / DDP | overhead per step: DistributedOptimizer | DDP | max param diff |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         rate, over = row["samples_per_s"], row["overhead_ms"]
         print(
-            f"| {row['ranks']} | {row['device']}, {row['backend']} | {rate['local']:.1f} "
+            f"| {row['model']} ({row['parameters'] / 1e6:.1f} M) | {row['ranks']} "
+            f"| {row['device']}, {row['backend']} | {rate['local']:.1f} "
             f"| {rate['DistributedOptimizer']:.1f} | {rate['DDP']:.1f} | {row['ratio']:.3f} "
-            f"| {over['DistributedOptimizer']:+.1f} ms | {over['DDP']:+.1f} ms |"
+            f"| {over['DistributedOptimizer']:+.1f} ms | {over['DDP']:+.1f} ms | {row['difference']:.1e} |"
         )
     print(
         "ratio: samples/s of DistributedOptimizer over DDP (> 1: faster); overhead: step time over the local "
@@ -229,7 +258,12 @@ def print_table(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> Non
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=("resnet18", "digits"), default="resnet18")
+    parser.add_argument(
+        "--models",
+        type=lambda value: [name for name in value.split(",") if name],
+        default=["resnet18", "mlp"],
+        help=f"comma-separated, of {', '.join(MODELS)} (default resnet18,mlp)",
+    )
     parser.add_argument(
         "--image-size", type=int, default=224, help="resnet18 input (<= 64: CIFAR-style stem)"
     )
@@ -239,16 +273,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--world-sizes",
         type=lambda value: [int(n) for n in value.split(",")],
-        default=[1, 2],
-        help="without a launcher: the world sizes to run (default 1,2)",
+        default=[2],
+        help="without a launcher: the world sizes to run (default 2)",
     )
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="for both (DDP's default: 25)")
     parser.add_argument("--json", dest="json_path")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return worker(args) if "RANK" in os.environ else driver(args)
+    unknown = sorted(set(args.models) - set(MODELS))
+    if unknown:
+        raise SystemExit(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+    if "RANK" not in os.environ:
+        return driver(args)
+    if len(args.models) != 1:
+        raise SystemExit("as a distrun job, give one model: --models NAME")
+    args.model = args.models[0]
+    return worker(args)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """Horovod's DistributedOptimizer on torch.distributed, plus broadcast of initial parameters and state.
 
-Gradients are averaged in buckets of about ``bucket_cap_mb``. A post-accumulate-grad hook on every parameter
-counts finished gradients; when all of a bucket's gradients are final, its allreduce starts asynchronously
-while autograd keeps computing earlier layers, so communication overlaps compute. ``step()`` waits for the
-buckets and then runs the wrapped optimizer. Buckets are launched strictly in bucket order on every rank, so
-ranks can never pair up different buckets even if their autograd orders differ.
+Gradients are averaged in buckets laid out as DDP lays them out (reverse registration order, a first bucket
+of 1 MB, then about ``bucket_cap_mb`` each). A post-accumulate-grad hook on every parameter copies its final
+gradient, already divided for the average and cast for the wire, into its slot of the bucket's persistent
+buffer; the hook that fills a bucket starts its allreduce asynchronously while autograd keeps computing
+earlier layers, so communication overlaps compute and no pass over a whole bucket sits between the last
+gradient and the launch. ``step()`` waits for the buckets, copies the results into ``.grad`` and runs the
+wrapped optimizer. Buckets are launched strictly in bucket order on every rank, so ranks can never pair up
+different buckets even if their autograd orders differ.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
+from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.errors import CollectivesError, GradientSyncError
-from collectives.ops import _fuse, _unflatten_into, broadcast_, broadcast_object
+from collectives.ops import broadcast_, broadcast_object
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
@@ -31,6 +35,9 @@ __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_param
 _log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+# DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): the last layers' gradients, which are
+# ready first, start communicating without waiting for a whole bucket_cap_mb of earlier ones.
+FIRST_BUCKET_BYTES = 1024 * 1024
 
 # Parameter -> weakref to the DistributedOptimizer whose hooks it carries. Weak on both sides: it must keep
 # neither a model nor an optimizer alive; it exists so that wrapping the same parameters again can retire the
@@ -66,43 +73,47 @@ def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
 
 
 class _Bucket:
-    """A run of same-dtype, same-device parameters reduced as one flat buffer."""
+    """A run of same-dtype, same-device parameters whose gradients are reduced as one flat buffer.
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter]) -> None:
+    The buffer is in the wire dtype and reused across steps; ``slots`` are views of it shaped like the
+    parameters, so filling a slot is one pass that divides and casts at once.
+    """
+
+    def __init__(self, index: int, params: list[torch.nn.Parameter], compression: Compressor) -> None:
         self.index = index
         self.params = params
-        self.numel = sum(p.numel() for p in params)
-        self.ready = 0
-        # Reused across steps so the allocator does not churn on every backward.
-        self.buffer = torch.empty(self.numel, dtype=params[0].dtype, device=params[0].device)
+        numel = sum(p.numel() for p in params)
+        dtype = compression.wire_dtype_for(params[0].dtype)
+        self.buffer = torch.empty(numel, dtype=dtype, device=params[0].device)
+        self.slots: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            self.slots.append(self.buffer[offset : offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.filled = [False] * len(params)
+        self.missing = len(params)
         self.work: dist.Work | None = None
-        self.wire: torch.Tensor | None = None
 
-    @property
-    def complete(self) -> bool:
-        return self.ready == len(self.params)
+    def fill(self, position: int, grad: torch.Tensor | None, divisor: int) -> None:
+        """Put this rank's share of the reduction into the slot: ``grad / divisor``, zeros for no gradient."""
+        slot = self.slots[position]
+        if grad is None:
+            # No gradient on this rank in this step; the other ranks' buckets still hold the parameter.
+            slot.zero_()
+        elif divisor != 1:
+            # Divided before the sum (and before the cast, as torch's fp16_compress_hook does): with
+            # op=Average the sum on the wire is then the average itself, which overflows fp16 only if the
+            # result would.
+            torch.div(grad, divisor, out=slot)
+        else:
+            slot.copy_(grad)
+        self.filled[position] = True
+        self.missing -= 1
 
-
-def _build_buckets(params: Sequence[torch.nn.Parameter], cap_bytes: int) -> list[_Bucket]:
-    """Split ``params`` into buckets in reverse order, as gradients arrive roughly last layer first."""
-    buckets: list[_Bucket] = []
-    open_runs: dict[tuple[torch.dtype, torch.device], tuple[list[torch.nn.Parameter], int]] = {}
-    order: list[list[torch.nn.Parameter]] = []
-    for param in reversed(params):
-        key = (param.dtype, param.device)
-        run, used = open_runs.get(key, ([], 0))
-        if not run:
-            order.append(run)
-        nbytes = param.numel() * param.element_size()
-        if run and used + nbytes > cap_bytes:
-            run = []
-            order.append(run)
-            used = 0
-        run.append(param)
-        open_runs[key] = (run, used + nbytes)
-    for index, run in enumerate(order):
-        buckets.append(_Bucket(index, run))
-    return buckets
+    def reset(self) -> None:
+        self.filled = [False] * len(self.params)
+        self.missing = len(self.params)
+        self.work = None
 
 
 class DistributedOptimizer:
@@ -137,13 +148,16 @@ class DistributedOptimizer:
         self._compression = compression
         self._passes = backward_passes_per_step
         self._op = op
-        self._world = context.topology.size
-        self._scale = 1.0 / (self._world * self._passes) if op is ReduceOp.AVERAGE else 1.0
+        self._divisor = context.topology.size * self._passes if op is ReduceOp.AVERAGE else 1
         self._names = self._parameter_names(optimizer, named_parameters)
         self._name_by_id = {id(p): name for p, name in self._names.items()}
         params = [p for p in self._names if p.requires_grad]
-        self._buckets = _build_buckets(params, int(bucket_cap_mb * 1024 * 1024))
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        # Reverse registration order: gradients become ready roughly last layer first.
+        runs = assign_buckets(params[::-1], bucket_cap_mb * 1024 * 1024, FIRST_BUCKET_BYTES)
+        self._buckets = [_Bucket(index, run, compression) for index, run in enumerate(runs)]
+        self._slot_of = {
+            id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
+        }
         self._pass_counts = {id(p): 0 for p in params}
         self._next_launch = 0
         # True from synchronize() until the next gradient arrives: step() must not reduce the same
@@ -217,40 +231,26 @@ class DistributedOptimizer:
             )
         self._pass_counts[key] = count
         if count == self._passes:
-            bucket = self._bucket_of[key]
-            bucket.ready += 1
-            if bucket.complete:
+            bucket, position = self._slot_of[key]
+            self._fill(bucket, position)
+            if not bucket.missing:
                 self._launch_in_order()
 
-    def _launch_in_order(self) -> None:
-        while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].complete:
-            self._launch(self._buckets[self._next_launch])
-            self._next_launch += 1
+    def _fill(self, bucket: _Bucket, position: int) -> None:
+        grad = bucket.params[position].grad
+        if grad is not None and grad.layout != torch.strided:
+            name = self._name_by_id.get(id(bucket.params[position]), "?")
+            raise CollectivesError(
+                f"parameter {name!r} has a {grad.layout} gradient (e.g. from nn.Embedding(sparse=True)); "
+                "DistributedOptimizer reduces dense gradients only: use sparse=False"
+            )
+        bucket.fill(position, grad, self._divisor)
 
-    def _launch(self, bucket: _Bucket) -> None:
-        for p in bucket.params:
-            if p.grad is not None and p.grad.layout != torch.strided:
-                raise CollectivesError(
-                    f"parameter {self._name_by_id.get(id(p), '?')!r} has a {p.grad.layout} gradient "
-                    "(e.g. from nn.Embedding(sparse=True)); DistributedOptimizer reduces dense gradients "
-                    "only: use sparse=False"
-                )
-        grads = [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-            for p in bucket.params
-        ]
-        torch.cat(grads, out=bucket.buffer)
-        wire: torch.Tensor
-        if self._compression.wire_dtype is not None:
-            # Scale before the cast, as torch's fp16_compress_hook does: with op=Average the sum on the wire
-            # is then the average itself, which overflows fp16 only if the result would (Sum is not scaled).
-            if self._scale != 1.0:
-                bucket.buffer.mul_(self._scale)
-            wire = self._compression.compress(bucket.buffer)
-        else:
-            wire = bucket.buffer
-        bucket.wire = wire
-        bucket.work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True)
+    def _launch_in_order(self) -> None:
+        while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
+            bucket = self._buckets[self._next_launch]
+            bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)
+            self._next_launch += 1
 
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
@@ -262,28 +262,21 @@ class DistributedOptimizer:
         if self._synchronized:
             return
         for bucket in self._buckets[self._next_launch :]:
-            # Parameters that got no gradient on this rank still take part, with zeros, because the other
-            # ranks' buckets contain them.
-            bucket.ready = len(bucket.params)
+            # Parameters that got no gradient, or fewer than backward_passes_per_step of them, on this rank:
+            # they take part with what they have (zeros for none), because the other ranks' buckets hold them.
+            for position, filled in enumerate(bucket.filled):
+                if not filled:
+                    self._fill(bucket, position)
         self._launch_in_order()
-        # Compressed buckets were scaled before the cast already (see _launch).
-        post_scale = 1.0 if self._compression.wire_dtype is not None else self._scale
         for bucket in self._buckets:
-            if bucket.work is None or bucket.wire is None:
+            if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
             bucket.work.wait()
-            flat = self._compression.decompress(bucket.wire, bucket.buffer.dtype)
-            if post_scale != 1.0:
-                flat.mul_(post_scale)
-            grads: list[torch.Tensor] = []
-            for p in bucket.params:
+            for p, slot in zip(bucket.params, bucket.slots, strict=True):
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
-                grads.append(p.grad)
-            _unflatten_into(flat, grads)
-            bucket.work = None
-            bucket.wire = None
-            bucket.ready = 0
+                p.grad.copy_(slot)
+            bucket.reset()
         for key in self._pass_counts:
             self._pass_counts[key] = 0
         self._next_launch = 0
@@ -384,9 +377,9 @@ def broadcast_parameters(params: ParameterSource, root_rank: int = 0) -> None:
     """
     _require("broadcast_parameters")
     with torch.no_grad():
-        for members, flat in _fuse(_tensors_of(params)):
+        for members, flat in fuse(_tensors_of(params)):
             broadcast_(flat, root_rank)
-            _unflatten_into(flat, members)
+            unflatten_into(flat, members)
 
 
 def _to_cpu(value: Any) -> Any:
