@@ -8,7 +8,8 @@ The models: ResNet-18 (11.7 M parameters, 1000 classes) on generated images, and
 (5 linear layers) on generated vectors, large enough that gradient communication and its hooks matter
 (``digits`` is the example's 0.15 M-parameter CNN). Three replicas start from the same weights and train on
 the same batches: "local" (the plain optimizer, no hooks and no communication: the baseline),
-DistributedOptimizer and DDP, both with the same ``--bucket-cap-mb``. DDP runs with
+DistributedOptimizer and DDP, both with the same buckets (their common default, a first bucket of 1 MB
+and then 25 MB each, or both ``--bucket-cap-mb``). DDP runs with
 ``broadcast_buffers=False``: DistributedOptimizer does not synchronise buffers, so both do the same work,
 and after the last round their parameters must agree (the table shows the largest difference). Each round
 runs every method back to back, in rotating order; ratios and per-step overheads are medians over rounds
@@ -149,16 +150,16 @@ def worker(args: argparse.Namespace) -> int:
         torch.manual_seed(0)
         replicas[name] = make_model(args.model, args.image_size)[0].to(device)
     sgd = {name: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for name, m in replicas.items()}
+    # Not given: each one's default (for DDP, unlike an explicit 25, that includes the small first bucket).
+    buckets = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
     ours = hvd.DistributedOptimizer(
-        sgd["DistributedOptimizer"],
-        replicas["DistributedOptimizer"].named_parameters(),
-        bucket_cap_mb=args.bucket_cap_mb,
+        sgd["DistributedOptimizer"], replicas["DistributedOptimizer"].named_parameters(), **buckets
     )
     ddp = DistributedDataParallel(
         replicas["DDP"],
         device_ids=[device.index] if device.type == "cuda" else None,
-        bucket_cap_mb=args.bucket_cap_mb,
         broadcast_buffers=False,
+        **buckets,
     )
     steps = {
         "local": make_step(replicas["local"], sgd["local"]),
@@ -214,6 +215,7 @@ def driver(args: argparse.Namespace) -> int:
     worker_args = [
         f"--{name.replace('_', '-')}={getattr(args, name)}"
         for name in ("image_size", "batch_size", "steps", "rounds", "bucket_cap_mb")
+        if getattr(args, name) is not None
     ]
     rows = []
     for model in args.models:
@@ -235,7 +237,12 @@ def driver(args: argparse.Namespace) -> int:
 def print_table(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> None:
     print(
         f"batch {args.batch_size} per rank, {args.image_size}x{args.image_size} images for resnet18, "
-        f"bucket cap {args.bucket_cap_mb} MB for both, {args.steps} steps x {args.rounds} rounds"
+        + (
+            f"bucket cap {args.bucket_cap_mb} MB for both"
+            if args.bucket_cap_mb
+            else "buckets of 1 MB then 25 MB for both (their default)"
+        )
+        + f", {args.steps} steps x {args.rounds} rounds"
     )
     print(
         "| model | ranks | device, backend | local samples/s | DistributedOptimizer | DDP "
@@ -276,7 +283,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=[2],
         help="without a launcher: the world sizes to run (default 2)",
     )
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="for both (DDP's default: 25)")
+    parser.add_argument(
+        "--bucket-cap-mb", type=float, help="for both (default: their default, 1 MB first, then 25 MB)"
+    )
     parser.add_argument("--json", dest="json_path")
     return parser.parse_args(argv)
 

@@ -1,13 +1,15 @@
 """Horovod's DistributedOptimizer on torch.distributed, plus broadcast of initial parameters and state.
 
-Gradients are averaged in buckets laid out as DDP lays them out (reverse registration order, a first bucket
-of 1 MB, then about ``bucket_cap_mb`` each). A post-accumulate-grad hook on every parameter copies its final
-gradient, already divided for the average and cast for the wire, into its slot of the bucket's persistent
-buffer; the hook that fills a bucket starts its allreduce asynchronously while autograd keeps computing
-earlier layers, so communication overlaps compute and no pass over a whole bucket sits between the last
-gradient and the launch. ``step()`` waits for the buckets, copies the results into ``.grad`` and runs the
-wrapped optimizer. Buckets are launched strictly in bucket order on every rank, so ranks can never pair up
-different buckets even if their autograd orders differ.
+Gradients are averaged in buckets laid out as DDP lays them out: in reverse registration order for the first
+step, then in the order rank 0's gradients became ready in that step (DDP's bucket rebuild), each bucket
+closing once it holds ``bucket_cap_mb`` (by default a first bucket of 1 MB, then 25 MB each, DDP's
+defaults). A post-accumulate-grad hook on every parameter copies its final gradient, already divided for
+the average and cast for the wire, into its slot of the bucket's persistent buffer; the hook that fills a
+bucket starts its allreduce asynchronously while autograd keeps computing earlier layers, so communication
+overlaps compute and no pass over a whole bucket sits between the last gradient and the launch. ``step()``
+waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. Buckets are
+launched strictly in bucket order on every rank, so ranks can never pair up different buckets even if their
+autograd orders differ.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_param
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET_CAP_MB = 25.0
-# DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): the last layers' gradients, which are
-# ready first, start communicating without waiting for a whole bucket_cap_mb of earlier ones.
-FIRST_BUCKET_BYTES = 1024 * 1024
+MB = 1024 * 1024
+DEFAULT_BUCKET_CAP_BYTES = 25 * MB
+# DDP's first bucket when bucket_cap_mb is not given (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): the
+# last layers' gradients, which are ready first, start communicating without waiting for 25 MB of others.
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MB
 
 # Parameter -> weakref to the DistributedOptimizer whose hooks it carries. Weak on both sides: it must keep
 # neither a model nor an optimizer alive; it exists so that wrapping the same parameters again can retire the
@@ -135,14 +138,14 @@ class DistributedOptimizer:
         compression: Compressor = Compression.none,
         backward_passes_per_step: int = 1,
         op: ReduceOp = ReduceOp.AVERAGE,
-        bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+        bucket_cap_mb: float | None = None,
     ) -> None:
         context = _require("DistributedOptimizer")
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             raise CollectivesError(f"DistributedOptimizer supports op=Average or op=Sum, got {op}")
         if backward_passes_per_step < 1:
             raise CollectivesError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if bucket_cap_mb <= 0:
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise CollectivesError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         self._optimizer = optimizer
         self._compression = compression
@@ -152,12 +155,19 @@ class DistributedOptimizer:
         self._names = self._parameter_names(optimizer, named_parameters)
         self._name_by_id = {id(p): name for p, name in self._names.items()}
         params = [p for p in self._names if p.requires_grad]
-        # Reverse registration order: gradients become ready roughly last layer first.
-        runs = assign_buckets(params[::-1], bucket_cap_mb * 1024 * 1024, FIRST_BUCKET_BYTES)
-        self._buckets = [_Bucket(index, run, compression) for index, run in enumerate(runs)]
-        self._slot_of = {
-            id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
-        }
+        self._caps = (
+            (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_BYTES)
+            if bucket_cap_mb is None
+            else (bucket_cap_mb * MB, bucket_cap_mb * MB)
+        )
+        self._buckets: list[_Bucket] = []
+        self._slot_of: dict[int, tuple[_Bucket, int]] = {}
+        # For the first step, reverse registration order: gradients become ready roughly last layer first.
+        self._lay_out(params[::-1])
+        self._index_of = {id(p): index for index, p in enumerate(params)}
+        # This rank's parameters in the order their gradients became final in the first step; None once the
+        # buckets have been laid out again from rank 0's order.
+        self._ready_order: list[int] | None = []
         self._pass_counts = {id(p): 0 for p in params}
         self._next_launch = 0
         # True from synchronize() until the next gradient arrives: step() must not reduce the same
@@ -180,6 +190,29 @@ class DistributedOptimizer:
             compression.name,
             self._passes,
         )
+
+    def _lay_out(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Cut ``params``, in the order their gradients are expected, into buckets."""
+        cap, first_cap = self._caps
+        runs = assign_buckets(params, cap, first_cap)
+        self._buckets = [_Bucket(index, run, self._compression) for index, run in enumerate(runs)]
+        self._slot_of = {
+            id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
+        }
+
+    def _rebuild_buckets(self, ready_order: list[int]) -> None:
+        """After the first step, lay the buckets out in the order gradients really became ready, as DDP does.
+
+        Registration order is only a guess: a model may register its head before its body, or use a module
+        in another place than it defines it, and a bucket whose parameter comes late holds back every bucket
+        after it. All ranks take rank 0's order so that their buckets stay the same; parameters that rank 0
+        saw no gradient for go last, where they hold back nothing.
+        """
+        order: list[int] = broadcast_object(ready_order, root_rank=0)
+        seen = set(order)
+        rest = [index for index in reversed(range(len(self._params))) if index not in seen]
+        self._lay_out([self._params[index] for index in order + rest])
+        _log.debug("DistributedOptimizer: buckets rebuilt in gradient order: %d buckets", len(self._buckets))
 
     @staticmethod
     def _retire_previous_owners(params: Sequence[torch.nn.Parameter]) -> None:
@@ -231,6 +264,8 @@ class DistributedOptimizer:
             )
         self._pass_counts[key] = count
         if count == self._passes:
+            if self._ready_order is not None:
+                self._ready_order.append(self._index_of[key])
             bucket, position = self._slot_of[key]
             self._fill(bucket, position)
             if not bucket.missing:
@@ -281,6 +316,9 @@ class DistributedOptimizer:
             self._pass_counts[key] = 0
         self._next_launch = 0
         self._synchronized = True
+        if self._ready_order is not None:
+            ready_order, self._ready_order = self._ready_order, None
+            self._rebuild_buckets(ready_order)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:

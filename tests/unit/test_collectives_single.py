@@ -258,3 +258,40 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert raised.value.__cause__ is not None
     assert [p.name for p in path.parent.iterdir()] == ["ckpt.pt"]
     assert hvd.load_checkpoint(path) is not None  # the previous checkpoint survived
+
+
+@pytest.mark.usefixtures("single")
+def test_buckets_start_during_backward_as_soon_as_they_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16, bias=False), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Linear(16, 2)
+    )
+    events: list[str] = []
+    real_all_reduce = torch.distributed.all_reduce
+
+    def spy(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        events.append(f"allreduce {tensor.numel()}")
+        return real_all_reduce(tensor, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", spy)
+    # Registered before the optimizer's hook, so it runs first: the moment the last gradient is ready.
+    first_weight = model[0].weight
+    first_weight.register_post_accumulate_grad_hook(lambda _: events.append("first layer ready"))
+    # A tiny cap: one bucket per parameter, in reverse registration order.
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), bucket_cap_mb=1e-6
+    )
+    model(torch.ones(3, 4)).sum().backward()
+    events.append("backward done")
+    local = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    opt.step()
+    assert events == [
+        "allreduce 2",
+        "allreduce 32",
+        "allreduce 16",
+        "allreduce 256",
+        "first layer ready",
+        "allreduce 64",
+        "backward done",
+    ]
+    # A world of one: the average is the local gradient, written back into every .grad.
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), local, strict=True))
