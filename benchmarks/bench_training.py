@@ -166,8 +166,10 @@ def worker(args: argparse.Namespace) -> int:
         "DistributedOptimizer": make_step(replicas["DistributedOptimizer"], ours),
         "DDP": make_step(ddp, sgd["DDP"]),
     }
-    for step in steps.values():  # warm-up: allocator, cuDNN autotuning, DDP's bucket rebuild
-        time_steps(step, batches[: min(3, len(batches))])
+    # Warm-up, three steps whatever --steps is: allocator, cuDNN autotuning, both bucket rebuilds.
+    warm_up = [batches[i % len(batches)] for i in range(3)]
+    for step in steps.values():
+        time_steps(step, warm_up)
     seconds: dict[str, list[float]] = {name: [] for name in METHODS}
     for round_index in range(args.rounds):
         shift = round_index % len(METHODS)
@@ -275,7 +277,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--image-size", type=int, default=224, help="resnet18 input (<= 64: CIFAR-style stem)"
     )
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
-    parser.add_argument("--steps", type=int, default=10, help="steps per timed run")
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed run (1: finest interleaving)")
     parser.add_argument("--rounds", type=int, default=11, help="rounds of one run per method")
     parser.add_argument(
         "--world-sizes",

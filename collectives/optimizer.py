@@ -307,10 +307,14 @@ class DistributedOptimizer:
             if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
             bucket.work.wait()
-            for p, slot in zip(bucket.params, bucket.slots, strict=True):
+            grads: list[torch.Tensor] = []
+            for p in bucket.params:
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
-                p.grad.copy_(slot)
+                grads.append(p.grad)
+            # One call for the bucket: per-parameter copies from Python cost more than the copying itself
+            # on models with many small parameters.
+            torch._foreach_copy_(grads, bucket.slots)
             bucket.reset()
         for key in self._pass_counts:
             self._pass_counts[key] = 0
