@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from launcher.agent import ORPHAN_GRACE_CAP
-from launcher.errors import HostError
+from launcher.backend import Backend
+from launcher.errors import HostError, UsageError
 from launcher.hosts import Host
-from launcher.protocol import write_all
-from launcher.slurm import srun_argv
-from launcher.transport.bootstrap import remote_command, shipped_sources
+from launcher.progress import ProgressFn
+from launcher.protocol import ORPHAN_GRACE_CAP, write_all
+from launcher.slurm import JOB_ID, srun_argv
+from launcher.transport.bootstrap import agent_pythons, remote_command, shipped_sources
 from launcher.transport.link import Link
 from launcher.transport.local import ProcessLink
+
+if TYPE_CHECKING:
+    from launcher.config import LaunchConfig
 
 # srun's lines that say nothing the agent has not said better: "srun: error: node01: task 0: Exited with exit
 # code 127", and the notice that a cluster without task/affinity ignores --cpu-bind.
@@ -83,3 +88,24 @@ class SrunTransport:
                 link.abort()
             raise
         return dict(links)
+
+
+class SrunBackend(Backend):
+    """`--launcher srun` (the default inside an allocation): every host, this machine included, gets an srun
+    step; Slurm's names need no lookups here, and are what rank 0's host is reached by."""
+
+    name = "srun"
+
+    def check_options(self, hosts: Sequence[Host] | None, environ: Mapping[str, str]) -> None:
+        if not environ.get(JOB_ID):
+            raise UsageError(
+                f"--launcher srun needs a Slurm allocation (salloc, sbatch): {JOB_ID} is not set"
+            )
+
+    def open(
+        self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None
+    ) -> dict[str, Link]:
+        return SrunTransport(agent_pythons(config.python)).open(hosts)
+
+
+BACKEND = SrunBackend()
