@@ -183,6 +183,7 @@ def worker(args: argparse.Namespace) -> int:
             replicas["DistributedOptimizer"].parameters(), replicas["DDP"].parameters(), strict=True
         )
     )
+    ratios = [a / b for a, b in zip(seconds["DDP"], seconds["DistributedOptimizer"], strict=True)]
     result = {
         "model": args.model,
         "ranks": hvd.size(),
@@ -190,9 +191,9 @@ def worker(args: argparse.Namespace) -> int:
         "device": device.type,
         "parameters": sum(p.numel() for p in replicas["local"].parameters()),
         "samples_per_s": {name: samples / statistics.median(s) for name, s in seconds.items()},
-        "ratio": statistics.median(
-            a / b for a, b in zip(seconds["DDP"], seconds["DistributedOptimizer"], strict=True)
-        ),
+        "ratio": statistics.median(ratios),
+        # The middle half of the per-round ratios: how far one round's pair is from the next, i.e. the noise.
+        "quartiles": statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else [ratios[0]] * 2,
         "overhead_ms": {
             name: 1000
             * statistics.median(
@@ -256,12 +257,14 @@ def print_table(args: argparse.Namespace, rows: Sequence[dict[str, Any]]) -> Non
         print(
             f"| {row['model']} ({row['parameters'] / 1e6:.1f} M) | {row['ranks']} "
             f"| {row['device']}, {row['backend']} | {rate['local']:.1f} "
-            f"| {rate['DistributedOptimizer']:.1f} | {rate['DDP']:.1f} | {row['ratio']:.3f} "
+            f"| {rate['DistributedOptimizer']:.1f} | {rate['DDP']:.1f} "
+            f"| {row['ratio']:.3f} ({row['quartiles'][0]:.2f}-{row['quartiles'][1]:.2f}) "
             f"| {over['DistributedOptimizer']:+.1f} ms | {over['DDP']:+.1f} ms | {row['difference']:.1e} |"
         )
     print(
-        "ratio: samples/s of DistributedOptimizer over DDP (> 1: faster); overhead: step time over the local "
-        "optimizer's (hooks, communication and waiting); medians of per-round paired values"
+        "ratio: samples/s of DistributedOptimizer over DDP (> 1: faster), median of the per-round "
+        "paired ratios (their quartiles); overhead: step time over the local optimizer's (hooks, "
+        "communication and waiting), median of per-round paired differences"
     )
 
 
