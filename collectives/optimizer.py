@@ -79,12 +79,18 @@ class _Bucket:
     """A run of same-dtype, same-device parameters whose gradients are reduced as one flat buffer.
 
     The buffer is in the wire dtype and reused across steps; ``slots`` are views of it shaped like the
-    parameters, so filling a slot is one pass that divides and casts at once.
+    parameters, so filling a slot is one pass that scales and casts at once.
     """
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter], compression: Compressor) -> None:
+    def __init__(
+        self, index: int, params: list[torch.nn.Parameter], compression: Compressor, divisor: int
+    ) -> None:
         self.index = index
         self.params = params
+        # Multiplying by the reciprocal, as DDP does: a 0-d tensor operand costs a fraction of a Python
+        # number's dispatch per parameter, and gives DDP's rounding (float64 only for float64 gradients).
+        scale_dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
+        self.scale = None if divisor == 1 else torch.tensor(1.0 / divisor, dtype=scale_dtype)
         numel = sum(p.numel() for p in params)
         dtype = compression.wire_dtype_for(params[0].dtype)
         self.buffer = torch.empty(numel, dtype=dtype, device=params[0].device)
@@ -97,17 +103,17 @@ class _Bucket:
         self.missing = len(params)
         self.work: dist.Work | None = None
 
-    def fill(self, position: int, grad: torch.Tensor | None, divisor: int) -> None:
-        """Put this rank's share of the reduction into the slot: ``grad / divisor``, zeros for no gradient."""
+    def fill(self, position: int, grad: torch.Tensor | None) -> None:
+        """Put this rank's share of the reduction into the slot: the scaled gradient, zeros for none."""
         slot = self.slots[position]
         if grad is None:
             # No gradient on this rank in this step; the other ranks' buckets still hold the parameter.
             slot.zero_()
-        elif divisor != 1:
-            # Divided before the sum (and before the cast, as torch's fp16_compress_hook does): with
+        elif self.scale is not None:
+            # Scaled before the sum (and before the cast, as torch's fp16_compress_hook does): with
             # op=Average the sum on the wire is then the average itself, which overflows fp16 only if the
             # result would.
-            torch.div(grad, divisor, out=slot)
+            torch.mul(grad, self.scale, out=slot)
         else:
             slot.copy_(grad)
         self.filled[position] = True
@@ -195,7 +201,9 @@ class DistributedOptimizer:
         """Cut ``params``, in the order their gradients are expected, into buckets."""
         cap, first_cap = self._caps
         runs = assign_buckets(params, cap, first_cap)
-        self._buckets = [_Bucket(index, run, self._compression) for index, run in enumerate(runs)]
+        self._buckets = [
+            _Bucket(index, run, self._compression, self._divisor) for index, run in enumerate(runs)
+        ]
         self._slot_of = {
             id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
         }
@@ -279,7 +287,7 @@ class DistributedOptimizer:
                 f"parameter {name!r} has a {grad.layout} gradient (e.g. from nn.Embedding(sparse=True)); "
                 "DistributedOptimizer reduces dense gradients only: use sparse=False"
             )
-        bucket.fill(position, grad, self._divisor)
+        bucket.fill(position, grad)
 
     def _launch_in_order(self) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
