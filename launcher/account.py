@@ -150,10 +150,14 @@ def build_report(
     exit_code: int,
     attempts: Sequence[Attempt],
     failure: Failure | None,
+    workdir: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`."""
+    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`;
+    `workdir` (with --workdir): the copy's manifest hash, size, and what syncing sent to each host."""
     last = attempts[-1] if attempts else None
+    extra = {} if workdir is None else {"workdir": workdir}
     return {
+        **extra,
         "version": REPORT_VERSION,
         "run_id": run_id,
         "command": list(command),

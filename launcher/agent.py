@@ -35,10 +35,12 @@ from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.protocol import (
     BEAT,
+    BLOB,
     DONE,
     ERR,
     EXIT,
     FACTS,
+    FETCH,
     KILL,
     ORPHAN_GRACE_CAP,
     OUT,
@@ -47,6 +49,7 @@ from launcher.protocol import (
     SIGNAL,
     START,
     STOP,
+    SYNC,
     VERSION,
     Facts,
     Frame,
@@ -66,6 +69,8 @@ from launcher.protocol import (
     start_environment,
     write_all,
 )
+from launcher.receive import Receiver, listen
+from launcher.store import has_copy
 
 SIOCGIFADDR = 0x8915
 
@@ -226,13 +231,42 @@ else:
     print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
 """
 TORCH_PROBE_TIMEOUT = 90.0
+
+# Run by the ranks' interpreter at every launch: its Python, and torch's version and CUDA/NCCL build, read
+# from files without importing torch (which takes seconds).
+_STACK_PROBE = r"""
+import importlib.util, json, os, re, sys
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "torch": "", "cuda": "", "nccl": ""}
+spec = importlib.util.find_spec("torch")
+for where in (spec.submodule_search_locations or []) if spec else []:
+    try:
+        text = open(os.path.join(where, "version.py")).read()
+    except OSError:
+        continue
+    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+        m = re.search(r"^" + name + r"\s*(?::[^=]*)?=\s*[\x27\x22]([^\x27\x22]*)", text, re.M)
+        out[key] = m.group(1) if m else ""
+    break
+for d in sys.path:
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        continue
+    found = [re.match(r"nvidia_nccl_cu\d+-([^-]+)\.dist-info$", n) for n in names]
+    m = next((f for f in found if f), None)
+    if m:
+        out["nccl"] = m.group(1)
+        break
+print(json.dumps(out))
+"""
 TCP_PROBE_TIMEOUT = 5.0
 
 
-def _torch(python: str) -> Any:
+def _ask(python: str, code: str) -> Any:
+    """The JSON that `python -c code` printed last, or {"error": why there is none}."""
     try:
         done = subprocess.run(
-            [python, "-c", _TORCH_PROBE],
+            [python, "-c", code],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=TORCH_PROBE_TIMEOUT,
@@ -244,6 +278,17 @@ def _torch(python: str) -> Any:
     except (ValueError, IndexError):
         tail = done.stderr.decode(errors="replace").strip().splitlines()
         return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
+
+
+def _torch(python: str) -> Any:
+    return _ask(python, _TORCH_PROBE)
+
+
+def _stack(python: str) -> dict[str, str]:
+    found = _ask(python, _STACK_PROBE)
+    if "error" in found:
+        return {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
+    return {k: str(v) for k, v in found.items()}
 
 
 def _disk_free(path: str) -> Any:
@@ -265,21 +310,6 @@ def _tcp_error(host: str, port: int) -> str:
         return exc.strerror or str(exc)
 
 
-def _listen() -> socket.socket:
-    """A socket on a free port of every address, open until the agent exits: the kernel completes
-    connections to it (backlog) without the agent ever accepting them."""
-    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-    try:  # IPv6 and IPv4 at once where the host has IPv6
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("::", 0))
-    except OSError:
-        sock.close()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("", 0))
-    sock.listen(64)
-    return sock
-
-
 def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     received = time.time()
     route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
@@ -289,6 +319,10 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     extra: dict[str, Any] = {}
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
+    if request.stack:
+        extra["stack"] = _stack(request.python or sys.executable)
+    if request.workdir_hash:
+        extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:
         extra.update(
             python_version=".".join(str(part) for part in sys.version_info[:3]),
@@ -409,7 +443,11 @@ class Agent:
             STOP: self._on_stop,
             SIGNAL: lambda _, request: self.forward(request),
             KILL: lambda *_: self.kill(),
+            SYNC: lambda _, request: self._send_all(self.receiver.start(request)),
+            BLOB: lambda _, payload: self._send_all(self.receiver.blob(payload)),
+            FETCH: lambda _, request: self._send_all(self.receiver.fetch(request)),
         }
+        self.receiver = Receiver()  # --workdir
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -430,6 +468,10 @@ class Agent:
     def send_message(self, kind: int, message: Any, rank: int = -1) -> None:
         self._write(encode_message(kind, message, rank, self.agent_id))
 
+    def _send_all(self, messages: list[tuple[int, Any]]) -> None:
+        for kind, message in messages:
+            self.send_message(kind, message)
+
     def _write(self, frame: bytes) -> None:
         if self.launcher_gone:
             return
@@ -449,15 +491,19 @@ class Agent:
         self.beat_every = request.heartbeat
         self.dead_after = request.dead_after
         if request.listen and self.listener is None:
-            self.listener = _listen()
+            self.listener = listen()
         self.send_message(FACTS, host_facts(request, self.listener))
 
     def start(self, spec: StartRequest) -> None:
+        self.receiver.stop_serving()  # no thread may run while ranks are forked
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
         # Leftovers of another launcher go first; the launcher's environment comes over them.
         shared = start_environment(os.environ, spec)
+        cwd = spec.workdir or spec.cwd or None
+        if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
+            shared["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, shared.get("PYTHONPATH")) if p)
         die_with_agent = _die_with_agent()
         for r in spec.ranks:
             env = rank_environment(shared, r)
@@ -465,7 +511,7 @@ class Agent:
                 proc = self.start_process(
                     r.argv,
                     env=env,
-                    cwd=spec.cwd or None,
+                    cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -632,6 +678,7 @@ class Agent:
             signal.signal(sig, lambda *_: None)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        self.sel.register(self.receiver.fileno(), selectors.EVENT_READ, "fetched")
         control_open = True
         exiting = False
         while True:
@@ -655,6 +702,8 @@ class Agent:
             for key, _ in events:
                 if key.data == "control":
                     control_open = self._read_control()
+                elif key.data == "fetched":
+                    self._send_all(self.receiver.fetched())
                 elif key.data == "wake":
                     try:
                         signums = os.read(wake_r, 512)

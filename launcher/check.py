@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.plan import plural
+from launcher.samestack import differences
 
 # Below this much free space in the launch directory, checkpoints and logs are likely to fail mid-run.
 MIN_FREE_BYTES = 1 << 30
@@ -125,6 +126,30 @@ def findings(
     return found
 
 
+def stack_findings(checks: Sequence[HostCheck], allow_mismatch: bool) -> list[Finding]:
+    """A host whose Python, torch, CUDA or NCCL differ from the others' (a problem, as at launch, unless
+    --allow-mismatch)."""
+    reports = [(c.host, (c.probe or {}).get("stack") or {}) for c in checks if c.error is None and c.probe]
+    found = []
+    for line in differences(reports):
+        host, what = line.split(": ", 1)
+        fix = "install the same versions on every host, or point --python at an interpreter that has them"
+        found.append(Finding(host, f"a different stack: {what}", fix, fatal=not allow_mismatch))
+    return found
+
+
+def workdir_line(mhash: str, files: int, size: int, checks: Sequence[HostCheck]) -> str:
+    """Which hosts already hold the --workdir copy a launch would run (the others get what they lack)."""
+    cached = [c.host for c in checks if (c.probe or {}).get("workdir_cached")]
+    missing = [c.host for c in checks if c.probe is not None and not c.probe.get("workdir_cached")]
+    parts = [
+        f"cached on {', '.join(cached)}" if cached else "",
+        f"to send to {', '.join(missing)}" if missing else "",
+    ]
+    where = "; ".join(p for p in parts if p) or "no host answered"
+    return f"workdir {mhash[:12]} ({plural(files, 'file', 'files')}, {size / (1 << 20):.1f} MiB): {where}"
+
+
 def row(check: HostCheck) -> tuple[str, ...]:
     """The cells of one host's row, in HEADER's order."""
     if check.error is not None or check.probe is None:
@@ -135,6 +160,8 @@ def row(check: HostCheck) -> tuple[str, ...]:
         torch_text = "missing"
     elif torch:
         torch_text = f"{torch.get('version')} " + (f"CUDA {torch['cuda']}" if torch.get("cuda") else "cpu")
+        nccl = (probe.get("stack") or {}).get("nccl")
+        torch_text += f" NCCL {nccl}" if nccl else ""
     else:
         torch_text = "-"
     free = probe.get("disk_free")

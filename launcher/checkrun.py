@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 import click
 
 from launcher import backend
-from launcher.check import HostCheck, findings, row, table, verdict
+from launcher.check import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
@@ -29,6 +29,7 @@ from launcher.progress import Progress, progress_line
 from launcher.protocol import ProbeRequest
 from launcher.supervise import probe, signal_pipe
 from launcher.transport.local import LocalLink
+from launcher.wdfiles import scan
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,14 @@ def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck
 
 
 def check_hosts(
-    hosts: Sequence[Host], config: LaunchConfig, wake_fd: int, progress: Callable[[int, int], None]
+    hosts: Sequence[Host],
+    config: LaunchConfig,
+    wake_fd: int,
+    progress: Callable[[int, int], None],
+    workdir_hash: str = "",
 ) -> list[HostCheck]:
-    """Every host's HostCheck, in the order given; `progress(done, total)` after each host."""
+    """Every host's HostCheck, in the order given; `progress(done, total)` after each host. `workdir_hash`:
+    also ask whether each host's cache holds that --workdir copy."""
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
@@ -112,6 +118,8 @@ def check_hosts(
                 python=python,
                 route_to=rank0_addr if index > 0 else None,
                 check=True,
+                stack=True,
+                workdir_hash=workdir_hash,
                 connect_to=rank0_addr if others else None,
                 connect_port=listen_port if others else 0,
             )
@@ -128,19 +136,25 @@ def check_hosts(
 
 def run_check(config: LaunchConfig) -> int:
     plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    # --workdir: which hosts hold the copy a launch would run (bad input, as at launch, before any host).
+    workdir = scan(config.workdir, config.workdir_limit) if config.workdir is not None else None
     hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
     color = use_color(config.color)
     with progress_line(sys.stderr) as shown, signal_pipe() as wake_fd:
         shown(Progress("checking", len(hosts)))
         checks = check_hosts(
-            hosts, config, wake_fd, lambda done, total: shown(Progress("checking", total, done))
+            hosts,
+            config,
+            wake_fd,
+            lambda done, total: shown(Progress("checking", total, done)),
+            workdir.manifest_hash if workdir is not None else "",
         )
     cwd = os.getcwd()
     problems = [
         f
         for c in checks
         for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
-    ]
+    ] + stack_findings(checks, config.allow_mismatch)
     lines = table([row(c) for c in checks])
     click.echo(click.style(lines[0], bold=True) if color else lines[0])
     for line, check in zip(lines[1:], checks, strict=True):
@@ -148,6 +162,8 @@ def run_check(config: LaunchConfig) -> int:
         if any(not f.fatal and f.host == check.host for f in problems) and state == "green":
             state = "yellow"
         click.echo(click.style(line, fg=state) if color else line)
+    if workdir is not None:
+        click.echo(workdir_line(workdir.manifest_hash, len(workdir.files), workdir.total, checks))
     for finding in problems:
         label = "problem" if finding.fatal else "warning"
         click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")

@@ -194,6 +194,30 @@ class Request:
     type=click.Choice(backend.names()),
     help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
 )
+@_option(
+    "--workdir",
+    metavar="DIR",
+    help="Copy DIR to every host's cache (only what a host lacks travels); ranks run in that copy.",
+)
+@_option(
+    "--workdir-limit",
+    type=click.IntRange(min=1),
+    metavar="MIB",
+    default=200,
+    show_default=True,
+    help="Refuse a --workdir bigger than this many MiB.",
+)
+@_option(
+    "--workdir-relay/--no-workdir-relay",
+    default=True,
+    show_default=True,
+    help="Hosts that have the --workdir copy feed the others over TCP (token-checked, not encrypted).",
+)
+@_option(
+    "--allow-mismatch",
+    is_flag=True,
+    help="Run even where hosts differ in workdir copy, Python, torch, CUDA or NCCL (warn only).",
+)
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
 @_option("-v", "--verbose", count=True, help="Say more about what distrun does (-vv: SSH details too).")
@@ -304,6 +328,15 @@ def _report_path(value: str | None, label: str) -> Path | None:
     return path
 
 
+def _workdir(value: str | None, label: str) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UsageError(f"{label} {value}: not a directory")
+    return path.resolve()
+
+
 def _env_files(paths: Sequence[str]) -> tuple[tuple[str, str], ...]:
     merged: dict[str, str] = {}
     for path in paths:
@@ -383,6 +416,10 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
             keepalive_count=values["ssh_keepalive_count"],
         ),
         launcher=launcher,
+        workdir=_workdir(values["workdir"], label("workdir", "--workdir")),
+        workdir_limit=values["workdir_limit"] << 20,
+        workdir_relay=values["workdir_relay"],
+        allow_mismatch=values["allow_mismatch"],
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 

@@ -33,7 +33,7 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
 
 
 # Options naming files: in a config file they are relative to the file, not to where distrun runs.
-_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report"})
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report", "workdir"})
 
 
 def load_config_file(path: str) -> dict[str, tuple[Any, int]]:

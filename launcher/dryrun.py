@@ -56,6 +56,8 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     ]
     if config.launcher != "ssh":
         lines.append(f"launcher: {config.launcher}")
+    if config.workdir is not None:
+        lines.append(f"workdir: {config.workdir}, copied to every host's cache; ranks run in the copy")
     lines.extend(placement_lines)
     if jenv.unset:
         lines.append(f"removed from every rank (left by another launcher): {' '.join(jenv.unset)}")

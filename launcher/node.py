@@ -59,13 +59,12 @@ class Node:
         return self.host.name
 
     def send(self, kind: int, message: object = None) -> None:
-        """One frame to this node's agent: `message` is the kind's dataclass (launcher.protocol.MESSAGES), or
-        nothing for kinds without a body."""
-        frame = (
-            encode(kind, agent=self.agent_id)
-            if message is None
-            else encode_message(kind, message, agent=self.agent_id)
-        )
+        """One frame to this node's agent: `message` is the kind's dataclass (launcher.protocol.MESSAGES),
+        raw bytes for kinds whose body is bytes (BLOB), or nothing for kinds without a body."""
+        if message is None or isinstance(message, bytes):
+            frame = encode(kind, payload=message or b"", agent=self.agent_id)
+        else:
+            frame = encode_message(kind, message, agent=self.agent_id)
         with self._send_lock:
             if not self.lost:
                 self.link.send(frame)

@@ -35,7 +35,9 @@ from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.samestack import differences, refuse
 from launcher.startreq import start_requests
+from launcher.store import KEEP
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
@@ -46,6 +48,8 @@ from launcher.supervise import (
     signal_pipe,
     supervise,
 )
+from launcher.wdfiles import Workdir, missing_script, scan
+from launcher.wdsync import HostCopy, sync
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +75,8 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             progress_interval=config.progress_interval,
         ),
     )
+    # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
+    workdir = _scan_workdir(config)
     job: Job | None = None
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
@@ -81,7 +87,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
-            job = Job(config, relay, wake_fd, nodes)
+            job = Job(config, relay, wake_fd, nodes, workdir)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)
@@ -118,8 +124,19 @@ class Job:
     Each step is a method, so a test can replace one (say `run_attempt`) and check the loop around it.
     """
 
-    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        relay: LogRelay,
+        wake_fd: int,
+        nodes: Sequence[Node],
+        workdir: Workdir | None = None,
+    ) -> None:
         self.config = config
+        self.workdir = workdir
+        # --workdir: each host's copy (this attempt's), and every sync's, for --report.
+        self.copies: dict[str, HostCopy] = {}
+        self.synced: dict[str, list[HostCopy]] = {}
         self.backend = backend.get(config.launcher)
         self.relay = relay
         self.wake_fd = wake_fd
@@ -250,6 +267,9 @@ class Job:
         self.relay.set_hosts(_rank_hosts(plan))
         master_addr = self.master_addr(nodes)
         self.probe(hosts, master_addr)
+        if self.workdir is not None:
+            self.copies = self.sync(nodes, self.workdir)
+        self.same_stack(hosts)
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
@@ -320,17 +340,20 @@ class Job:
         """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
         heartbeat = self.check_every
         python = self.config.python or sys.executable
+        synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = [
             ProbeRequest(
                 # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
                 ports=len(host.slots) + (2 if i == 0 else 0),
-                cwd=self.cwd,
+                cwd="" if synced else self.cwd,
                 route_to=master_addr,
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if host.link.heartbeat else 0.0,
                 dead_after=self.dead_after if host.link.heartbeat else 0.0,
-                script=_script(self.config.command),
+                script=None if synced else _script(self.config.command),
+                # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
+                stack=len(hosts) > 1,
             )
             for i, host in enumerate(hosts)
         ]
@@ -342,7 +365,7 @@ class Job:
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
-            if not facts.cwd_exists:
+            if not facts.cwd_exists and not synced:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
                 )
@@ -355,6 +378,65 @@ class Job:
                     f"host {node.name}: interpreter {self.config.python} not found there (see --python)",
                     host=node.name,
                 )
+
+    def sync(self, nodes: Sequence[Node], workdir: Workdir) -> dict[str, HostCopy]:
+        """Every host's copy of the workdir, each sent only what it lacks (restarts: usually nothing)."""
+        remote = any(not n.local for n in nodes)
+        with progress_line(sys.stderr) as line:
+            copies = sync(
+                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
+                keep=KEEP, relay=self.config.workdir_relay, progress=line if remote else None,
+            )  # fmt: skip
+        for name, copy in copies.items():
+            self.synced.setdefault(name, []).append(copy)
+        direct = [c for c in copies.values() if c.files_sent and c.fed_by is None]
+        relayed = [c for c in copies.values() if c.fed_by is not None]
+        log.info(
+            "workdir %s (%s, %s): sent %s to %s%s", workdir.manifest_hash[:12],
+            plural(len(workdir.files), "file", "files"), _size(workdir.total),
+            _size(sum(c.bytes_sent for c in copies.values())), plural(len(direct), "host", "hosts"),
+            f"; {plural(len(relayed), 'host', 'hosts')} fed by peers "
+            f"({_size(sum(c.bytes_from_peers for c in relayed))})" if relayed else "",
+        )  # fmt: skip
+        return copies
+
+    def workdir_report(self) -> dict[str, object] | None:
+        if self.workdir is None:
+            return None
+        hosts = {
+            name: {
+                "files_sent": sum(c.files_sent for c in copies),
+                "bytes_sent": sum(c.bytes_sent for c in copies),
+                "bytes_from_peers": sum(c.bytes_from_peers for c in copies),
+                "fed_by": sorted({c.fed_by for c in copies if c.fed_by is not None}),
+            }
+            for name, copies in self.synced.items()
+        }
+        return {
+            "root": str(self.workdir.root),
+            "manifest_hash": self.workdir.manifest_hash,
+            "files": len(self.workdir.files),
+            "bytes": self.workdir.total,
+            "bytes_sent": sum(c.bytes_sent for copies in self.synced.values() for c in copies),
+            "hosts": hosts,
+        }
+
+    def same_stack(self, hosts: Sequence[HostAttempt]) -> None:
+        """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
+        reports = []
+        for host in hosts:
+            values = dict(_facts(host).stack or {})
+            if host.name in self.copies:
+                values["workdir"] = self.copies[host.name].manifest_hash[:12]
+            reports.append((host.name, values))
+        lines = differences(reports)
+        for line in lines:
+            if self.config.allow_mismatch:
+                log.warning("%s (--allow-mismatch: running anyway)", line)
+            else:
+                log.error("%s", line)
+        if lines and not self.config.allow_mismatch:
+            raise refuse(lines)
 
     def place(self, plan: Plan, hosts: Sequence[HostAttempt]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
@@ -409,7 +491,7 @@ class Job:
             requests = start_requests(
                 self.config, plan, rdzv, self.env, local=[h.node.local for h in hosts],
                 facts=[h.facts for h in hosts], placed=placed, attempt=attempt, run_id=self.run_id,
-                cwd=self.cwd,
+                cwd=self.cwd, workdirs=[self.copies[h.name].path for h in hosts] if self.copies else None,
             )  # fmt: skip
         except ValueError:
             # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
@@ -423,6 +505,24 @@ class Job:
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
+
+
+def _scan_workdir(config: LaunchConfig) -> Workdir | None:
+    if config.workdir is None:
+        return None
+    workdir = scan(config.workdir, config.workdir_limit)
+    for line in workdir.skipped:
+        log.warning("--workdir %s", line)
+    script = _script(config.command)
+    if missing_script(workdir, script):
+        raise CommandNotFound(f"{script} is not among the files of --workdir {workdir.root}")
+    return workdir
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.1f} KiB"
 
 
 def _facts(host: HostAttempt) -> Facts:
@@ -458,6 +558,7 @@ def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
             exit_code=last.exit_code,
             attempts=job.accounts,
             failure=job.failure,
+            workdir=job.workdir_report(),
         )
         try:
             write_report(config.report, report)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 _LAUNCHER = Path(__file__).resolve().parents[1]
-SHIPPED = ("launcher.protocol", "launcher.agent")
+SHIPPED = ("launcher.protocol", "launcher.store", "launcher.receive", "launcher.agent")
 
 # argv[1:] holds each shipped module's source length, in SHIPPED order. The modules are registered under their
 # real names, so `from launcher.protocol import ...` in the agent works as it does when imported here.

@@ -287,6 +287,27 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
     assert_clean(slurm, within=60.0)
 
 
+def test_workdir_under_slurm_runs_every_rank_in_the_copy(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The nodes share this machine's disk, so both agents build the same copy at once in one cache: the
+    concurrent case of two jobs, which must leave one complete copy that both use."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("import os, mod; print(os.environ['RANK'], os.getcwd(), mod.VALUE)\n")
+    (project / "mod.py").write_text("VALUE = 7\n")
+    cache = tmp_path / "cache"
+    env = {**slurm_env(slurm), "DISTRUN_CACHE_DIR": str(cache)}
+    argv = ["salloc", "-N2", *distrun_argv("--workdir", project, "train.py")]
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (copy,) = [p for p in (cache / "workdir" / "trees").iterdir() if p.is_dir()]
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
+        f"[{rank}] {rank} {copy} 7" for rank in range(2)
+    ]
+    assert sorted(os.listdir(copy)) == ["mod.py", "train.py"]
+    assert os.listdir(cache / "workdir" / "tmp") == []
+    assert_clean(slurm)
+
+
 def test_check_inside_an_allocation_reaches_every_node_through_srun(slurm: SlurmCluster) -> None:
     # The nodes run no sshd: only srun steps can reach them, so a ready verdict proves the backend was srun.
     result = salloc(slurm, "-N3", *distrun_argv("check"))

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from launcher.check import HostCheck, findings, row, table, verdict
+from launcher.check import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
 
 GOOD: dict[str, Any] = {
     "hostname": "h1",
@@ -99,3 +99,32 @@ def test_verdict_names_failing_hosts_and_table_aligns() -> None:
     assert lines[0].startswith("host  ssh   login")
     assert lines[2].startswith("h10   FAIL")
     assert lines[1].index("ok") == lines[2].index("FAIL") == lines[0].index("ssh"), "columns line up"
+
+
+def test_a_host_with_another_stack_is_a_problem_unless_allowed() -> None:
+    stack = {"python": "3.11.7", "torch": "2.13.0", "cuda": "", "nccl": ""}
+    checks = [
+        HostCheck("h1", 1, probe={**GOOD, "stack": stack}),
+        HostCheck("h2", 1, probe={**GOOD, "stack": {**stack, "torch": "2.12.0"}}),
+        HostCheck("h3", 1, probe={**GOOD, "stack": stack}),
+        HostCheck("h4", 1, error="unreachable"),
+    ]
+    (found,) = stack_findings(checks, allow_mismatch=False)
+    assert (found.host, found.what, found.fatal) == (
+        "h2",
+        "a different stack: torch 2.12.0, others 2.13.0",
+        True,
+    )
+    assert [f.fatal for f in stack_findings(checks, allow_mismatch=True)] == [False]
+
+
+def test_workdir_line_names_the_hosts_that_hold_the_copy() -> None:
+    checks = [
+        HostCheck("h1", 1, probe={**GOOD, "workdir_cached": True}),
+        HostCheck("h2", 1, probe={**GOOD, "workdir_cached": False}),
+        HostCheck("h3", 1, error="unreachable"),
+    ]
+    assert workdir_line("ab" * 32, 3, 2 << 20, checks) == (
+        "workdir abababababab (3 files, 2.0 MiB): cached on h1; to send to h2"
+    )
+    assert workdir_line("ab" * 32, 1, 0, checks[2:]).endswith(": no host answered")
