@@ -73,6 +73,7 @@ from launcher.protocol import (
     start_environment,
     write_all,
 )
+from launcher.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.receive import Receiver, listen
 from launcher.stackdump import POLL_SECONDS, DumpDir, Gathering
 from launcher.store import has_copy
@@ -315,6 +316,22 @@ def _tcp_error(host: str, port: int) -> str:
         return exc.strerror or str(exc)
 
 
+def machine_identity() -> str:
+    """What tells this machine from others: its machine-id and boot, and (for containers and network
+    namespaces sharing one kernel) its network namespace and hostname; "" where none of the files exists."""
+    parts = [
+        (_read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or "").strip(),
+        (_read("/proc/sys/kernel/random/boot_id") or "").strip(),
+    ]
+    if not any(parts):
+        return ""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return "/".join([*parts, netns, socket.gethostname()])
+
+
 def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     received = time.time()
     route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
@@ -340,6 +357,7 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
             extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
     return Facts(
         hostname=socket.gethostname(),
+        machine=machine_identity(),
         python=sys.executable,
         python_found=_which(request.python) if request.python else True,
         script_found=not script or os.path.isfile(os.path.join(cwd, script)),
@@ -456,6 +474,9 @@ class Agent:
             FETCH: lambda _, request: self._send_all(self.receiver.fetch(request)),
         }
         self.receiver = Receiver()  # --workdir
+        # A subreaper (see launcher.reaper), which `run` makes this process: its descendants are then the
+        # job's, to stop and reap. An agent driven in-process by a test is none, and leaves others' alone.
+        self.reaping = False
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -551,6 +572,9 @@ class Agent:
             if entry.returncode is None or leftovers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
+        if self.reaping and (leftovers or sig in (signal.SIGSTOP, signal.SIGCONT)):
+            # What left the ranks' groups (own sessions, daemons): every descendant, adopted ones included.
+            signal_descendants(sig)
 
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
@@ -656,6 +680,8 @@ class Agent:
             entry.returncode = exited.returncode
             self._drain(entry)
             self.send_message(EXIT, exited, entry.rank)
+        if self.reaping:
+            reap_adopted({e.proc.pid for e in self.ranks.values() if e.returncode is None})
 
     # -- control from the launcher
 
@@ -679,17 +705,21 @@ class Agent:
     def _all_exited(self) -> bool:
         return all(e.returncode is not None for e in self.ranks.values())
 
+    def _leftovers(self) -> bool:
+        """Something the ranks started still runs (detached from their groups, say)."""
+        return self.reaping and bool(descendants())
+
     def _finish_attempt(self, now: float) -> bool:
         """Once every rank and its process group is gone: DONE. True when the attempt is over."""
         if not self._all_exited():
             return False
-        if self.by_fd:
-            # Leaders are gone but something in their groups (a DataLoader worker, say) holds the pipes.
+        if self.by_fd or self._leftovers():
+            # Leaders are gone but something they started (a DataLoader worker, a detached daemon) runs on.
             if self.leftovers_at is None:
                 self._signal_all(signal.SIGTERM, leftovers=True)
                 self.leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
                 return False
-            if now < self.leftovers_at:
+            if now < self.leftovers_at and (self.by_fd or self._leftovers()):
                 return False
             for fd in list(self.by_fd):
                 self._close_pipe(fd)
@@ -699,6 +729,7 @@ class Agent:
         return True
 
     def run(self) -> int:
+        self.reaping = become_subreaper()  # see launcher.reaper: detached descendants of the ranks stay ours
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)

@@ -23,8 +23,9 @@ MAX_CLOCK_OFFSET = 2.0
 class HostCheck:
     """What checking one host found. `error` set: it could not be reached (or its agent did not answer).
 
-    `error_kind`: `auth` (no key accepted), `host-key` (changed key), `unreachable`, or `other`.
-    `probe` is the agent's answer (launcher.protocol Facts as a dict plus the check fields).
+    `error_kind`: `auth` (no key accepted), `host-key` (changed key), `unreachable`, `python` (no interpreter
+    to run the agent), or `other`. `probe` is the agent's answer (launcher.protocol Facts as a dict plus the
+    check fields). `user`: the login named in `-H user@host`, which fixes must name too.
     """
 
     host: str
@@ -35,6 +36,7 @@ class HostCheck:
     error_kind: str | None = None
     probe: dict[str, Any] | None = None
     clock_offset_s: float | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,15 +58,22 @@ def findings(
 ) -> list[Finding]:
     """Every problem of one host, each with its fix."""
     host = check.host
+    login = shlex.quote(f"{check.user}@{host}" if check.user else host)
     if check.error is not None:
         if check.error_kind == "auth":
-            fix = f"distrun ssh-setup -H {shlex.quote(host)}"
+            fix = f"distrun ssh-setup -H {login}"
         elif check.error_kind == "host-key":
             fix = "if the host was reinstalled, remove the old key with the ssh-keygen -R command above"
         elif check.error_kind == "unreachable":
-            fix = f"check that {host} is up and sshd listens there (ssh {shlex.quote(host)} true)"
+            fix = f"check that {host} is up and sshd listens there (ssh {login} true)"
+        elif check.error_kind == "python":
+            fix = (
+                f"give --python the path of a Python 3.7 or newer on {host}"
+                if python_option
+                else f"install Python 3.7 or newer on {host} as python3, or give --python PATH"
+            )
         else:
-            fix = f"see what `ssh {shlex.quote(host)} true` says; -vv shows distrun's SSH details"
+            fix = f"see what `ssh {login} true` says; -vv shows distrun's SSH details"
         return [Finding(host, check.error, fix)]
     probe = check.probe or {}
     found: list[Finding] = []
@@ -202,6 +211,27 @@ HEADER = (
 def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in (HEADER, *rows)) for i in range(len(HEADER))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (HEADER, *rows)]
+
+
+def same_machines(checks: Sequence[HostCheck]) -> list[Finding]:
+    """A problem for each host that is a machine listed before it under another name (its agent reports the
+    same machine identity): a launch refuses that, since both would share its GPUs and LOCAL_RANKs."""
+    first: dict[str, HostCheck] = {}
+    found = []
+    for check in checks:
+        identity = (check.probe or {}).get("machine") or ""
+        if not identity:
+            continue
+        earlier = first.setdefault(identity, check)
+        if earlier is not check:
+            found.append(
+                Finding(
+                    check.host,
+                    f"the same machine as {earlier.host} (one machine-id, boot and hostname)",
+                    f"list it once with both entries' slots ({earlier.host}:{earlier.slots + check.slots})",
+                )
+            )
+    return found
 
 
 def verdict(checks: Sequence[HostCheck], problems: Sequence[Finding]) -> str:

@@ -18,12 +18,13 @@ from launcher.errors import UsageError
 
 # Where a value came from, for "CLI > DISTRUN_* env > config file > defaults".
 _CONFIG_LEVEL = 1
+ENV_LEVEL = 2  # a DISTRUN_* variable
 
 
 def _level(source: ParameterSource | None) -> int:
     if source is ParameterSource.COMMANDLINE:
         return 3
-    return 2 if source is ParameterSource.ENVIRONMENT else 0
+    return ENV_LEVEL if source is ParameterSource.ENVIRONMENT else 0
 
 
 def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:

@@ -52,6 +52,9 @@ class Node:
         self.lost = False
         self.last_heard = time.monotonic()
         self.probed_at = 0.0  # when its agent last answered a probe (the start-up timeline's "probed")
+        # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
+        # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
+        self.beat_gap = 0.0
         # Frames must not interleave: the heartbeat thread and the main loop both send.
         self._send_lock = threading.Lock()
 
@@ -183,6 +186,12 @@ class Heartbeat:
         self._done.set()
 
     def _run(self) -> None:
+        sent = time.monotonic()
         while not self._done.wait(self._every):
+            # From the end of the last beats (a slow send is not silence) to this wake-up: `every`, unless
+            # the whole process did not run meanwhile (SIGSTOP), when the agents heard nothing either.
+            gap = time.monotonic() - sent
             for node in self._nodes:
+                node.beat_gap = max(node.beat_gap, gap)
                 node.send(BEAT)
+            sent = time.monotonic()

@@ -116,6 +116,9 @@ class Facts:
     python_found: bool = True
     devices: dict[str, Any] = field(default_factory=dict)
     script_found: bool = True
+    # Which machine this is, as far as the agent can tell (machine-id, boot id, network namespace, hostname;
+    # "" where none is readable): two hosts that report the same are one machine under two names.
+    machine: str = ""
     # Only when the probe asked `check`: `time` is when the agent read the question (time.time()); `torch` is
     # {"version", "cuda", "gpus"} or {"error"} from the host's interpreter; `tcp_error` "" means connected.
     python_version: str = ""

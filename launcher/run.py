@@ -23,18 +23,27 @@ from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, 
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.discovery import discover
-from launcher.errors import CommandNotFound, DistrunError, HostError
+from launcher.discovery import TIMEOUT, discover
+from launcher.errors import (
+    EXIT_INTERNAL,
+    EXIT_SIGINT,
+    CommandNotFound,
+    DeadlineReached,
+    DistrunError,
+    HostError,
+    Interrupted,
+)
 from launcher.facts import Rendezvous
 from launcher.forward import job_env
 from launcher.hosts import Host
+from launcher.locality import refuse_one_machine_twice
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, HostAttempt, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
-from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
 from launcher.samestack import differences, refuse
 from launcher.startreq import start_requests
 from launcher.store import KEEP
@@ -43,6 +52,7 @@ from launcher.supervise import (
     FORWARDED_SIGNALS,
     STOP_SIGNALS,
     Supervisor,
+    caught,
     probe,
     read_signals,
     signal_pipe,
@@ -79,6 +89,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
     workdir = _scan_workdir(config)
     job: Job | None = None
+    exit_code = EXIT_INTERNAL
+    error: Failure | None = None  # what ended the run before (or instead of) an outcome
+    final: str | None = None  # the job's outcome
     watch = JobWatch(
         relay,
         WatchOptions(
@@ -93,7 +106,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
-        for signum in FORWARDED_SIGNALS:
+        for signum in caught(FORWARDED_SIGNALS):
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
@@ -108,21 +121,36 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
                 with job.heartbeat:
                     outcome = job.run(plan)
             finally:
-                # Whatever ended the job, once ranks ran: the account, as a table and as --report.
-                if job.accounts:
-                    _account(config, job, relay)
+                # Whatever ended the job, once ranks ran: the account as a table.
+                if job.accounts and len(job.accounts[-1].ranks) > 1:
+                    relay.note(format_account(job.accounts[-1].ranks).splitlines())
             relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
-            return outcome.exit_code
+            exit_code, final = outcome.exit_code, outcome.name
+            return exit_code
+    except DistrunError as err:
+        exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
+        raise
+    except KeyboardInterrupt:
+        exit_code, error = EXIT_SIGINT, Failure(None, None, str(Interrupted("SIGINT", EXIT_SIGINT)))
+        raise
     finally:
         # Links first: whatever happens to the console or the log files, the agents must hear EOF.
         try:
             if job is not None:
                 close_all(list(job.nodes.values()))
+        except KeyboardInterrupt:
+            # Ctrl-C while the agents end (they heard EOF already): no more waiting, and the job's own exit
+            # code and report stand; the agents stop whatever is left when this process is gone.
+            if error is None and final is None:
+                raise
         finally:
             watch.close()
             relay.close()
+            if config.report is not None:
+                # Every run given --report writes it, whatever ended it: no earlier run's report stays.
+                _write_report(config, job, exit_code, error, final)
 
 
 @dataclass(frozen=True)
@@ -171,6 +199,8 @@ class Job:
         self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
         self.heartbeat = Heartbeat(nodes, self.check_every)
         self.started = time.monotonic()
+        # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
+        self.deadline = self.started + config.timeout if config.timeout else None
         self.attempts: list[AttemptRecord] = []
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
@@ -211,6 +241,7 @@ class Job:
             )
             interrupted = self.pause(options.delay)
             if interrupted is not None:
+                self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
                 return interrupted
             plan = make_plan(decision.hosts, decision.num_proc)
 
@@ -234,24 +265,44 @@ class Job:
         script = self.config.restart.discovery_script
         if script is None:
             return ()
+        left = TIMEOUT if self.deadline is None else min(TIMEOUT, self.deadline - time.monotonic())
+        if left <= 0:
+            return ()  # --timeout has expired: the job ends before any restart
         try:
-            return discover(script)
+            return discover(script, left)
         except DistrunError as err:
             # A flaky discovery script must not end a job that could go on with the hosts it has.
             log.warning("%s; going on with the hosts already known", err)
             return ()
 
     def pause(self, seconds: float) -> Outcome | None:
-        """Wait before a restart; a signal meanwhile ends the job (None: the pause ran out)."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
+        """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
+        end = time.monotonic() + seconds
+        while True:
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                return self.timed_out()
+            left = end - now if self.deadline is None else min(end, self.deadline) - now
+            if end <= now:
+                return None
             readable, _, _ = select.select([self.wake_fd], [], [], left)
             if readable:
                 received = read_signals(self.wake_fd)
                 stop = [s for s in received if s in STOP_SIGNALS]
                 if stop:
                     return Signalled(stop[0])
-        return None
+
+    def timed_out(self) -> TimedOut:
+        return TimedOut(self.config.timeout or 0.0)
+
+    def time_left(self) -> float | None:
+        """Seconds until --timeout expires (None: no --timeout); DeadlineReached once it has."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineReached("--timeout expired")
+        return left
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
@@ -271,7 +322,11 @@ class Job:
     def attempt(self, index: int, plan: Plan) -> Outcome:
         """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
         try:
-            return self.run_attempt(index, plan, self.nodes_for(plan))
+            nodes = self.nodes_for(plan)
+            self.time_left()  # reconnecting took that long
+            return self.run_attempt(index, plan, nodes)
+        except DeadlineReached:
+            return self.timed_out()
         except HostError as err:
             if index == 0 or err.host is None:
                 raise
@@ -341,6 +396,7 @@ class Job:
         )
         lines = summarize(outcome, self.relay.stderr_tail)
         failed = outcome.failure if isinstance(outcome, RankFailed) else None
+        self.failure = None  # the last attempt's, if any: a job that succeeded after restarts has none
         if lines:
             self.failure = Failure(
                 failed.rank if failed else None,
@@ -388,7 +444,11 @@ class Job:
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
-            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
+            shown = line if remote else None
+            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+        if self.backend.one_machine_per_host:
+            # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
+            refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
@@ -578,23 +638,25 @@ def _script(command: Sequence[str]) -> str | None:
     return command[0] if command and command[0].endswith(".py") else None
 
 
-def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
-    last = job.accounts[-1]
-    if len(last.ranks) > 1:
-        relay.note(format_account(last.ranks).splitlines())
-    if config.report is not None:
-        report = build_report(
-            run_id=job.run_id,
-            command=config.command,
-            exit_code=last.exit_code,
-            attempts=job.accounts,
-            failure=job.failure,
-            stacks=job.watch.dumps if job.watch is not None else (),
-            stragglers=job.watch.named if job.watch is not None else (),
-            timeline=job.watch.timeline.to_json() if job.watch is not None else (),
-            workdir=job.workdir_report(),
-        )
-        try:
-            write_report(config.report, report)
-        except OSError as err:
-            log.error("cannot write the report %s: %s", config.report, err.strerror or err)
+def _write_report(
+    config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None, outcome: str | None
+) -> None:
+    assert config.report is not None
+    attempts = job.accounts if job is not None else []
+    failure = (job.failure if job is not None else None) or error
+    report = build_report(
+        run_id=job.run_id if job is not None else os.urandom(6).hex(),
+        command=config.command,
+        exit_code=exit_code,
+        attempts=attempts,
+        failure=failure,
+        outcome=outcome,
+        workdir=job.workdir_report() if job is not None else None,
+        stacks=job.watch.dumps if job is not None and job.watch is not None else (),
+        stragglers=job.watch.named if job is not None and job.watch is not None else (),
+        timeline=job.watch.timeline.to_json() if job is not None and job.watch is not None else (),
+    )
+    try:
+        write_report(config.report, report)
+    except (OSError, DistrunError) as err:
+        log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)

@@ -18,7 +18,15 @@ import psutil
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
-from tests.support import REPO, SCRIPTS, attempt_envs, distrun_argv, wait_until
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    assert_all_gone,
+    attempt_envs,
+    distrun_argv,
+    recorded_pids,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -71,6 +79,17 @@ def test_ranks_see_the_job_not_the_agents_step(slurm: SlurmCluster, tmp_path: Pa
         assert env["SLURM_JOB_NODELIST"] == "node[01-02]"
         assert env["SLURM_JOB_ID"] == envs[0]["SLURM_JOB_ID"]
         assert not {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_LOCALID"} & set(env)
+    assert_clean(slurm)
+
+
+def test_detached_descendants_end_with_the_job_on_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """New sessions, process groups and setsid daemons of ranks in srun steps end with the job (issue 19)."""
+    args = ("--grace-period", "1", SCRIPTS / "detach.py", tmp_path)
+    result = salloc(slurm, "-N2", *distrun_argv(*args))
+    assert result.returncode == 0, result.stderr
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 * 4
+    assert_all_gone(pids, within=2.0)
     assert_clean(slurm)
 
 
