@@ -381,6 +381,7 @@ class Agent:
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
+        self._die_with_agent: Any = None
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -415,6 +416,13 @@ class Agent:
         if request.listen and self.listener is None:
             self.listener = _listen()
         self.send(encode_message(FACTS, host_facts(request, self.listener)))
+        # While the launcher turns the facts into the ranks' environments: what START needs (ctypes).
+        self.die_with_agent()
+
+    def die_with_agent(self) -> Any:
+        if self._die_with_agent is None:
+            self._die_with_agent = _die_with_agent() or False
+        return self._die_with_agent or None
 
     def start(self, spec: StartRequest) -> None:
         self._new_attempt()
@@ -425,7 +433,7 @@ class Agent:
         unset = set(spec.unset)
         base = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith(prefixes)}
         base.update(spec.env)
-        die_with_agent = _die_with_agent()
+        die_with_agent = self.die_with_agent()
         for r in spec.ranks:
             env = dict(base)
             env.update(r.env)

@@ -5,6 +5,7 @@ Errors only become exit codes and the one-line `distrun: error: ...` message in 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -773,6 +774,21 @@ def _error(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
-    """Console-script entry point: parse, launch, exit with the job's exit code."""
+    """Parse, launch, exit with the job's exit code (SystemExit, so a caller in-process gets it back)."""
     guard_std_fds()
     sys.exit(_run(sys.argv[1:] if argv is None else argv))
+
+
+def entry() -> NoReturn:
+    """The `distrun` command: `main`, then an exit that skips the interpreter's teardown.
+
+    By then every agent has exited and every stream is flushed here; freeing the few hundred modules a launch
+    imported was 10-15 ms of a no-op job's start-to-exit, for nothing.
+    """
+    guard_std_fds()
+    code = _run(sys.argv[1:])
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed console: nothing left to say on it
+            stream.flush()
+    os._exit(code)

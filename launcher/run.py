@@ -22,7 +22,6 @@ from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.discovery import discover
 from launcher.env import own_part, rank_env, tf_workers
 from launcher.errors import CommandNotFound, DistrunError, HostError
 from launcher.facts import Rendezvous
@@ -195,6 +194,8 @@ class Job:
         script = self.config.restart.discovery_script
         if script is None:
             return ()
+        from launcher.discovery import discover  # runs a program: only elastic jobs that name one need it
+
         try:
             return discover(script)
         except DistrunError as err:
