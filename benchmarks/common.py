@@ -25,9 +25,14 @@ def distrun(*args: str | os.PathLike[str]) -> list[str]:
     return [sys.executable, "-m", "launcher", *map(str, args)]
 
 
-def timed_run(argv: Sequence[str], **kwargs: object) -> float:
+def tree_env(tree: Path | None = None, **extra: str) -> dict[str, str]:
+    """`env_with_repo`, distrun imported from `tree` (another checkout, e.g. `git archive main`) if given."""
+    return env_with_repo(**({"PYTHONPATH": str(tree)} if tree else {}), **extra)
+
+
+def timed_run(argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: object) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env_with_repo(), **kwargs)  # type: ignore[call-overload]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env or env_with_repo(), **kwargs)  # type: ignore[call-overload]
     return time.perf_counter() - start
 
 

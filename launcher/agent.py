@@ -663,12 +663,17 @@ class Agent:
                 return 0
 
 
+def serve(in_fd: int, out_fd: int) -> int:
+    """Be the agent on this channel (a pipe pair, an SSH channel's stdio, a socket) until it closes."""
+    write_all(out_fd, MAGIC + encode_message(HELLO, Hello(VERSION, os.getpid())))
+    return Agent(in_fd, out_fd).run()
+
+
 def main() -> int:
     # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
     out_fd = os.dup(1)
     os.dup2(2, 1)
-    write_all(out_fd, MAGIC + encode_message(HELLO, Hello(VERSION, os.getpid())))
-    return Agent(0, out_fd).run()
+    return serve(0, out_fd)
 
 
 if __name__ == "__main__":

@@ -114,9 +114,9 @@ def remote_transport(config: LaunchConfig, progress: ProgressFn | None = None) -
     # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
     pythons = [config.python] if config.python else [sys.executable, "python3"]
     if config.launcher == "srun":
-        from launcher.transport.srun import SrunTransport
+        from launcher.transport.srunstep import SrunStepTransport
 
-        return SrunTransport(pythons)
+        return SrunStepTransport(pythons, progress)
     from launcher.transport.ssh import SshTransport
 
     return SshTransport(config.ssh, pythons, progress)

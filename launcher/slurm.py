@@ -212,17 +212,43 @@ def srun_argv(node: str, command: Sequence[str]) -> list[str]:
     """
     return [
         "srun",
-        "--overlap",
         "--kill-on-bad-exit=1",
+        *_step_options(1),
+        f"--nodelist={node}",
+        *_without_step_env(command),
+    ]
+
+
+def srun_step_argv(nodes: Sequence[str], command: Sequence[str]) -> list[str]:
+    """One `srun` step running `command` once on each of `nodes`: every agent of the job in one step.
+
+    As `srun_argv`, plus: stdin goes to every task (`--input=all`: each agent reads the same bootstrap), and
+    one task ending, even badly, ends no other (`--kill-on-bad-exit=0`, `--wait=0`): a node lost mid-job
+    must not take the others' agents with it, as the job may go on without it.
+    """
+    return [
+        "srun",
+        "--kill-on-bad-exit=0",
+        "--wait=0",
+        "--input=all",
+        *_step_options(len(nodes)),
+        f"--nodelist={','.join(nodes)}",
+        *_without_step_env(command),
+    ]
+
+
+def _step_options(nodes: int) -> list[str]:
+    return [
+        "--overlap",
         "--cpu-bind=none",
         "--unbuffered",
         "--quiet",
         "--mpi=none",
-        "--nodes=1",
-        "--ntasks=1",
+        f"--nodes={nodes}",
+        f"--ntasks={nodes}",
         "--ntasks-per-node=1",
-        f"--nodelist={node}",
-        "env",
-        *(arg for name in STEP_VARIABLES for arg in ("-u", name)),
-        *command,
     ]
+
+
+def _without_step_env(command: Sequence[str]) -> list[str]:
+    return ["env", *(arg for name in STEP_VARIABLES for arg in ("-u", name)), *command]

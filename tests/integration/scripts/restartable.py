@@ -15,8 +15,11 @@ parser.add_argument("--wait-attempt", type=int, default=-1, help="on this attemp
 args = parser.parse_args()
 
 attempt, rank = int(os.environ["DISTRUN_RESTART_COUNT"]), int(os.environ["RANK"])
-with open(os.path.join(args.out, f"a{attempt}.r{rank}.json"), "w") as f:
+# Written whole or not at all: a rank stopped while writing (another rank failed first) leaves no half file.
+record = os.path.join(args.out, f"a{attempt}.r{rank}.json")
+with open(record + ".part", "w") as f:
     json.dump({**dict(os.environ), "pid": os.getpid()}, f)
+os.replace(record + ".part", record)
 with open(os.path.join(args.out, f"a{attempt}.r{rank}.pid"), "w") as f:
     f.write(str(os.getpid()))
 for spec in args.fail:
