@@ -21,13 +21,18 @@ def env_with_repo(**extra: str) -> dict[str, str]:
     return env
 
 
-def distrun(*args: str | os.PathLike[str]) -> list[str]:
-    return [sys.executable, "-m", "launcher", *map(str, args)]
+def distrun(*args: str | os.PathLike[str], tree: Path | None = None) -> list[str]:
+    """The distrun command line; with `tree`, the distrun of that checkout (e.g. `git archive main`).
 
-
-def tree_env(tree: Path | None = None, **extra: str) -> dict[str, str]:
-    """`env_with_repo`, distrun imported from `tree` (another checkout, e.g. `git archive main`) if given."""
-    return env_with_repo(**({"PYTHONPATH": str(tree)} if tree else {}), **extra)
+    Not `-m launcher` with PYTHONPATH=tree: `-m` puts the working directory first on sys.path, and run from
+    this checkout that would import this tree's launcher whatever PYTHONPATH says.
+    """
+    if tree is None:
+        return [sys.executable, "-m", "launcher", *map(str, args)]
+    run = (
+        f"import runpy,sys;sys.path.insert(0,{str(tree)!r});runpy.run_module('launcher',run_name='__main__')"
+    )
+    return [sys.executable, "-c", run, *map(str, args)]
 
 
 def timed_run(argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: object) -> float:

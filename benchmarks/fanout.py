@@ -112,15 +112,15 @@ def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
     return Sample(wall, cpu, 0.0, rss, len(procs), error)
 
 
-def distrun_all(cluster: Cluster, extra: Sequence[str], tree: Path = REPO) -> Sample:
+def distrun_all(cluster: Cluster, extra: Sequence[str], tree: Path | None = None) -> Sample:
     hosts = ",".join(f"{h}:1" for h in cluster.hosts)
     start = time.perf_counter()
     proc = subprocess.Popen(
-        distrun("-H", hosts, *extra, "true"),
+        distrun("-H", hosts, *extra, "true", tree=tree),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        env=cluster.env(PYTHONPATH=str(tree)),
+        env=cluster.env(PYTHONPATH=str(REPO)),
     )
     assert proc.stderr is not None
     err = proc.stderr.read().decode(errors="replace")  # read to the end first: a full pipe would block it

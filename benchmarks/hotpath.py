@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import resource
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, WORKERS, distrun, interleaved, timed_run, tree_env
+from common import REPO, WORKERS, distrun, interleaved, timed_run
 from startup import by_hand
 
 ROWS = ("noop", "gloo", "srun", "fanout")
@@ -47,14 +49,18 @@ class Row:
     trees: dict[str, float]  # "distrun" (this tree) and maybe "baseline": median seconds
     added: bool  # the figure is seconds added over the reference, not a ratio
     goal: str
+    # Local rows: median CPU seconds of every process of a case (launcher, agent, ranks), reference included.
+    # Unlike wall time, it hardly moves with the machine's load.
+    cpu: dict[str, float] | None = None
 
     def cell(self, name: str) -> str:
         if name not in self.trees:
             return ""
         t = self.trees[name]
-        if self.added:
-            return f"+{t - self.ref_s:.3f} s ({t:.3f} s)"
-        return f"{t / self.ref_s:.2f}x ({t:.2f} s)"
+        text = f"+{t - self.ref_s:.3f} s ({t:.3f} s)" if self.added else f"{t / self.ref_s:.2f}x ({t:.2f} s)"
+        if self.cpu:
+            text += f"; CPU +{self.cpu[name] - self.cpu['hand']:.3f} s"
+        return text
 
 
 def local_row(
@@ -66,10 +72,28 @@ def local_row(
     }
     if baseline is not None:
         cases["baseline"] = lambda: timed_run(
-            distrun("-np", "2", script), env=tree_env(baseline), stderr=subprocess.DEVNULL
+            distrun("-np", "2", script, tree=baseline), stderr=subprocess.DEVNULL
         )
-    t = interleaved(cases, repeat)
-    return Row(figure, "by hand", t.pop("hand"), t, added, goal)
+    cpu: dict[str, list[float]] = {name: [] for name in cases}
+
+    def with_cpu(name: str, case: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
+            before = _children_cpu()
+            wall = case()
+            cpu[name].append(_children_cpu() - before)
+            return wall
+
+        return run
+
+    t = interleaved({name: with_cpu(name, case) for name, case in cases.items()}, repeat)
+    cpu_s = {name: statistics.median(samples) for name, samples in cpu.items()}
+    return Row(figure, "by hand", t.pop("hand"), t, added, goal, cpu_s)
+
+
+def _children_cpu() -> float:
+    """CPU seconds of every reaped descendant so far (the agent reaps the ranks, distrun the agent)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def srun_row(baseline: Path | None) -> Row:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, distrun, interleaved, timed_run, tree_env
+from common import REPO, distrun, interleaved, timed_run
 
 from tests.slurm.cluster import SlurmCluster, slurm_unavailable_reason
 
@@ -28,11 +28,13 @@ NOOP = [sys.executable, "-c", "pass"]
 
 def inside_allocation(repeat: int, baseline: Path | None) -> dict[str, float]:
     cases = {
-        "srun": lambda: timed_run(["srun", "--overlap", *NOOP], cwd=REPO),
-        "distrun": lambda: timed_run(distrun(*NOOP), cwd=REPO),
+        "srun": lambda: timed_run(["srun", "--overlap", *NOOP], cwd=REPO, stderr=subprocess.DEVNULL),
+        "distrun": lambda: timed_run(distrun(*NOOP), cwd=REPO, stderr=subprocess.DEVNULL),
     }
     if baseline is not None:
-        cases["baseline"] = lambda: timed_run(distrun(*NOOP), env=tree_env(baseline), cwd=REPO)
+        cases["baseline"] = lambda: timed_run(
+            distrun(*NOOP, tree=baseline), cwd=REPO, stderr=subprocess.DEVNULL
+        )
     return interleaved(cases, repeat)
 
 

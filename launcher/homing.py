@@ -104,4 +104,7 @@ def main() -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    return serve(sock.fileno(), sock.fileno())
+    code = serve(sock.fileno(), sock.fileno())
+    # Its ranks are gone and the launcher told: the interpreter's teardown would only delay the step's end.
+    sys.stderr.flush()
+    os._exit(code)

@@ -151,51 +151,28 @@ class Home:
         """
         arrived: dict[str, SocketLink] = {}
         callers: dict[int, _Caller] = {}
-        deadline = StallDeadline(stall, time.monotonic())
+        started = time.monotonic()
+        deadline = StallDeadline(stall, started)
         try:
             with selectors.DefaultSelector() as sel:
                 sel.register(self._listener, selectors.EVENT_READ)
                 while len(arrived) < len(self._expected):
-                    now = time.monotonic()
-                    missing = next(n for n in self._expected if n not in arrived)
-                    gone = starter_gone()
-                    if gone is not None:
-                        detail = diagnostics() or gone
-                        raise HostError(
-                            f"host {missing}: the distrun agent exited before answering: {detail}",
-                            host=missing,
-                        )
-                    if deadline.remaining(now) <= 0:
-                        raise HostError(
-                            f"host {missing}: no distrun agent dialed in within {stall:g}s "
-                            f"({len(arrived)} of {len(self._expected)} did)",
-                            host=missing,
-                        )
-                    for key, _ in sel.select(min(0.1, deadline.remaining(now))):
+                    remaining = deadline.remaining(time.monotonic())
+                    self._check(arrived, remaining, stall, starter_gone, diagnostics)
+                    for key, _ in sel.select(min(0.1, remaining)):
                         if key.fileobj is self._listener:
-                            self._accept(sel, callers, now)
+                            self._accept(sel, callers)
                             continue
-                        caller = callers[key.fd]
-                        try:
-                            link = self._advance(caller, arrived, diagnostics)
-                        except (OSError, EOFError, ValueError) as err:
-                            log.debug("refused a connection: %s", err)
-                            link = None
-                            caller.sock.close()
-                        if link is not None or caller.sock.fileno() < 0:
-                            sel.unregister(key.fileobj)
-                            del callers[key.fd]
+                        link = self._answer(sel, callers, key.fd, arrived, diagnostics)
                         if link is not None:
+                            log.debug(
+                                "%s: agent dialed in after %.3fs", link.host, time.monotonic() - started
+                            )
                             arrived[link.host] = link
                             deadline.progressed(time.monotonic())
                             if progress is not None:
                                 progress(Progress("starting agents", len(self._expected), len(arrived)))
-                    for fd, caller in list(callers.items()):
-                        if time.monotonic() - caller.since > HANDSHAKE_TIMEOUT:
-                            log.debug("dropped a connection that did not finish the handshake in time")
-                            sel.unregister(caller.sock)
-                            caller.sock.close()
-                            del callers[fd]
+                    self._drop_slow(sel, callers)
         except BaseException:
             for link in arrived.values():
                 link.abort()
@@ -206,12 +183,68 @@ class Home:
             self._listener.close()
         return {name: arrived[name] for name in self._expected}
 
-    def _accept(self, sel: selectors.BaseSelector, callers: dict[int, _Caller], now: float) -> None:
+    def _check(
+        self,
+        arrived: dict[str, SocketLink],
+        remaining: float,
+        stall: float,
+        starter_gone: Callable[[], str | None],
+        diagnostics: Callable[[], str],
+    ) -> None:
+        """HostError naming the first missing host if the starter has ended or the wait has stalled."""
+        missing = next(n for n in self._expected if n not in arrived)
+        gone = starter_gone()
+        if gone is not None:
+            detail = diagnostics() or gone
+            raise HostError(
+                f"host {missing}: the distrun agent exited before answering: {detail}", host=missing
+            )
+        if remaining <= 0:
+            raise HostError(
+                f"host {missing}: no distrun agent dialed in within {stall:g}s "
+                f"({len(arrived)} of {len(self._expected)} did)",
+                host=missing,
+            )
+
+    def _answer(
+        self,
+        sel: selectors.BaseSelector,
+        callers: dict[int, _Caller],
+        fd: int,
+        arrived: dict[str, SocketLink],
+        diagnostics: Callable[[], str],
+    ) -> SocketLink | None:
+        """The next step of one caller's handshake: its link once admitted; a refused caller is dropped."""
+        caller = callers[fd]
+        try:
+            link = self._advance(caller, arrived, diagnostics)
+        except (OSError, EOFError, ValueError) as err:
+            log.debug("refused a connection: %s", err)
+            sel.unregister(caller.sock)
+            caller.sock.close()
+            del callers[fd]
+            return None
+        if link is not None:
+            sel.unregister(caller.sock)
+            del callers[fd]
+        return link
+
+    @staticmethod
+    def _drop_slow(sel: selectors.BaseSelector, callers: dict[int, _Caller]) -> None:
+        now = time.monotonic()
+        for fd, caller in list(callers.items()):
+            if now - caller.since > HANDSHAKE_TIMEOUT:
+                log.debug("dropped a connection that did not finish the handshake in time")
+                sel.unregister(caller.sock)
+                caller.sock.close()
+                del callers[fd]
+
+    def _accept(self, sel: selectors.BaseSelector, callers: dict[int, _Caller]) -> None:
         with contextlib.suppress(BlockingIOError, InterruptedError):
             while True:
                 sock, _ = self._listener.accept()
                 sock.setblocking(False)
-                callers[sock.fileno()] = _Caller(sock, now)
+                callers[sock.fileno()] = _Caller(sock, time.monotonic())
                 sel.register(sock, selectors.EVENT_READ)
 
     def _advance(
