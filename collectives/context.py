@@ -16,6 +16,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from collectives import leaving
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError
 from collectives.placement import BackendChoice, GpuView, choose_backend, is_gpu_backend
 
@@ -297,6 +298,8 @@ def init(
         topology = topology_from_env(environ_)
         context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
     _context = context
+    if context.owns_group:
+        leaving.leave_at_exit(_leave)
     topology = context.topology
     _log.info(
         "%s process group: rank %d/%d (local %d/%d, host %d/%d), backend %s",
@@ -431,37 +434,30 @@ def barrier() -> None:
 def shutdown() -> None:
     """Leave the process group, all ranks together; :func:`init` may be called again afterwards.
 
-    Every rank must call it (it waits for the others), as every rank calls :func:`init`.
+    Every rank must call it (it waits for the others), as every rank calls :func:`init`. A script that never
+    calls it leaves the same way when its interpreter exits (see ``collectives.leaving``).
     """
+    _leave(wait_s=None)
+
+
+def _leave(wait_s: float | None) -> None:
+    """Destroy our process group after waiting for every rank to leave too: at most ``wait_s`` (0: not at all,
+    None: as long as the group's own timeout)."""
     global _context
-    if _context is None:
+    context = _context
+    if context is None:
         return
     import torch.distributed as dist
 
-    if _context.owns_group and dist.is_initialized():
-        if _context.topology.size > 1:
+    if context.owns_group and dist.is_initialized():
+        size, rank = context.topology.size, context.topology.rank
+        if context.device_index is not None:
+            import torch
+
+            torch.cuda.synchronize(context.device_index)  # no kernel of ours still reads what we free
+        if size > 1 and wait_s is None:
             barrier()
-            _past_the_barrier_together(_context.topology.rank, _context.topology.size)
+        if size > 1 and wait_s != 0:
+            leaving.together(rank, size, wait_s)
         dist.destroy_process_group()
     _context = None
-
-
-def _past_the_barrier_together(rank: int, size: int) -> None:
-    """Return once every rank has finished the last barrier, so that nothing of it is still in flight.
-
-    A rank that closes its connections while a peer has not yet read the barrier's last message resets that
-    connection, and gloo then aborts the peer with std::terminate ("terminate called without an active
-    exception"). The barrier only says that every rank reached it; this round on the rendezvous store says
-    that every rank is past it. Rank 0 serves the store, so it leaves last: only after every other rank has
-    heard the round's end.
-    """
-    import torch.distributed.distributed_c10d as c10d
-
-    store = c10d._get_default_store()
-    if store.add("collectives/shutdown/past", 1) == size:
-        store.set("collectives/shutdown/all", "1")
-    store.wait(["collectives/shutdown/all"])
-    if rank != 0:
-        store.set(f"collectives/shutdown/left/{rank}", "1")
-    else:
-        store.wait([f"collectives/shutdown/left/{r}" for r in range(1, size)])

@@ -36,9 +36,8 @@ from launcher.protocol import (
     ERR,
     EXIT,
     FACTS,
-    HELLO,
     KILL,
-    MAGIC,
+    ORPHAN_GRACE_CAP,
     OUT,
     PROBE,
     READ_SIZE,
@@ -47,21 +46,24 @@ from launcher.protocol import (
     STOP,
     VERSION,
     Facts,
+    Frame,
     FrameReader,
+    Handlers,
     Hello,
     ProbeRequest,
     RankExited,
     SignalRequest,
     StartRequest,
     StopRequest,
-    decode_message,
+    dispatch,
     encode,
+    encode_hello,
     encode_message,
+    rank_environment,
+    start_environment,
     write_all,
 )
 
-# When the launcher is gone nobody waits on us: do not let a slow rank hold the host for a full grace period.
-ORPHAN_GRACE_CAP = 2.0
 SIOCGIFADDR = 0x8915
 
 
@@ -382,6 +384,15 @@ class Agent:
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
         self._die_with_agent: Any = None
+        self.agent_id = 0
+        # What the launcher may ask, by frame kind; other kinds are ignored (a newer launcher's requests).
+        self.handlers: Handlers = {
+            PROBE: lambda _, request: self.probe(request),
+            START: lambda _, request: self.start(request),
+            STOP: self._on_stop,
+            SIGNAL: lambda _, request: self.forward(request),
+            KILL: lambda *_: self.kill(),
+        }
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -395,7 +406,14 @@ class Agent:
 
     # -- output to the launcher
 
-    def send(self, frame: bytes) -> None:
+    def send(self, kind: int, rank: int = -1, payload: bytes = b"") -> None:
+        """A frame to the launcher, stamped with this agent's id."""
+        self._write(encode(kind, rank, payload, self.agent_id))
+
+    def send_message(self, kind: int, message: Any, rank: int = -1) -> None:
+        self._write(encode_message(kind, message, rank, self.agent_id))
+
+    def _write(self, frame: bytes) -> None:
         if self.launcher_gone:
             return
         try:
@@ -415,7 +433,7 @@ class Agent:
         self.dead_after = request.dead_after
         if request.listen and self.listener is None:
             self.listener = _listen()
-        self.send(encode_message(FACTS, host_facts(request, self.listener)))
+        self.send_message(FACTS, host_facts(request, self.listener))
         # While the launcher turns the facts into the ranks' environments: what START needs (ctypes).
         self.die_with_agent()
 
@@ -429,16 +447,10 @@ class Agent:
         self.started = True
         self.grace = spec.grace
         # Leftovers of another launcher go first; the launcher's environment comes over them.
-        prefixes = tuple(spec.unset_prefixes)
-        unset = set(spec.unset)
-        base = {k: v for k, v in os.environ.items() if k not in unset and not k.startswith(prefixes)}
-        base.update(spec.env)
+        shared = start_environment(os.environ, spec)
         die_with_agent = self.die_with_agent()
         for r in spec.ranks:
-            env = dict(base)
-            env.update(r.env)
-            for name, value in r.defaults.items():
-                env.setdefault(name, value)
+            env = rank_environment(shared, r)
             try:
                 proc = subprocess.Popen(
                     r.argv,
@@ -455,8 +467,8 @@ class Agent:
                 # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
                 reason = exc if isinstance(exc, OSError) else f"cannot pin it to cores {r.cpus}"
                 msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {reason}\n"
-                self.send(encode(ERR, r.rank, msg.encode()))
-                self.send(encode_message(EXIT, RankExited(code), r.rank))
+                self.send(ERR, r.rank, msg.encode())
+                self.send_message(EXIT, RankExited(code), r.rank)
                 continue
             entry = _Rank(r.rank, proc)
             self.ranks[r.rank] = entry
@@ -482,6 +494,9 @@ class Agent:
         if first != signal.SIGTERM and self.term_at is None:
             self.term_at = now + grace / 2
         self._signal_all(first, leftovers=True)
+
+    def _on_stop(self, frame: Frame, request: StopRequest) -> None:
+        self.stop(first=_signal_number(request.first) or signal.SIGTERM)
 
     def forward(self, request: SignalRequest) -> None:
         signum = _signal_number(request.name)
@@ -511,7 +526,7 @@ class Agent:
         except OSError:
             data = b""
         if data:
-            self.send(encode(entry.fds[fd], entry.rank, data))
+            self.send(entry.fds[fd], entry.rank, data)
             return True
         self._close_pipe(fd)
         return False
@@ -554,7 +569,7 @@ class Agent:
                 )
             entry.returncode = exited.returncode
             self._drain(entry)
-            self.send(encode_message(EXIT, exited, entry.rank))
+            self.send_message(EXIT, exited, entry.rank)
 
     # -- control from the launcher
 
@@ -569,18 +584,10 @@ class Agent:
             self._lost_launcher()
             return False
         self.last_heard = time.monotonic()
-        for kind, _, payload in self.reader.feed(data):
-            if kind == PROBE:
-                self.probe(decode_message(ProbeRequest, payload))
-            elif kind == START:
-                self.start(decode_message(StartRequest, payload))
-            elif kind == STOP:
-                first = decode_message(StopRequest, payload).first if payload else "SIGTERM"
-                self.stop(first=_signal_number(first) or signal.SIGTERM)
-            elif kind == SIGNAL:
-                self.forward(decode_message(SignalRequest, payload))
-            elif kind == KILL:
-                self.kill()
+        for frame in self.reader.feed(data):
+            # The launcher names us in its frames: ours carry the same id back (see launcher.protocol).
+            self.agent_id = frame.agent
+            dispatch(self.handlers, frame)
         return True
 
     def _all_exited(self) -> bool:
@@ -601,7 +608,7 @@ class Agent:
             for fd in list(self.by_fd):
                 self._close_pipe(fd)
         self._signal_all(signal.SIGKILL, leftovers=True)
-        self.send(encode(DONE))
+        self.send(DONE)
         self._new_attempt()
         return True
 
@@ -621,7 +628,7 @@ class Agent:
             now = time.monotonic()
             if self.beat_every:
                 if now >= self.next_beat:
-                    self.send(encode(BEAT))
+                    self.send(BEAT)
                     self.next_beat = now + self.beat_every
                 silent = now - self.last_heard > self.dead_after and not self.paused
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
@@ -665,7 +672,7 @@ class Agent:
 
 def serve(in_fd: int, out_fd: int) -> int:
     """Be the agent on this channel (a pipe pair, an SSH channel's stdio, a socket) until it closes."""
-    write_all(out_fd, MAGIC + encode_message(HELLO, Hello(VERSION, os.getpid())))
+    write_all(out_fd, encode_hello(Hello(VERSION, os.getpid())))
     return Agent(in_fd, out_fd).run()
 
 

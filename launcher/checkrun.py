@@ -15,11 +15,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 
+from launcher import backend
 from launcher.check import HostCheck
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.node import Node, close_all, locality, master_address
+from launcher.node import Node, close_all
 from launcher.protocol import ProbeRequest
 from launcher.supervise import probe
 from launcher.transport.local import LocalLink
@@ -30,53 +31,17 @@ PROBE_TIMEOUT = 120.0  # importing torch on a cold, busy host takes a while
 MAX_PARALLEL = 32
 
 
-def _error_kind(message: str, auth: bool) -> str:
-    if auth:
-        return "auth"
-    if "CHANGED" in message:
-        return "host-key"
-    if "unreachable" in message or "refused" in message or "resolve" in message:
-        return "unreachable"
-    return "other"
-
-
 def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None, HostCheck]:
     """A node with a running agent, or the HostCheck that says why there is none."""
-    slots = host.slots
     if local:
         return Node(host, LocalLink(host.name), True), HostCheck(
-            host.name, slots, login_s=0.0, host_key="local"
+            host.name, host.slots, login_s=0.0, host_key="local"
         )
-    from launcher.transport.ssh import open_links
-    from launcher.transport.sshconn import (
-        AuthRefused,
-        connect_target,
-        has_known_key,
-        jump_targets,
-        load_ssh_config,
-        resolve_target,
+    reached = backend.get(config.launcher).open_for_check(host, config)
+    check = HostCheck(
+        host.name, host.slots, reached.login_s, reached.host_key, reached.error, reached.error_kind
     )
-
-    ssh_config = load_ssh_config(config.ssh.config_file)
-    target = resolve_target(host, config.ssh, ssh_config)
-    known = target.host_key_policy == "ignore" or has_known_key(target)
-    started = time.monotonic()
-    try:
-        client = connect_target(target, config.ssh, jump_targets(target, config.ssh, ssh_config))
-    except HostError as err:
-        kind = _error_kind(str(err), isinstance(err, AuthRefused))
-        return None, HostCheck(host.name, slots, error=str(err), error_kind=kind)
-    login = time.monotonic() - started
-    key = "unchecked" if target.host_key_policy == "ignore" else ("known" if known else "recorded")
-    pythons = [config.python] if config.python else [sys.executable, "python3"]
-    try:
-        link = open_links({host.name: client}, pythons, limit=1)[host.name]
-    except HostError as err:
-        client.close()
-        return None, HostCheck(
-            host.name, slots, login_s=login, host_key=key, error=str(err), error_kind="other"
-        )
-    return Node(host, link, False), HostCheck(host.name, slots, login_s=login, host_key=key)
+    return (Node(host, reached.link, False) if reached.link is not None else None), check
 
 
 def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck) -> HostCheck:
@@ -85,11 +50,10 @@ def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck
         # reading time measures the clock, not the agent's start-up.
         probe([node], [ProbeRequest(ports=0, cwd=request.cwd)], PROBE_TIMEOUT, wake_fd)
         sent = time.time()
-        probe([node], [request], PROBE_TIMEOUT, wake_fd)
+        [answer] = probe([node], [request], PROBE_TIMEOUT, wake_fd)
     except HostError as err:
         return HostCheck(check.host, check.slots, check.login_s, check.host_key, str(err), "other")
-    assert node.facts is not None
-    facts = asdict(node.facts)
+    facts = asdict(answer)
     # The agent stamps the time it read the question: its offset from when we sent it, less the (small)
     # one-way delay, is the clock offset.
     offset = facts["time"] - sent if facts.get("time") else None
@@ -102,7 +66,8 @@ def check_hosts(
     hosts: Sequence[Host], config: LaunchConfig, wake_fd: int, progress: Callable[[int, int], None]
 ) -> list[HostCheck]:
     """Every host's HostCheck, in the order given; `progress(done, total)` after each host."""
-    local = locality(hosts, config)
+    chosen = backend.get(config.launcher)
+    local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
     python = config.python or sys.executable
     done = 0
@@ -123,11 +88,11 @@ def check_hosts(
         if rank0 is not None:
             # First rank 0's agent opens the port (quick); then every host is checked at once.
             try:
-                probe([rank0], [ProbeRequest(ports=0, cwd=cwd, listen=True)], PROBE_TIMEOUT, wake_fd)
-                listen_port = rank0.facts.listen_port if rank0.facts is not None else 0
+                request = ProbeRequest(ports=0, cwd=cwd, listen=True)
+                listen_port = probe([rank0], [request], PROBE_TIMEOUT, wake_fd)[0].listen_port
             except HostError as err:
                 results[0] = replace(results[0], error=str(err), error_kind="other")
-        rank0_addr = master_address(
+        rank0_addr = chosen.master_address(
             config.master_addr, local, [node.link if node is not None else None for node in nodes]
         )
 

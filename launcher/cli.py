@@ -10,7 +10,6 @@ import functools
 import logging
 import math
 import os
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -20,19 +19,18 @@ from typing import Any, NoReturn, cast
 import click
 from click.core import ParameterSource
 
-from launcher import __version__
+from launcher import __version__, backend
 from launcher.command import resolve_command
-from launcher.config import HostKeyPolicy, LaunchConfig, LauncherKind, PrefixMode, RestartOptions, SshOptions
+from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
 from launcher.console import guard_std_fds, use_color
-from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
-from launcher.env import join_host_port, own_part, parse_exports, parse_rank_filter, rank_env, redact
+from launcher.devices import Placement
+from launcher.env import parse_exports, parse_rank_filter
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
-from launcher.facts import Rendezvous
-from launcher.forward import job_env, parse_env_file
+from launcher.forward import parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
-from launcher.plan import Plan, implicit_localhost, make_plan, plural
-from launcher.slurm import JOB_ID, allocation_from_env
+from launcher.plan import implicit_localhost, make_plan, plural
+from launcher.slurm import allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
 
@@ -193,7 +191,7 @@ def _level(source: ParameterSource | None) -> int:
 )
 @_option(
     "--launcher",
-    type=click.Choice(["ssh", "srun", "local"]),
+    type=click.Choice(backend.names()),
     help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
 )
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
@@ -440,17 +438,16 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
     num_proc: int | None = values["num_proc"]
     oversubscribe = bool(values["oversubscribe"])
     hosts = _hosts(values, sources)
-    launcher = cast("LauncherKind | None", values["launcher"])
-    if launcher == "local" and hosts is not None:
-        raise UsageError("--launcher local runs every rank on this machine: drop -H/--hostfile")
-    if launcher == "srun" and not os.environ.get(JOB_ID):
-        raise UsageError(f"--launcher srun needs a Slurm allocation (salloc, sbatch): {JOB_ID} is not set")
-    allocation = allocation_from_env(os.environ) if hosts is None and launcher != "local" else None
+    launcher: str | None = values["launcher"]
+    if launcher is not None:
+        backend.get(launcher).check_options(hosts, os.environ)
+    takes_allocation = launcher is None or backend.get(launcher).takes_allocation
+    allocation = allocation_from_env(os.environ) if hosts is None and takes_allocation else None
     if allocation is not None:
         hosts = allocation.hosts
         num_proc = num_proc or allocation.num_tasks
     if launcher is None:
-        launcher = "srun" if allocation is not None else "ssh"
+        launcher = "srun" if allocation is not None else backend.DEFAULT
     hosts = hosts or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
     refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
     plan = make_plan(hosts, num_proc, oversubscribe)
@@ -501,93 +498,6 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
         launcher=launcher,
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
-
-
-def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
-    """The plan: what every rank inherits, then one header line per rank and its own variables (redacted)."""
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
-    python = config.python or sys.executable
-    master_port = "auto" if config.master_port is None else str(config.master_port)
-    # Ports are probed on the hosts at launch; distinct stand-ins satisfy rank_env, then show as "auto".
-    rdzv = Rendezvous(
-        master_addr=config.master_addr or plan.nodes[0].name,
-        master_port=0,
-        node_addrs=tuple(node.name for node in plan.nodes),
-        tf_ports=tuple(tuple(s.rank for s in plan.node_slots(n)) for n in range(plan.node_count)),
-    )
-    workers = [join_host_port(rdzv.node_addrs[s.node_rank], "auto") for s in plan.slots]
-    jenv = job_env(environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports)
-    travelling = jenv.travelling
-    source = "this shell (less the deny-list), --env-file, -x" if config.forward_env else "--env-file, -x"
-    lines = [
-        f"dry run: {plural(plan.world_size, 'process', 'processes')} on "
-        f"{plural(plan.node_count, 'host', 'hosts')}; nothing is started",
-        f"command: {shlex.join(resolve_command(config.command, python))}",
-        f"every rank gets, from {source}:",
-        *(
-            f"    {name}={shlex.quote(value)}"
-            for name, value in sorted(redact(travelling, config.redact).items())
-        ),
-    ]
-    if config.launcher != "ssh":
-        lines.append(f"launcher: {config.launcher}")
-    placed, placement_lines = _dry_run_placement(plan, config.placement)
-    lines.extend(placement_lines)
-    if jenv.unset:
-        lines.append(f"removed from every rank (left by another launcher): {' '.join(jenv.unset)}")
-    for slot in plan.slots:
-        env, defaults = rank_env(
-            slot,
-            plan,
-            rdzv,
-            run_id="auto",
-            exports=travelling,
-            explicit=jenv.explicit,
-            ifname=config.network_interface,
-            launcher_env=jenv.here if runs_here(slot.host) else None,
-            workers=workers,
-            devices=placed[slot.rank] if placed else None,
-        )
-        env.update(MASTER_PORT=master_port)
-        own, defaults = own_part(env, travelling), own_part(defaults, travelling)
-        if config.placement.binds and "OMP_NUM_THREADS" in defaults:
-            defaults["OMP_NUM_THREADS"] = "auto"  # the rank's core count, known once its host is probed
-        host = slot.host.name if slot.host.user is None else f"{slot.host.user}@{slot.host.name}"
-        lines.append(f"rank {slot.rank}: host={host} local_rank={slot.local_rank} node_rank={slot.node_rank}")
-        lines.extend(
-            f"    {name}={shlex.quote(value)}" for name, value in sorted(redact(own, config.redact).items())
-        )
-        lines.extend(
-            f"    {name}={shlex.quote(value)}  # unless the host sets it"
-            for name, value in sorted(redact(defaults, config.redact).items())
-        )
-    return "\n".join(lines)
-
-
-def _dry_run_placement(plan: Plan, placement: Placement) -> tuple[tuple[RankDevices, ...], list[str]]:
-    """Each rank's GPUs as the dry run assumes them, and lines saying what it assumes (it probes nothing)."""
-    if not placement.active:
-        return (), []
-    lines = []
-    gpus_only = Placement(gpus_per_rank=placement.gpus_per_rank)
-    placed, _ = place_ranks(plan, assumed_hosts(plan, placement), gpus_only)
-    if placement.gpus_per_rank is not None:
-        lines.append(
-            "GPUs, assuming each host shows enough, numbered from 0, and sets no CUDA_VISIBLE_DEVICES "
-            "(at launch distrun hands out what each host shows, and refuses a host with too few):"
-        )
-        lines.extend(f"    {line}" for line in describe(plan, placed))
-    if placement.binds:
-        share = (
-            "a share of the allowed cores of its GPUs' NUMA node (of the host's, where the node is unknown)"
-            if placement.numa_binding
-            else "an even share of its host's allowed cores"
-        )
-        lines.append(
-            f"cores: at launch each rank is pinned to {share}, disjoint from the other ranks', and "
-            "OMP_NUM_THREADS is its core count unless set"
-        )
-    return placed, lines
 
 
 # Subcommands are the first word only: `distrun -- check` or `./check` still launch a command named check.
@@ -749,6 +659,8 @@ def _run(argv: Sequence[str]) -> int:
             return request
         _configure_logging(request.verbose)
         if request.dry_run:
+            from launcher.dryrun import format_dry_run
+
             click.echo(format_dry_run(request.config, os.environ))
             return EXIT_OK
         from launcher.run import launch  # the runtime (and paramiko) load only when something starts

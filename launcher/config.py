@@ -11,9 +11,6 @@ from launcher.hosts import Host
 
 PrefixMode = Literal["rank", "host", "none"]
 HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
-# ssh: SSH for remote hosts, a local agent for this machine (the default outside Slurm); srun: `srun` steps
-# inside the Slurm allocation; local: every rank on this machine.
-LauncherKind = Literal["ssh", "srun", "local"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,9 @@ class LaunchConfig:
     numa_binding: bool = False
     color: bool | None = None
     ssh: SshOptions = field(default_factory=SshOptions)
-    launcher: LauncherKind = "ssh"
+    # The backend's name in `launcher.backend.BACKENDS`: ssh (remote hosts over SSH, this machine through
+    # a local agent; the default outside Slurm), srun (steps of the Slurm allocation), local (this machine).
+    launcher: str = "ssh"
 
     @property
     def placement(self) -> Placement:

@@ -48,7 +48,7 @@ CONTRACT_NAMES = frozenset(
 )
 _OPTION_FOR = {"MASTER_ADDR": "--master-addr", "MASTER_PORT": "--master-port"}
 
-# Set "unless set": the host's own environment wins over these, so they travel apart (see split_defaults).
+# Set "unless set": the host's own environment wins over these, so they travel apart (see rank_env).
 DEFAULTED_NAMES = frozenset(
     {
         "GLOO_SOCKET_IFNAME",
@@ -136,6 +136,71 @@ def tf_config(workers: Sequence[str], index: int) -> str:
     return json.dumps(config, separators=(",", ":"))
 
 
+def rank_env(
+    slot: Slot,
+    plan: Plan,
+    rdzv: Rendezvous,
+    *,
+    run_id: str,
+    ifname: str | None,
+    workers: Sequence[str] | None = None,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+    devices: RankDevices | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """One rank's (contract, defaults), the variables distrun sets for it.
+
+    The contract (rank identity, rendezvous, run id, the rank's own devices) is applied over everything else;
+    the defaults only where the rank's environment (its host's, then what travels to every rank) does not
+    name the variable. Only the agent sees a host's environment, so it decides "unless set", once, for every
+    host alike (launcher.protocol.rank_environment). `workers` is `tf_workers(plan, rdzv)`, passed in by
+    callers that build many ranks' env at once. `devices` is the rank's placement: its own
+    CUDA_VISIBLE_DEVICES, and one OpenMP thread per bound core.
+    """
+    local_size = plan.local_size(slot.node_rank)
+    defaults: dict[str, str] = {}
+    if ifname is not None:
+        defaults["GLOO_SOCKET_IFNAME"] = defaults["NCCL_SOCKET_IFNAME"] = ifname
+    if devices is not None and devices.cores is not None:
+        defaults["OMP_NUM_THREADS"] = str(len(devices.cores))
+    elif local_size > 1:
+        # Ranks that each start one thread per core would oversubscribe the host (torchrun does this too).
+        defaults["OMP_NUM_THREADS"] = "1"
+    defaults["PYTHONUNBUFFERED"] = "1"
+    defaults["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    contract = {
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(plan.world_size),
+        "LOCAL_RANK": str(slot.local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": rdzv.master_addr,
+        "MASTER_PORT": str(rdzv.master_port),
+        "NODE_RANK": str(slot.node_rank),
+        "GROUP_RANK": str(slot.node_rank),
+        "GROUP_WORLD_SIZE": str(plan.node_count),
+        "ROLE_RANK": str(slot.rank),
+        "ROLE_WORLD_SIZE": str(plan.world_size),
+        "ROLE_NAME": "default",
+        "LOCAL_SIZE": str(local_size),
+        "CROSS_RANK": str(slot.node_rank),
+        "CROSS_SIZE": str(plan.node_count),
+        "TF_CONFIG": tf_config(tf_workers(plan, rdzv) if workers is None else workers, slot.rank),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "DISTRUN_RUN_ID": run_id,
+        "DISTRUN_HOSTNAME": slot.host.name,
+        "DISTRUN_RESTART_COUNT": str(restart_count),
+    }
+    if devices is not None and devices.gpus is not None:
+        # The rank's own devices, whatever the host or -x said: those only chose which devices to hand out.
+        from collectives.placement import OWN_GPUS_VAR  # only --gpus-per-rank jobs load the worker library
+
+        contract["CUDA_VISIBLE_DEVICES"] = ",".join(devices.gpus)
+        contract[OWN_GPUS_VAR] = str(len(devices.gpus))
+    return contract, defaults
+
+
 def worker_env(
     slot: Slot,
     plan: Plan,
@@ -150,106 +215,16 @@ def worker_env(
     workers: Sequence[str] | None = None,
     devices: RankDevices | None = None,
 ) -> dict[str, str]:
-    """The variables distrun sets for one rank, to be applied over that host's own environment.
-
-    `user_env` is the environment the rank would otherwise get; a default is only added where neither it
-    nor `exports` already names the variable. `exports` win over defaults, never over rank identity.
-    `workers` is `tf_workers(plan, rdzv)`, passed in by callers that build many ranks' env at once.
-    `devices` is the rank's placement: its own CUDA_VISIBLE_DEVICES, and one OpenMP thread per bound core.
-    """
-    local_size = plan.local_size(slot.node_rank)
-    env: dict[str, str] = {}
-
-    def default(name: str, value: str) -> None:
-        if name not in user_env and name not in exports:
-            env[name] = value
-
-    if ifname is not None:
-        default("GLOO_SOCKET_IFNAME", ifname)
-        default("NCCL_SOCKET_IFNAME", ifname)
-    if devices is not None and devices.cores is not None:
-        default("OMP_NUM_THREADS", str(len(devices.cores)))
-    elif local_size > 1:
-        # Ranks that each start one thread per core would oversubscribe the host (torchrun does this too).
-        default("OMP_NUM_THREADS", "1")
-    default("PYTHONUNBUFFERED", "1")
-    default("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    env.update({name: value for name, value in exports.items() if not is_owned(name)})
-    env.update(
-        {
-            "RANK": str(slot.rank),
-            "WORLD_SIZE": str(plan.world_size),
-            "LOCAL_RANK": str(slot.local_rank),
-            "LOCAL_WORLD_SIZE": str(local_size),
-            "MASTER_ADDR": rdzv.master_addr,
-            "MASTER_PORT": str(rdzv.master_port),
-            "NODE_RANK": str(slot.node_rank),
-            "GROUP_RANK": str(slot.node_rank),
-            "GROUP_WORLD_SIZE": str(plan.node_count),
-            "ROLE_RANK": str(slot.rank),
-            "ROLE_WORLD_SIZE": str(plan.world_size),
-            "ROLE_NAME": "default",
-            "LOCAL_SIZE": str(local_size),
-            "CROSS_RANK": str(slot.node_rank),
-            "CROSS_SIZE": str(plan.node_count),
-            "TF_CONFIG": tf_config(tf_workers(plan, rdzv) if workers is None else workers, slot.rank),
-            "TORCHELASTIC_RUN_ID": run_id,
-            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            "DISTRUN_RUN_ID": run_id,
-            "DISTRUN_HOSTNAME": slot.host.name,
-            "DISTRUN_RESTART_COUNT": str(restart_count),
-        }
-    )
-    if devices is not None and devices.gpus is not None:
-        # The rank's own devices, whatever the host or -x said: those only chose which devices to hand out.
-        from collectives.placement import OWN_GPUS_VAR  # only --gpus-per-rank jobs load the worker library
-
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices.gpus)
-        env[OWN_GPUS_VAR] = str(len(devices.gpus))
-    return env
-
-
-def split_defaults(
-    env: Mapping[str, str], exports: Mapping[str, str]
-) -> tuple[dict[str, str], dict[str, str]]:
-    """(what the rank must get, what it gets only where its host does not already set it).
-
-    A remote host's own NCCL_SOCKET_IFNAME or OMP_NUM_THREADS is invisible to the launcher, so those defaults
-    are applied on the host itself; `-x` values are the user's word and always win.
-    """
-    defaults = {k: v for k, v in env.items() if k in DEFAULTED_NAMES and k not in exports}
-    return {k: v for k, v in env.items() if k not in defaults}, defaults
-
-
-def rank_env(
-    slot: Slot,
-    plan: Plan,
-    rdzv: Rendezvous,
-    *,
-    run_id: str,
-    exports: Mapping[str, str],
-    ifname: str | None,
-    launcher_env: Mapping[str, str] | None,
-    workers: Sequence[str],
-    restart_count: int = 0,
-    max_restarts: int = 0,
-    devices: RankDevices | None = None,
-    explicit: Mapping[str, str] | None = None,
-) -> tuple[dict[str, str], dict[str, str]]:
-    """One rank's (forced, defaults), as `split_defaults` gives them, for launches and dry runs alike.
-
-    `exports` is what travels to every rank (launcher/forward.py's `travelling_env`); `explicit` the part of
-    it the user named (-x, --env-file: these beat distrun's defaults even where the host sets them), all of
-    `exports` when not given. `launcher_env` is the environment the rank inherits when it runs on this
-    machine (less what forward.dropped_here removes), None on a remote host.
-    """
-    user_env = {**launcher_env, **exports} if launcher_env is not None else exports
-    env = worker_env(
-        slot, plan, rdzv, run_id=run_id, user_env=user_env, exports=exports, ifname=ifname, workers=workers,
-        restart_count=restart_count, max_restarts=max_restarts, devices=devices,
+    """What distrun sets for one rank over `user_env` (its host's environment) when `exports` travel to
+    every rank: `rank_env` composed as the agent composes it, as one mapping (the contract's tables)."""
+    contract, defaults = rank_env(
+        slot, plan, rdzv, run_id=run_id, ifname=ifname, workers=workers, restart_count=restart_count,
+        max_restarts=max_restarts, devices=devices,
     )  # fmt: skip
-    return split_defaults(env, exports if explicit is None else explicit)
+    env = {k: v for k, v in defaults.items() if k not in user_env and k not in exports}
+    env.update({name: value for name, value in exports.items() if not is_owned(name)})
+    env.update(contract)
+    return env
 
 
 def own_part(env: Mapping[str, str], shared: Mapping[str, str]) -> dict[str, str]:

@@ -1,45 +1,54 @@
-"""One record per host of the job: its agent link, the frame decoder for it, and what the current attempt
-knows of it (facts, slots). `connect` makes them, choosing each host's transport."""
+"""The two records of a host: `Node`, its agent connection for the job's life (link, frame decoder,
+liveness), and `HostAttempt`, its part of one attempt (slots, facts, finished), made fresh by each attempt.
+`connect` makes Nodes through the job's backend."""
 
 from __future__ import annotations
 
+import itertools
 import logging
-import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from launcher import backend
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
 from launcher.hosts import Host
-from launcher.locality import (
-    current_user,
-    is_local_host,
-    local_addresses,
-    refuse_this_machine_twice,
-    runs_here,
-)
 from launcher.plan import Slot
 from launcher.progress import ProgressFn
-from launcher.protocol import HELLO, VERSION, Facts, FrameReader, Hello, decode_message
-from launcher.transport.link import Link, Transport
+from launcher.protocol import (
+    BEAT,
+    HELLO,
+    VERSION,
+    Facts,
+    Frame,
+    FrameReader,
+    Hello,
+    decode_message,
+    encode,
+    encode_message,
+)
+from launcher.transport.link import Link
 from launcher.transport.local import LocalTransport
 
 log = logging.getLogger(__name__)
 
+# Agent ids, unique within this launcher: hosts that join a job later get fresh ones.
+_agent_ids = itertools.count()
+
 
 class Node:
-    """A host with a running agent. `facts` and `slots` are the current attempt's; `finished` means the
-    attempt is over on this host (DONE received, or the link dropped)."""
+    """A host with a running agent, for as long as the job keeps it. `lost`: the link is gone (dropped, or
+    the host stopped answering); nothing is sent to it any more."""
 
-    def __init__(self, host: Host, link: Link, local: bool) -> None:
+    def __init__(self, host: Host, link: Link, local: bool, agent_id: int = 0) -> None:
         self.host = host
+        # Names the agent in every frame (launcher.protocol); unique among the job's agents.
+        self.agent_id = agent_id
         self.link = link
         self.local = local
         self.reader = FrameReader(after_magic=True)
-        self.facts: Facts | None = None
-        self.slots: tuple[Slot, ...] = ()
-        self.finished = False
         self.lost = False
         self.last_heard = time.monotonic()
         # Frames must not interleave: the heartbeat thread and the main loop both send.
@@ -49,12 +58,19 @@ class Node:
     def name(self) -> str:
         return self.host.name
 
-    def send(self, frame: bytes) -> None:
+    def send(self, kind: int, message: object = None) -> None:
+        """One frame to this node's agent: `message` is the kind's dataclass (launcher.protocol.MESSAGES), or
+        nothing for kinds without a body."""
+        frame = (
+            encode(kind, agent=self.agent_id)
+            if message is None
+            else encode_message(kind, message, agent=self.agent_id)
+        )
         with self._send_lock:
             if not self.lost:
                 self.link.send(frame)
 
-    def read(self) -> list[tuple[int, int, bytes]] | None:
+    def read(self) -> list[Frame] | None:
         """Frames now available (HELLO checked and consumed); None when the link closed."""
         data = self.link.recv()
         if data is None:
@@ -63,8 +79,8 @@ class Node:
             return None
         self.last_heard = time.monotonic()
         frames = self.reader.feed(data)
-        if frames and frames[0][0] == HELLO:
-            hello = decode_message(Hello, frames.pop(0)[2])
+        if frames and frames[0].kind == HELLO:
+            hello = decode_message(Hello, frames.pop(0).payload)
             if hello.version != VERSION:
                 raise HostError(
                     f"host {self.name}: its distrun agent speaks protocol version {hello.version}, "
@@ -75,7 +91,7 @@ class Node:
 
     def drop(self) -> None:
         """The host is gone (or will not finish): no more sends, and its link is torn down."""
-        self.lost = self.finished = True
+        self.lost = True
         self.link.abort()
 
     def diagnostics(self) -> str:
@@ -84,89 +100,52 @@ class Node:
         return said.splitlines()[-1] if said else ""
 
 
-def locality(hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
-    """Which hosts are this machine (they run through a local agent, without SSH).
+@dataclass(eq=False)
+class HostAttempt:
+    """One host's part of one attempt, owned by that attempt: its ranks (`slots`), what its agent reported
+    (`facts`, set once the probe answered), and whether the attempt is over there (`finished`: DONE received,
+    or the host lost)."""
 
-    A host named with another user (`nobody@localhost`) is never local: only SSH runs it as that user. Two
-    entries that are both this machine are refused (HostSpecError): they would share ports and LOCAL_RANKs.
-    """
-    me = current_user()
-    local = [runs_here(h, me) for h in hosts]
-    if not all(local):
-        from launcher.transport.sshconn import load_ssh_config, resolve_target
+    node: Node
+    slots: tuple[Slot, ...]
+    facts: Facts | None = None
+    finished: bool = False
 
-        # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to this machine.
-        ssh_config = load_ssh_config(config.ssh.config_file)
-        mine = local_addresses()  # once: listing every interface, per host, was 1.2 s of 256 hosts' launch
-        local = [
-            is_local
-            or (
-                h.user in (None, me)
-                and is_local_host(resolve_target(h, config.ssh, ssh_config).hostname, mine)
-            )
-            for h, is_local in zip(hosts, local, strict=True)
-        ]
-    refuse_this_machine_twice(hosts, local)
-    return local
+    @property
+    def name(self) -> str:
+        return self.node.name
 
+    @property
+    def link(self) -> Link:
+        return self.node.link
 
-def remote_transport(config: LaunchConfig, progress: ProgressFn | None = None) -> Transport:
-    # The agent runs with the interpreter `.py` commands get: --python, else ours if there.
-    pythons = [config.python] if config.python else [sys.executable, "python3"]
-    if config.launcher == "srun":
-        from launcher.transport.srunstep import SrunStepTransport
-
-        return SrunStepTransport(pythons, progress)
-    from launcher.transport.ssh import SshTransport
-
-    return SshTransport(config.ssh, pythons, progress)
+    def drop(self) -> None:
+        """The host is lost: the attempt is over there too."""
+        self.node.drop()
+        self.finished = True
 
 
 def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:
     """A Node per host, in the order given; all or nothing (HostError names the first failing host).
 
-    `progress` hears how far connecting to remote hosts and starting their agents got. Under srun every
-    host, this machine included, gets an srun step: Slurm's names need no lookups here."""
-    local = [False] * len(hosts) if config.launcher == "srun" else locality(hosts, config)
-    groups: list[tuple[Transport, list[Host]]] = [
-        (LocalTransport(), [h for h, is_local in zip(hosts, local, strict=True) if is_local]),
-    ]
+    The backend (`--launcher`) says which hosts are this machine and starts the agents of the others;
+    `progress` hears how far that got. This machine's hosts get a local agent over pipes.
+    """
+    chosen = backend.get(config.launcher)
+    local = chosen.local_hosts(hosts, config)
     remote = [h for h, is_local in zip(hosts, local, strict=True) if not is_local]
-    if remote:
-        groups.insert(0, (remote_transport(config, progress), remote))  # SSH first: it is what can fail
     links: dict[str, Link] = {}
     try:
-        for transport, group in groups:
-            if group:
-                links.update(transport.open(group))
+        if remote:  # first: it is what can fail
+            links.update(chosen.open(remote, config, progress))
+        links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
     except BaseException:
         for link in links.values():
             link.abort()
         raise
-    return [Node(h, links[h.name], is_local) for h, is_local in zip(hosts, local, strict=True)]
-
-
-def master_address(given: str | None, local: Sequence[bool], links: Sequence[Link | None]) -> str | None:
-    """An address of rank 0's host that every host can reach (never loopback when any host is remote).
-
-    `local[i]`/`links[i]`: whether host i (host 0 holds rank 0) is this machine, and its link (None where it
-    could not be reached). None when proxies hide the address: only `--master-addr` can say it then.
-    """
-    if given:
-        return given
-    if all(local):
-        return "127.0.0.1"
-    if not local[0]:
-        return links[0].peer_addr if links[0] is not None else None
-    # Rank 0 runs here: this machine's address as the remote hosts see it.
-    return next(
-        (
-            link.local_addr
-            for link, is_local in zip(links, local, strict=True)
-            if link is not None and not is_local and link.local_addr
-        ),
-        None,
-    )
+    return [
+        Node(h, links[h.name], is_local, next(_agent_ids)) for h, is_local in zip(hosts, local, strict=True)
+    ]
 
 
 def close_all(nodes: Sequence[Node]) -> None:
@@ -204,9 +183,6 @@ class Heartbeat:
         self._done.set()
 
     def _run(self) -> None:
-        from launcher.protocol import BEAT, encode
-
-        beat = encode(BEAT)
         while not self._done.wait(self._every):
             for node in self._nodes:
-                node.send(beat)
+                node.send(BEAT)

@@ -3,11 +3,20 @@
 Both sides import this module. It is stdlib-only and runs on Python 3.7, because it is shipped to remote hosts
 together with the agent (see `launcher.transport.bootstrap`).
 
-The agent first writes MAGIC (a remote login shell may print anything before it), then only frames:
-HEADER (kind, rank, payload length) followed by the payload. Message bodies are JSON objects built from the
-dataclasses below; a reader ignores keys it does not know and fills fields it does not get with their
-defaults, so a field can be added without breaking the other side. A change that cannot be read that way bumps
-VERSION: the agent announces its version in HELLO and the launcher refuses a mismatch.
+The agent first writes MAGIC (a remote login shell may print anything before it), then HELLO, then only
+frames: HEADER (kind, agent id, rank, payload length) followed by the payload. HELLO alone is framed with
+HELLO_HEADER, the layout of protocol version 2, in every version: any agent's HELLO can be read, so one that
+speaks another version is refused with one line instead of being misparsed.
+
+The agent id names the agent a frame is from or for, so one link can carry several agents (a relay). The
+launcher gives each agent its id in the frames it sends; the agent stamps its own frames with the id of the
+last frame it read (HELLO, sent before any, carries none).
+
+Message bodies are JSON objects built from the dataclasses below (`MESSAGES` says which kind carries which);
+a reader ignores keys it does not know and fills fields it does not get with their defaults, so a field can
+be added without breaking the other side. A change that cannot be read that way bumps VERSION. Each side
+handles frames through a kind -> handler table (`dispatch`), so a new request is one message type here, one
+kind number, and one handler on the side that answers it.
 
 Lifecycle of one connection:
   agent: HELLO
@@ -23,12 +32,16 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Callable, Dict, Mapping, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
 
-VERSION = 2
+VERSION = 3
 MAGIC = b"\x00distrun-agent\x00"
-HEADER = struct.Struct("!BiI")  # kind, rank (-1: the agent itself), payload length
+HEADER = struct.Struct("!BIiI")  # kind, agent id, rank (-1: the agent itself), payload length
+HELLO_HEADER = struct.Struct("!BiI")  # kind, rank, payload length: HELLO's framing, the same in every version
 READ_SIZE = 1 << 16
+# When the launcher is gone nobody waits on the agent: a slow rank must not hold the host for a full grace
+# period. Links wait this long (plus their own slack) for an agent to end after EOF.
+ORPHAN_GRACE_CAP = 2.0
 
 # launcher -> agent
 PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5
@@ -168,18 +181,45 @@ class RankExited:
     max_rss_kb: int = 0
 
 
+def start_environment(host_env: Mapping[str, str], start: StartRequest) -> dict[str, str]:
+    """What every rank of a start shares: the host's environment less `unset` (and `unset_prefixes`), then
+    the request's `env` over it."""
+    prefixes = tuple(start.unset_prefixes)
+    unset = set(start.unset)
+    env = {k: v for k, v in host_env.items() if k not in unset and not k.startswith(prefixes)}
+    env.update(start.env)
+    return env
+
+
+def rank_environment(shared: Mapping[str, str], rank: RankSpec) -> dict[str, str]:
+    """One rank's environment over `start_environment`'s: its own variables, then its defaults where unset.
+
+    The one place where "default unless set" is decided (see launcher.env.rank_env).
+    """
+    env = dict(shared)
+    env.update(rank.env)
+    for name, value in rank.defaults.items():
+        env.setdefault(name, value)
+    return env
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def encode(kind: int, rank: int = -1, payload: bytes = b"") -> bytes:
-    return HEADER.pack(kind, rank, len(payload)) + payload
+def encode(kind: int, rank: int = -1, payload: bytes = b"", agent: int = 0) -> bytes:
+    return HEADER.pack(kind, agent, rank, len(payload)) + payload
 
 
-def encode_message(kind: int, message: Any, rank: int = -1) -> bytes:
-    return encode(kind, rank, json.dumps(dataclasses.asdict(message)).encode())
+def encode_message(kind: int, message: Any, rank: int = -1, agent: int = 0) -> bytes:
+    return encode(kind, rank, json.dumps(dataclasses.asdict(message)).encode(), agent)
+
+
+def encode_hello(hello: Hello) -> bytes:
+    payload = json.dumps(dataclasses.asdict(hello)).encode()
+    return MAGIC + HELLO_HEADER.pack(HELLO, -1, len(payload)) + payload
 
 
 def _build(cls: type[M], data: dict[str, Any]) -> M:
@@ -197,19 +237,63 @@ def decode_message(cls: type[M], payload: bytes) -> M:
     return _build(cls, data)
 
 
-class FrameReader:
-    """Splits a byte stream into (kind, rank, payload) frames.
+class Frame(NamedTuple):
+    kind: int
+    agent: int
+    rank: int
+    payload: bytes
 
-    With `after_magic`, bytes before the agent's MAGIC are set aside in `preamble` instead of being parsed.
+
+# Each kind's message type; kinds not listed carry raw bytes (OUT, ERR) or nothing (KILL, DONE, BEAT).
+MESSAGES: dict[int, type] = {
+    PROBE: ProbeRequest,
+    START: StartRequest,
+    STOP: StopRequest,
+    SIGNAL: SignalRequest,
+    HELLO: Hello,
+    FACTS: Facts,
+    EXIT: RankExited,
+}
+# A side's handlers: kind -> a function of the side's context (the node a frame came from, say), the frame and
+# its message (see `decode_frame`).
+Handlers = Dict[int, Callable[..., None]]  # noqa: UP006 - evaluated at run time, on Python 3.7 too
+
+
+def decode_frame(frame: Frame) -> Any:
+    """The frame's message: its kind's type from MESSAGES (an empty body: that type's defaults), else the raw
+    payload."""
+    cls = MESSAGES.get(frame.kind)
+    if cls is None:
+        return frame.payload
+    return decode_message(cls, frame.payload) if frame.payload else cls()
+
+
+def dispatch(handlers: Handlers, frame: Frame, *context: Any) -> bool:
+    """Call its kind's handler as `handler(*context, frame, message)`; False for a kind this side does not
+    handle: it is ignored, so a newer peer's new request does not break an older one."""
+    handler = handlers.get(frame.kind)
+    if handler is None:
+        return False
+    handler(*context, frame, decode_frame(frame))
+    return True
+
+
+class FrameReader:
+    """Splits a byte stream into frames.
+
+    With `after_magic` (the launcher's side), bytes before the agent's MAGIC are set aside in `preamble`, and
+    the HELLO after it, framed with HELLO_HEADER, comes out as the first frame (agent id 0).
     """
 
     def __init__(self, after_magic: bool = False) -> None:
         self._buf = bytearray()
         self._waiting_for_magic = after_magic
+        self._waiting_for_hello = after_magic
         self.preamble = b""
 
-    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+    def feed(self, data: bytes) -> list[Frame]:
         self._buf += data
+        frames: list[Frame] = []
         if self._waiting_for_magic:
             at = self._buf.find(MAGIC)
             if at < 0:
@@ -217,16 +301,25 @@ class FrameReader:
             self.preamble = bytes(self._buf[:at])
             del self._buf[: at + len(MAGIC)]
             self._waiting_for_magic = False
-        frames = []
+        if self._waiting_for_hello:
+            if len(self._buf) < HELLO_HEADER.size:
+                return []
+            kind, rank, length = HELLO_HEADER.unpack_from(self._buf)
+            if len(self._buf) < HELLO_HEADER.size + length:
+                return []
+            end = HELLO_HEADER.size + length
+            frames.append(Frame(kind, 0, rank, bytes(self._buf[HELLO_HEADER.size : end])))
+            del self._buf[:end]
+            self._waiting_for_hello = False
         pos = 0
         buf = self._buf
         size = HEADER.size
         while len(buf) - pos >= size:
-            kind, rank, length = HEADER.unpack_from(buf, pos)
+            kind, agent, rank, length = HEADER.unpack_from(buf, pos)
             end = pos + size + length
             if end > len(buf):
                 break
-            frames.append((kind, rank, bytes(buf[pos + size : end])))
+            frames.append(Frame(kind, agent, rank, bytes(buf[pos + size : end])))
             pos = end
         if pos:
             del buf[:pos]

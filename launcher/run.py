@@ -17,23 +17,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from launcher import backend
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
-from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.env import own_part, rank_env, tf_workers
 from launcher.errors import CommandNotFound, DistrunError, HostError
 from launcher.facts import Rendezvous
-from launcher.forward import LEFTOVER_PREFIXES, job_env
+from launcher.forward import job_env
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
-from launcher.node import Heartbeat, Node, close_all, connect, master_address
+from launcher.node import Heartbeat, HostAttempt, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
-from launcher.protocol import START, Facts, ProbeRequest, RankSpec, StartRequest, encode_message
+from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.startreq import start_requests
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
@@ -118,6 +118,7 @@ class Job:
 
     def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
         self.config = config
+        self.backend = backend.get(config.launcher)
         self.relay = relay
         self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
@@ -244,17 +245,16 @@ class Job:
     # -- one attempt, step by step
 
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
-        for node, slots in zip(nodes, _slots_by_node(plan), strict=True):
-            node.slots = slots
-            node.finished = False
+        # The attempt's own record of each host: nothing of an earlier attempt carries over.
+        hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
         self.relay.set_hosts(_rank_hosts(plan))
         master_addr = self.master_addr(nodes)
-        self.probe(nodes, master_addr)
-        placed = self.place(plan, nodes)
-        rdzv = self.rendezvous(plan, nodes, master_addr)
-        self.start(attempt, plan, nodes, rdzv, placed)
+        self.probe(hosts, master_addr)
+        placed = self.place(plan, hosts)
+        rdzv = self.rendezvous(plan, hosts, master_addr)
+        self.start(attempt, plan, hosts, rdzv, placed)
         sup = Supervisor(
-            nodes,
+            hosts,
             self.relay,
             # --timeout bounds the whole job, restarts included.
             timeout=self.config.timeout,
@@ -266,22 +266,22 @@ class Job:
         try:
             outcome = supervise(sup, self.wake_fd, self.check_every)
         finally:
-            self.record(attempt, started, sup, nodes)
+            self.record(attempt, started, sup, hosts)
         self.relay.finish()
         return outcome
 
-    def record(self, number: int, started: float, sup: Supervisor, nodes: Sequence[Node]) -> None:
+    def record(self, number: int, started: float, sup: Supervisor, hosts: Sequence[HostAttempt]) -> None:
         """The attempt's ranks as the agents measured them, for the account and --report."""
         out = self.config.output_dir
         ranks = []
-        for node in nodes:
-            for slot in node.slots:
+        for host in hosts:
+            for slot in host.slots:
                 m = sup.measured.get(slot.rank)
                 usage = Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None
                 ranks.append(
                     RankRecord(
                         slot.rank,
-                        node.name,
+                        host.name,
                         pid=(m.pid or None) if m is not None else None,
                         returncode=m.returncode if m is not None else None,
                         usage=usage,
@@ -304,7 +304,9 @@ class Job:
 
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
-        addr = master_address(self.config.master_addr, [n.local for n in nodes], [n.link for n in nodes])
+        addr = self.backend.master_address(
+            self.config.master_addr, [n.local for n in nodes], [n.link for n in nodes]
+        )
         if addr:
             return addr
         rank0 = nodes[0]
@@ -314,30 +316,32 @@ class Job:
             )
         raise HostError("every remote host is reached through a proxy; give --master-addr")
 
-    def probe(self, nodes: Sequence[Node], master_addr: str) -> None:
+    def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
+        """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
         heartbeat = self.check_every
         python = self.config.python or sys.executable
         requests = [
             ProbeRequest(
                 # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
-                ports=len(node.slots) + (2 if i == 0 else 0),
+                ports=len(host.slots) + (2 if i == 0 else 0),
                 cwd=self.cwd,
                 route_to=master_addr,
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
-                heartbeat=heartbeat if node.link.heartbeat else 0.0,
-                dead_after=self.dead_after if node.link.heartbeat else 0.0,
+                heartbeat=heartbeat if host.link.heartbeat else 0.0,
+                dead_after=self.dead_after if host.link.heartbeat else 0.0,
                 script=_script(self.config.command),
             )
-            for i, node in enumerate(nodes)
+            for i, host in enumerate(hosts)
         ]
+        nodes = [host.node for host in hosts]
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
-            probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
-        for node in nodes:
-            log.debug("host %s: %s", node.name, node.facts)
-            facts = _facts(node)
+            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
+        for node, host, facts in zip(nodes, hosts, answers, strict=True):
+            log.debug("host %s: %s", node.name, facts)
+            host.facts = facts
             if not facts.cwd_exists:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
@@ -352,44 +356,44 @@ class Job:
                     host=node.name,
                 )
 
-    def place(self, plan: Plan, nodes: Sequence[Node]) -> tuple[RankDevices, ...] | None:
+    def place(self, plan: Plan, hosts: Sequence[HostAttempt]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
 
         A CUDA_VISIBLE_DEVICES that travels to every rank (`-x`, `--env-file` or this shell's, forwarded)
         replaces every host's own, so it is what chooses the GPUs handed out.
         """
         exported = self.env.travelling.get("CUDA_VISIBLE_DEVICES")
-        hosts = [HostDevices.from_json(_facts(node).devices) for node in nodes]
+        devices = [HostDevices.from_json(_facts(host).devices) for host in hosts]
         if exported is not None:
-            hosts = [dataclasses.replace(h, visible_devices=exported) for h in hosts]
+            devices = [dataclasses.replace(d, visible_devices=exported) for d in devices]
         placement = self.config.placement
         if placement.gpus_per_rank is None:
-            gpu_counts = [len(h.visible()) for h in hosts]
+            gpu_counts = [len(d.visible()) for d in devices]
             for warning in shared_gpu_warnings(plan, gpu_counts, self.config.command):
                 log.warning("%s", warning)
         if not placement.active:
             return None
-        placed, notes = place_ranks(plan, hosts, placement)
+        placed, notes = place_ranks(plan, devices, placement)
         for note in notes:
             log.warning("%s", note)
         for line in describe(plan, placed):
             log.info("%s", line)
         return placed
 
-    def rendezvous(self, plan: Plan, nodes: Sequence[Node], master_addr: str) -> Rendezvous:
-        all_local = all(n.local for n in nodes)
+    def rendezvous(self, plan: Plan, hosts: Sequence[HostAttempt], master_addr: str) -> Rendezvous:
+        all_local = all(h.node.local for h in hosts)
         node_addrs = tuple(
-            master_addr if i == 0 or all_local else (_facts(node).route_addr or node.name)
-            for i, node in enumerate(nodes)
+            master_addr if i == 0 or all_local else (_facts(host).route_addr or host.name)
+            for i, host in enumerate(hosts)
         )
         # Rank 0's host probed two rendezvous candidates first (see `probe`), then its ranks' ports.
-        candidates, rank0_ports = _facts(nodes[0]).free_ports[:2], _facts(nodes[0]).free_ports[2:]
+        candidates, rank0_ports = _facts(hosts[0]).free_ports[:2], _facts(hosts[0]).free_ports[2:]
         fresh = next(p for p in candidates if p != self._last_port)
         master_port = self.config.master_port or fresh
         self._last_port = master_port
         tf_ports = tuple(
-            tuple(rank0_ports if i == 0 else _facts(node).free_ports)[: len(node.slots)]
-            for i, node in enumerate(nodes)
+            tuple(rank0_ports if i == 0 else _facts(host).free_ports)[: len(host.slots)]
+            for i, host in enumerate(hosts)
         )
         return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
 
@@ -397,58 +401,33 @@ class Job:
         self,
         attempt: int,
         plan: Plan,
-        nodes: Sequence[Node],
+        hosts: Sequence[HostAttempt],
         rdzv: Rendezvous,
         placed: Sequence[RankDevices] | None = None,
     ) -> None:
-        config = self.config
-        jenv = self.env
-        travelling = jenv.travelling
         try:
-            workers = tf_workers(plan, rdzv)
+            requests = start_requests(
+                self.config, plan, rdzv, self.env, local=[h.node.local for h in hosts],
+                facts=[h.facts for h in hosts], placed=placed, attempt=attempt, run_id=self.run_id,
+                cwd=self.cwd,
+            )  # fmt: skip
         except ValueError:
             # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
-            names = ", ".join(n.name for n in nodes if n.local)
+            names = ", ".join(h.name for h in hosts if h.node.local)
             raise HostError(
                 f"{names} are this same machine and drew the same free port; list it once"
             ) from None
-        for node in nodes:
-            facts = _facts(node)
-            # `.py` commands: --python, else this interpreter's path where that host has it, else python3.
-            python = config.python or (sys.executable if facts.python_found else "python3")
-            argv = list(resolve_command(config.command, python))
-            ranks = []
-            for slot in node.slots:
-                devices = placed[slot.rank] if placed else None
-                env, defaults = rank_env(
-                    slot, plan, rdzv, run_id=self.run_id, exports=travelling, explicit=jenv.explicit,
-                    ifname=config.network_interface or facts.route_ifname,
-                    launcher_env=jenv.here if node.local else None, workers=workers,
-                    restart_count=attempt, max_restarts=config.restart.max_restarts, devices=devices,
-                )  # fmt: skip
-                cpus = list(devices.cores) if devices and devices.cores is not None else None
-                # What every rank shares travels once per host (StartRequest.env), not once per rank.
-                ranks.append(
-                    RankSpec(slot.rank, argv, own_part(env, travelling), own_part(defaults, travelling), cpus)
-                )
-            request = StartRequest(
-                self.cwd,
-                config.grace_period,
-                ranks,
-                env=travelling,
-                unset=list(jenv.unset) if node.local else [],
-                unset_prefixes=list(LEFTOVER_PREFIXES),
-            )
-            node.send(encode_message(START, request))
+        for host, request in zip(hosts, requests, strict=True):
+            host.node.send(START, request)
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
 
 
-def _facts(node: Node) -> Facts:
-    assert node.facts is not None, "probe() sets every node's facts"
-    return node.facts
+def _facts(host: HostAttempt) -> Facts:
+    assert host.facts is not None, "Job.probe sets every host's facts"
+    return host.facts
 
 
 def _rank_hosts(plan: Plan) -> dict[int, str]:

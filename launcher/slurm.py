@@ -200,55 +200,33 @@ STEP_VARIABLES = (
 )
 
 
-def srun_argv(node: str, command: Sequence[str]) -> list[str]:
-    """`srun` running `command` as the single task of a new step on `node` of the current allocation.
+def srun_step_argv(nodes: Sequence[str], command: Sequence[str]) -> list[str]:
+    """One `srun` step of the current allocation running `command` once on each of `nodes`: every agent of
+    the job in one step.
 
     `--overlap` lets the step share the CPUs the job's own steps hold (and gives it every non-GRES resource of
     the node, so a cgroup cpuset does not squeeze all ranks onto one core); `--unbuffered` keeps slurmstepd
-    from holding output until a newline, which a binary channel would not survive; the explicit task counts
-    win over `SLURM_NTASKS*` that salloc/sbatch put in our environment; `--mpi=none`: the agent is no MPI
-    program, so no PMI server is set up for it. `env -u` drops the step's description (`STEP_VARIABLES`)
-    before the agent, and so every rank, inherits it.
+    from holding output until a newline; the explicit task counts win over `SLURM_NTASKS*` that salloc/sbatch
+    put in our environment; `--mpi=none`: the agent is no MPI program, so no PMI server is set up for it;
+    `--input=all`: every task reads the same bootstrap on stdin; `--kill-on-bad-exit=0` and `--wait=0`: one
+    task ending, even badly, ends no other, as a job that loses a node may go on without it. `env -u` drops
+    the step's description (`STEP_VARIABLES`) before the agent, and so every rank, inherits it.
     """
     return [
         "srun",
-        "--kill-on-bad-exit=1",
-        *_step_options(1),
-        f"--nodelist={node}",
-        *_without_step_env(command),
-    ]
-
-
-def srun_step_argv(nodes: Sequence[str], command: Sequence[str]) -> list[str]:
-    """One `srun` step running `command` once on each of `nodes`: every agent of the job in one step.
-
-    As `srun_argv`, plus: stdin goes to every task (`--input=all`: each agent reads the same bootstrap), and
-    one task ending, even badly, ends no other (`--kill-on-bad-exit=0`, `--wait=0`): a node lost mid-job
-    must not take the others' agents with it, as the job may go on without it.
-    """
-    return [
-        "srun",
+        "--overlap",
         "--kill-on-bad-exit=0",
         "--wait=0",
         "--input=all",
-        *_step_options(len(nodes)),
-        f"--nodelist={','.join(nodes)}",
-        *_without_step_env(command),
-    ]
-
-
-def _step_options(nodes: int) -> list[str]:
-    return [
-        "--overlap",
         "--cpu-bind=none",
         "--unbuffered",
         "--quiet",
         "--mpi=none",
-        f"--nodes={nodes}",
-        f"--ntasks={nodes}",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
         "--ntasks-per-node=1",
+        f"--nodelist={','.join(nodes)}",
+        "env",
+        *(arg for name in STEP_VARIABLES for arg in ("-u", name)),
+        *command,
     ]
-
-
-def _without_step_env(command: Sequence[str]) -> list[str]:
-    return ["env", *(arg for name in STEP_VARIABLES for arg in ("-u", name)), *command]

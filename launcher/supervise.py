@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from launcher.errors import HostError, Interrupted
 from launcher.logs import LogRelay
-from launcher.node import Node
+from launcher.node import HostAttempt, Node
 from launcher.progress import Progress, ProgressFn, StallDeadline
 from launcher.protocol import (
     DONE,
@@ -30,13 +30,13 @@ from launcher.protocol import (
     SIGNAL,
     STOP,
     Facts,
+    Frame,
+    Handlers,
     ProbeRequest,
     RankExited,
     SignalRequest,
     StopRequest,
-    decode_message,
-    encode,
-    encode_message,
+    dispatch,
 )
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 
@@ -85,11 +85,10 @@ def suspend_self() -> None:
 
 
 def forward_signal(nodes: Sequence[Node], signum: int) -> None:
-    """Have every host's agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
-    frame = encode_message(SIGNAL, SignalRequest(signal.Signals(signum).name))
+    """Have every agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
+    request = SignalRequest(signal.Signals(signum).name)
     for node in nodes:
-        if not node.finished:
-            node.send(frame)
+        node.send(SIGNAL, request)
 
 
 def probe(
@@ -98,8 +97,8 @@ def probe(
     stall: float,
     wake_fd: int,
     progress: ProgressFn | None = None,
-) -> None:
-    """Send each agent its preflight question and set every node's `facts` (one round-trip, in parallel).
+) -> list[Facts]:
+    """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
 
     The wait follows progress: it gives up only when no agent at all has answered for `stall` seconds, so
     hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
@@ -107,22 +106,30 @@ def probe(
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     """
     for node, request in zip(nodes, requests, strict=True):
-        node.facts = None
-        node.send(encode_message(PROBE, request))
+        node.send(PROBE, request)
     started = time.monotonic()
     deadline = StallDeadline(stall, started)
+    answers: dict[int, Facts] = {}  # by id(node)
     with selectors.DefaultSelector() as sel:
+
+        def on_facts(node: Node, frame: Frame, facts: Facts) -> None:
+            answers[id(node)] = facts
+            sel.unregister(node.link)
+            deadline.progressed(time.monotonic())
+            if progress is not None:
+                progress(Progress("waiting for agents", len(nodes), len(answers)))
+
+        handlers: Handlers = {FACTS: on_facts}
         sel.register(wake_fd, selectors.EVENT_READ, None)
         for node in nodes:
             sel.register(node.link, selectors.EVENT_READ, node)
-        waiting = len(nodes)
         if progress is not None:
             progress(Progress("waiting for agents", len(nodes)))
-        while waiting:
+        while len(answers) < len(nodes):
             remaining = deadline.remaining(time.monotonic())
             if remaining <= 0:
-                missing = next(n for n in nodes if n.facts is None)
-                answered = f"; {len(nodes) - waiting} of {len(nodes)} answered" if len(nodes) > 1 else ""
+                missing = next(n for n in nodes if id(n) not in answers)
+                answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
                 raise HostError(
                     f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
                     host=missing.name,
@@ -148,23 +155,19 @@ def probe(
                     raise HostError(
                         f"host {node.name}: the distrun agent exited before answering{detail}", host=node.name
                     )
-                for kind, _, payload in frames:
-                    if kind == FACTS:
-                        node.facts = decode_message(Facts, payload)
-                        sel.unregister(node.link)
-                        waiting -= 1
-                        deadline.progressed(time.monotonic())
-                        if progress is not None:
-                            progress(Progress("waiting for agents", len(nodes), len(nodes) - waiting))
+                for frame in frames:
+                    dispatch(handlers, frame, node)
     log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
+    return [answers[id(node)] for node in nodes]
 
 
 class Supervisor:
-    """The state of one started attempt: what has exited, whether and why it is stopping."""
+    """The state of one started attempt: what has exited, whether and why it is stopping. `hosts` are the
+    attempt's records of its hosts (their `finished` is the Supervisor's to set)."""
 
     def __init__(
         self,
-        nodes: Sequence[Node],
+        hosts: Sequence[HostAttempt],
         relay: LogRelay,
         *,
         timeout: float | None,
@@ -172,9 +175,9 @@ class Supervisor:
         dead_after: float,
         now: float,
     ) -> None:
-        self.nodes = list(nodes)
+        self.hosts = list(hosts)
         self.relay = relay
-        self.rank_hosts = {slot.rank: node.name for node in nodes for slot in node.slots}
+        self.rank_hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.timeout = timeout
         self.deadline = now + timeout if timeout else None
         self.grace = grace
@@ -185,10 +188,17 @@ class Supervisor:
         self.stop_at: float | None = None
         self.killed = False
         self.suspend = False  # Ctrl-Z: the ranks were told to stop; the loop now stops this process
+        # The frames an attempt's agents send, by kind (BEAT needs none: any frame counts as word from it).
+        self._handlers: Handlers = {
+            OUT: self._on_out,
+            ERR: self._on_err,
+            EXIT: self._on_exit,
+            DONE: self._on_done,
+        }
 
     @property
     def done(self) -> bool:
-        return all(node.finished for node in self.nodes)
+        return all(host.finished for host in self.hosts)
 
     def outcome(self) -> Outcome:
         return self.cause or Succeeded()
@@ -204,26 +214,28 @@ class Supervisor:
         self.cause = cause(tuple(sorted(r for r in self.rank_hosts if r not in self.exits)))
         self.stop_at = now
         log.info("stopping every rank: %s", type(self.cause).__name__)
-        self._send_all(encode_message(STOP, StopRequest(signal.Signals(first).name)))
+        self._send_all(STOP, StopRequest(signal.Signals(first).name))
 
-    def _send_all(self, frame: bytes) -> None:
-        for node in self.nodes:
-            if not node.finished:
-                node.send(frame)
+    def _running(self) -> list[Node]:
+        return [host.node for host in self.hosts if not host.finished]
+
+    def _send_all(self, kind: int, message: object = None) -> None:
+        for node in self._running():
+            node.send(kind, message)
 
     def _kill_now(self) -> None:
         self.killed = True
-        self._send_all(encode(KILL))
+        self._send_all(KILL)
 
     # -- events
 
     def on_signal(self, signum: int, now: float) -> None:
         if signum in FORWARDED_SIGNALS or signum == signal.SIGCONT:
-            forward_signal(self.nodes, signum)
+            forward_signal(self._running(), signum)
         elif signum == signal.SIGTSTP:
             # SIGSTOP, not SIGTSTP: each rank leads its own session, so its process group is orphaned, and
             # the kernel ignores SIGTSTP sent to an orphaned group.
-            forward_signal(self.nodes, signal.SIGSTOP)
+            forward_signal(self._running(), signal.SIGSTOP)
             self.suspend = True
         elif signum not in STOP_SIGNALS:
             return
@@ -240,43 +252,48 @@ class Supervisor:
             # A second Ctrl-C means "now": no more grace period.
             self._kill_now()
 
-    def on_frame(self, node: Node, kind: int, rank: int, payload: bytes, now: float) -> None:
-        if kind == OUT:
-            self.relay.feed(rank, "stdout", payload)
-        elif kind == ERR:
-            self.relay.feed(rank, "stderr", payload)
-        elif kind == EXIT:
-            exited = decode_message(RankExited, payload)
-            self.measured[rank] = exited
-            code = exited.returncode
-            ended = RankExit(rank, self.rank_hosts.get(rank, node.name), code)
-            self.exits[rank] = ended
-            if code != 0:
-                self._stop(lambda stopped: RankFailed(ended, stopped), now)
-        elif kind == DONE:
-            node.finished = True
+    def on_frame(self, host: HostAttempt, frame: Frame, now: float) -> None:
+        dispatch(self._handlers, frame, host, now)
 
-    def on_closed(self, node: Node, now: float) -> None:
-        if not node.finished:
-            self._lose(node, node.diagnostics() or "connection closed", now)
+    def _on_out(self, host: HostAttempt, now: float, frame: Frame, data: bytes) -> None:
+        self.relay.feed(frame.rank, "stdout", data)
 
-    def _lose(self, node: Node, detail: str, now: float) -> None:
-        node.drop()
-        self._stop(lambda stopped: HostLost(node.name, detail, stopped), now)
+    def _on_err(self, host: HostAttempt, now: float, frame: Frame, data: bytes) -> None:
+        self.relay.feed(frame.rank, "stderr", data)
+
+    def _on_exit(self, host: HostAttempt, now: float, frame: Frame, exited: RankExited) -> None:
+        rank = frame.rank
+        self.measured[rank] = exited
+        ended = RankExit(rank, self.rank_hosts.get(rank, host.name), exited.returncode)
+        self.exits[rank] = ended
+        if exited.returncode != 0:
+            self._stop(lambda stopped: RankFailed(ended, stopped), now)
+
+    def _on_done(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
+        host.finished = True
+
+    def on_closed(self, host: HostAttempt, now: float) -> None:
+        if not host.finished:
+            self._lose(host, host.node.diagnostics() or "connection closed", now)
+
+    def _lose(self, host: HostAttempt, detail: str, now: float) -> None:
+        host.drop()
+        self._stop(lambda stopped: HostLost(host.name, detail, stopped), now)
 
     def on_tick(self, now: float) -> None:
         if self.deadline is not None and now >= self.deadline and self.cause is None:
             timeout = self.timeout or 0.0
             self._stop(lambda stopped: TimedOut(timeout, stopped), now)
-        for node in self.nodes:
+        for host in self.hosts:
+            node = host.node
             # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
-            if not node.finished and node.link.heartbeat and now - node.last_heard > self.dead_after:
-                self._lose(node, f"no word from it for {now - node.last_heard:.0f}s", now)
+            if not host.finished and node.link.heartbeat and now - node.last_heard > self.dead_after:
+                self._lose(host, f"no word from it for {now - node.last_heard:.0f}s", now)
         if self.stop_at is not None and now - self.stop_at > self.grace + TEARDOWN_SLACK:
-            for node in self.nodes:
-                if not node.finished:
-                    log.warning("host %s: agent did not finish stopping its ranks; dropping it", node.name)
-                    node.drop()
+            for host in self.hosts:
+                if not host.finished:
+                    log.warning("host %s: agent did not finish stopping its ranks; dropping it", host.name)
+                    host.drop()
 
     def until_deadline(self, now: float) -> float | None:
         """Seconds until the timeout fires (None: no timeout pending)."""
@@ -289,13 +306,13 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
     """Run the started attempt to its end: wait for events and hand them to `sup`."""
     now = time.monotonic()
     next_check = now + check_every
-    for node in sup.nodes:
-        node.last_heard = max(node.last_heard, now)  # we were not listening before the attempt started
+    for host in sup.hosts:
+        host.node.last_heard = max(host.node.last_heard, now)  # we were not listening before the attempt
     with selectors.DefaultSelector() as sel:
         sel.register(wake_fd, selectors.EVENT_READ, None)
-        for node in sup.nodes:
-            if not node.finished:
-                sel.register(node.link, selectors.EVENT_READ, node)
+        for host in sup.hosts:
+            if not host.finished:
+                sel.register(host.link, selectors.EVENT_READ, host)
         while not sup.done:
             wait = next_check - now
             until = sup.until_deadline(now)
@@ -307,20 +324,20 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
             events = sel.select(max(0.0, wait))
             selected = time.monotonic()
             for key, _ in events:
-                node = key.data
-                if node is None:
+                host = key.data
+                if host is None:
                     for signum in read_signals(wake_fd):
                         sup.on_signal(signum, selected)
                     continue
-                frames = node.read()
+                frames = host.node.read()
                 if frames is None:
-                    sel.unregister(node.link)
-                    sup.on_closed(node, selected)
+                    sel.unregister(host.link)
+                    sup.on_closed(host, selected)
                     continue
-                for kind, rank, payload in frames:
-                    sup.on_frame(node, kind, rank, payload, selected)
-                if node.finished:
-                    sel.unregister(node.link)
+                for frame in frames:
+                    sup.on_frame(host, frame, selected)
+                if host.finished:
+                    sel.unregister(host.link)
             sup.relay.tick(time.monotonic())
             if sup.suspend:
                 sup.suspend = False
@@ -328,8 +345,8 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
             now = time.monotonic()
             if now - selected > check_every:
                 # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
-                for node in sup.nodes:
-                    node.last_heard = max(node.last_heard, now)
+                for host in sup.hosts:
+                    host.node.last_heard = max(host.node.last_heard, now)
             if now >= next_check or (sup.deadline is not None and now >= sup.deadline):
                 next_check = now + check_every
                 sup.on_tick(now)

@@ -7,18 +7,18 @@ import tempfile
 
 from launcher.hosts import Host
 from launcher.logs import LogOptions, LogRelay
-from launcher.node import Node
+from launcher.node import HostAttempt, Node
 from launcher.plan import Slot
 from launcher.protocol import (
     DONE,
     EXIT,
-    HELLO,
-    MAGIC,
     VERSION,
+    Frame,
     FrameReader,
     Hello,
     RankExited,
     encode,
+    encode_hello,
     encode_message,
 )
 
@@ -32,7 +32,7 @@ class FakeLink:
         self.peer_addr: str | None = None
         self.local_addr: str | None = None
         self.inbox: list[bytes] = []
-        self.sent: list[tuple[int, int, bytes]] = []
+        self.sent: list[Frame] = []
         self.aborted = self.closed = self.input_closed = False
         self._reader = FrameReader()
         self._r, self._w = os.pipe()  # selectable, for tests that run the real loop
@@ -64,11 +64,11 @@ class FakeLink:
         self.aborted = True
 
     def kinds(self) -> list[int]:
-        return [kind for kind, _, _ in self.sent]
+        return [frame.kind for frame in self.sent]
 
 
 def hello(version: int = VERSION) -> bytes:
-    return MAGIC + encode_message(HELLO, Hello(version, 1))
+    return encode_hello(Hello(version, 1))
 
 
 def exited(rank: int, code: int) -> bytes:
@@ -78,16 +78,15 @@ def exited(rank: int, code: int) -> bytes:
 DONE_FRAME = encode(DONE)
 
 
-def fake_nodes(ranks_per_host: dict[str, int], *, heartbeat: bool = False) -> list[Node]:
-    """Nodes over FakeLinks, with consecutive ranks assigned host by host."""
-    nodes, rank = [], 0
+def fake_hosts(ranks_per_host: dict[str, int], *, heartbeat: bool = False) -> list[HostAttempt]:
+    """An attempt's hosts, each a Node over a FakeLink, with consecutive ranks assigned host by host."""
+    hosts, rank = [], 0
     for index, (name, count) in enumerate(ranks_per_host.items()):
         host = Host(name, slots=count)
         node = Node(host, FakeLink(name, heartbeat=heartbeat), local=not heartbeat)
-        node.slots = tuple(Slot(rank + i, i, index, host) for i in range(count))
+        hosts.append(HostAttempt(node, tuple(Slot(rank + i, i, index, host) for i in range(count))))
         rank += count
-        nodes.append(node)
-    return nodes
+    return hosts
 
 
 class CapturedFd:

@@ -10,9 +10,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
+import pytest
 
 SCRIPTS = Path(__file__).parent / "integration" / "scripts"
 REPO = Path(__file__).resolve().parents[1]
+
+
+def require_machine(impossible: str | None, missing: str | None) -> None:
+    """Skip where this machine can never run the test (not root, no namespaces); fail where a package is
+    merely not installed: that is an install step (README names the packages, .ci/run installs them)."""
+    if impossible is not None:
+        pytest.skip(impossible)
+    if missing is not None:
+        pytest.fail(f"{missing}: install it (README, Quick start); not a skip, since this machine can run it")
 
 
 def distrun_argv(*args: str | os.PathLike[str]) -> list[str]:

@@ -7,6 +7,7 @@ protocol and agent modules' sources from stdin and runs the agent; the rest of s
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,6 +57,11 @@ def local_argv(python: str) -> list[str]:
     home = str(_LAUNCHER.parent)
     code = f"import sys; sys.path.insert(0, {home!r}); from launcher.agent import main; sys.exit(main())"
     return [python, "-S", "-u", "-c", code]
+
+
+def agent_pythons(python: str | None) -> list[str]:
+    """The interpreters to try for a remote agent, in order: --python, else ours where the host has it."""
+    return [python] if python else [sys.executable, "python3"]
 
 
 def remote_command(pythons: Sequence[str], sources: Sequence[bytes], shipped: Sequence[str] = SHIPPED) -> str:

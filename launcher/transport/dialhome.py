@@ -18,11 +18,10 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
-from launcher.agent import ORPHAN_GRACE_CAP
 from launcher.errors import HostError
 from launcher.homing import GREETING, LINE_MAX, nonce, proof
 from launcher.progress import Progress, ProgressFn, StallDeadline
-from launcher.protocol import READ_SIZE
+from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Run a host's agent as a child process of the launcher, talking over pipes."""
+"""Run a host's agent as a child process of the launcher, talking over pipes; the `local` backend."""
 
 from __future__ import annotations
 
@@ -6,14 +6,20 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from launcher.agent import ORPHAN_GRACE_CAP
+from launcher.backend import Backend
+from launcher.errors import UsageError
 from launcher.hosts import Host
-from launcher.protocol import READ_SIZE, write_all
+from launcher.locality import refuse_this_machine_twice
+from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE, write_all
 from launcher.transport.bootstrap import local_argv
 from launcher.transport.forked import ForkedAgent, fork_safe
 from launcher.transport.link import Link
+
+if TYPE_CHECKING:
+    from launcher.config import LaunchConfig
 
 LAST_WORDS_WAIT = 2.0
 
@@ -116,3 +122,25 @@ class LocalTransport:
                 link.abort()
             raise
         return links
+
+
+class LocalBackend(Backend):
+    """`--launcher local`: every rank on this machine, whatever the environment says (no allocation)."""
+
+    name = "local"
+    takes_allocation = False
+
+    def check_options(self, hosts: Sequence[Host] | None, environ: Mapping[str, str]) -> None:
+        if hosts is not None:
+            raise UsageError("--launcher local runs every rank on this machine: drop -H/--hostfile")
+
+    def local_by_name(self, hosts: Sequence[Host]) -> list[bool]:
+        return [True] * len(hosts)
+
+    def local_hosts(self, hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
+        local = [True] * len(hosts)
+        refuse_this_machine_twice(hosts, local)
+        return local
+
+
+BACKEND = LocalBackend()

@@ -1,18 +1,28 @@
-"""Run a host's agent over one SSH channel of an already authenticated paramiko connection."""
+"""The `ssh` backend: a host's agent over one SSH channel of an authenticated paramiko connection; names
+that are this machine (as SSH would resolve them) run through a local agent instead."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from launcher.config import SshOptions
+from launcher.backend import Backend, CheckedLink
+from launcher.config import LaunchConfig, SshOptions
 from launcher.errors import HostError
 from launcher.hosts import Host
+from launcher.locality import (
+    current_user,
+    is_local_host,
+    local_addresses,
+    refuse_this_machine_twice,
+    runs_here,
+)
 from launcher.progress import ProgressFn
 from launcher.protocol import READ_SIZE
-from launcher.transport.bootstrap import remote_command, shipped_sources
+from launcher.transport.bootstrap import agent_pythons, remote_command, shipped_sources
 from launcher.transport.link import Link
 
 if TYPE_CHECKING:
@@ -143,3 +153,88 @@ class SshTransport:
                 client.close()
             raise
         return dict(links)
+
+
+def _error_kind(message: str, auth: bool) -> str:
+    if auth:
+        return "auth"
+    if "CHANGED" in message:
+        return "host-key"
+    if "unreachable" in message or "refused" in message or "resolve" in message:
+        return "unreachable"
+    return "other"
+
+
+class SshBackend(Backend):
+    """`--launcher ssh` (the default outside Slurm)."""
+
+    name = "ssh"
+
+    def local_hosts(self, hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
+        """Which hosts are this machine (they run through a local agent, without SSH).
+
+        A host named with another user (`nobody@localhost`) is never local: only SSH runs it as that user.
+        Two entries that are both this machine are refused (HostSpecError): they would share ports and
+        LOCAL_RANKs.
+        """
+        me = current_user()
+        local = [runs_here(h, me) for h in hosts]
+        if not all(local):
+            from launcher.transport.sshconn import load_ssh_config, resolve_target
+
+            # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to here.
+            ssh_config = load_ssh_config(config.ssh.config_file)
+            mine = (
+                local_addresses()
+            )  # once: listing every interface, per host, was 1.2 s of 256 hosts' launch
+            local = [
+                is_local
+                or (
+                    h.user in (None, me)
+                    and is_local_host(resolve_target(h, config.ssh, ssh_config).hostname, mine)
+                )
+                for h, is_local in zip(hosts, local, strict=True)
+            ]
+        refuse_this_machine_twice(hosts, local)
+        return local
+
+    def local_by_name(self, hosts: Sequence[Host]) -> list[bool]:
+        return [runs_here(h) for h in hosts]
+
+    def open(
+        self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None
+    ) -> dict[str, Link]:
+        return SshTransport(config.ssh, agent_pythons(config.python), progress).open(hosts)
+
+    def open_for_check(self, host: Host, config: LaunchConfig) -> CheckedLink:
+        """Also says whether the host key was known, and which step failed (login, or the agent's start)."""
+        from launcher.transport.sshconn import (
+            AuthRefused,
+            connect_target,
+            has_known_key,
+            jump_targets,
+            load_ssh_config,
+            resolve_target,
+        )
+
+        ssh_config = load_ssh_config(config.ssh.config_file)
+        target = resolve_target(host, config.ssh, ssh_config)
+        known = target.host_key_policy == "ignore" or has_known_key(target)
+        started = time.monotonic()
+        try:
+            client = connect_target(target, config.ssh, jump_targets(target, config.ssh, ssh_config))
+        except HostError as err:
+            return CheckedLink(
+                None, error=str(err), error_kind=_error_kind(str(err), isinstance(err, AuthRefused))
+            )
+        login = time.monotonic() - started
+        key = "unchecked" if target.host_key_policy == "ignore" else ("known" if known else "recorded")
+        try:
+            link = open_links({host.name: client}, agent_pythons(config.python), limit=1)[host.name]
+        except HostError as err:
+            client.close()
+            return CheckedLink(None, login_s=login, host_key=key, error=str(err), error_kind="other")
+        return CheckedLink(link, login_s=login, host_key=key)
+
+
+BACKEND = SshBackend()

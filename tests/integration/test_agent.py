@@ -19,6 +19,7 @@ from launcher.protocol import (
     START,
     VERSION,
     Facts,
+    Frame,
     FrameReader,
     Hello,
     ProbeRequest,
@@ -26,17 +27,16 @@ from launcher.protocol import (
     RankSpec,
     StartRequest,
     decode_message,
+    encode,
     encode_message,
 )
 from tests.support import start_shipped_agent
 
 
-def _read_until(
-    proc: subprocess.Popen[bytes], reader: FrameReader, kind: int
-) -> list[tuple[int, int, bytes]]:
+def _read_until(proc: subprocess.Popen[bytes], reader: FrameReader, kind: int) -> list[Frame]:
     assert proc.stdout is not None
-    frames: list[tuple[int, int, bytes]] = []
-    while not any(f[0] == kind for f in frames):
+    frames: list[Frame] = []
+    while not any(f.kind == kind for f in frames):
         data = os.read(proc.stdout.fileno(), 65536)
         assert data, f"agent closed its output early; stderr: {proc.stderr.read() if proc.stderr else ''!r}"
         frames.extend(reader.feed(data))
@@ -51,11 +51,13 @@ def _agent(**env: str) -> tuple[subprocess.Popen[bytes], FrameReader]:
 def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() -> None:
     proc, reader = _agent()
     assert proc.stdin is not None
-    proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=2, cwd="/")))
+    # A request of a kind this agent does not know (a newer launcher's) is ignored.
+    proc.stdin.write(encode(99, agent=7) + encode_message(PROBE, ProbeRequest(ports=2, cwd="/"), agent=7))
     proc.stdin.flush()
     frames = _read_until(proc, reader, FACTS)
-    assert decode_message(Hello, frames[0][2]) == Hello(VERSION, proc.pid) and frames[0][0] == HELLO
-    facts = decode_message(Facts, frames[-1][2])
+    assert decode_message(Hello, frames[0].payload) == Hello(VERSION, proc.pid) and frames[0].kind == HELLO
+    assert frames[-1].agent == 7  # the agent answers with the id the launcher gave it
+    facts = decode_message(Facts, frames[-1].payload)
     assert facts.cwd_exists and len(set(facts.free_ports)) == 2
     for attempt, code in enumerate((3, 0)):
         script = f"print('attempt {attempt}'); raise SystemExit({code})"
@@ -63,8 +65,8 @@ def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() 
         proc.stdin.write(encode_message(START, spec))
         proc.stdin.flush()
         frames = _read_until(proc, reader, DONE)
-        assert (OUT, 0, f"attempt {attempt}\n".encode()) in frames
-        exits = [decode_message(RankExited, p) for k, _, p in frames if k == EXIT]
+        assert (OUT, 0, 0, f"attempt {attempt}\n".encode()) in frames
+        exits = [decode_message(RankExited, f.payload) for f in frames if f.kind == EXIT]
         assert [e.returncode for e in exits] == [code]
         # Measured with wait4 by the agent: the rank's pid, wall time, CPU time and peak RSS.
         assert exits[0].pid > 0 and exits[0].wall_s > 0 and exits[0].cpu_s > 0
@@ -83,7 +85,7 @@ def test_start_request_env_replaces_leftovers_and_is_shared_by_ranks() -> None:
     proc.stdin.write(encode_message(START, spec))
     proc.stdin.flush()
     frames = _read_until(proc, reader, DONE)
-    seen = {rank: json.loads(payload) for kind, rank, payload in frames if kind == OUT}
+    seen = {f.rank: json.loads(f.payload) for f in frames if f.kind == OUT}
     assert seen == {
         r: {"TORCHELASTIC_USE_AGENT_STORE": None, "KEEP": "host", "SHARED": "yes", "OWN": str(r)}
         for r in range(2)
@@ -101,7 +103,7 @@ def test_check_probe_reports_versions_disk_clock_and_tcp(tmp_path: Path) -> None
     )
     proc.stdin.write(encode_message(PROBE, request))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2])
+    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
     assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
     assert facts.disk_free and facts.disk_free > 0
     assert before <= facts.time <= time.time()
@@ -114,11 +116,12 @@ def test_check_probe_reports_versions_disk_clock_and_tcp(tmp_path: Path) -> None
     )
     proc.stdin.write(encode_message(PROBE, request))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2])
+    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
     assert facts.tcp_error == ""
     closed = ProbeRequest(ports=0, cwd="/", connect_to="127.0.0.1", connect_port=1, check=True)
     proc.stdin.write(encode_message(PROBE, closed))
     proc.stdin.flush()
-    assert decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2]).tcp_error == "Connection refused"
+    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
+    assert facts.tcp_error == "Connection refused"
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0

@@ -34,7 +34,7 @@ def test_ranks_run_on_their_cpus_and_an_impossible_set_fails_to_start_clearly() 
     reader = FrameReader(after_magic=True)
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=0, cwd="/")))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1][2])
+    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
     allowed = sorted(os.sched_getaffinity(0))
     assert facts.devices["cores"] == allowed
     last = allowed[-1]
@@ -46,11 +46,11 @@ def test_ranks_run_on_their_cpus_and_an_impossible_set_fails_to_start_clearly() 
     proc.stdin.write(encode_message(START, StartRequest("/", 1.0, ranks)))
     proc.stdin.flush()
     frames = _read_until(proc, reader, DONE)
-    assert (OUT, 0, f"[{last}]\n".encode()) in frames
-    assert (OUT, 1, f"{allowed}\n".encode()) in frames  # no cpus: left as the agent is
-    errors = [p.decode() for k, r, p in frames if k == ERR and r == 2]
+    assert (OUT, 0, 0, f"[{last}]\n".encode()) in frames
+    assert (OUT, 0, 1, f"{allowed}\n".encode()) in frames  # no cpus: left as the agent is
+    errors = [f.payload.decode() for f in frames if f.kind == ERR and f.rank == 2]
     assert len(errors) == 1 and errors[0].endswith(": cannot pin it to cores [100000]\n"), errors
-    exits = {r: decode_message(RankExited, p).returncode for k, r, p in frames if k == EXIT}
+    exits = {f.rank: decode_message(RankExited, f.payload).returncode for f in frames if f.kind == EXIT}
     assert exits == {0: 0, 1: 0, 2: 126}
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0

@@ -78,6 +78,8 @@ import psutil
 log = logging.getLogger(__name__)
 
 SSHD = Path("/usr/sbin/sshd")
+# Where Debian puts ip, nft and sshd, which a non-login root shell may not have on PATH.
+SBIN_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 SSH_KEYGEN = "ssh-keygen"
 SUBNET_PREFIX = "198.18"
 STATE_DIR = Path("/run/distrun-cluster")
@@ -103,20 +105,30 @@ class ClusterError(RuntimeError):
     """Building or driving the cluster failed although the machine should support it."""
 
 
-def unavailable_reason() -> str | None:
-    """Why this machine cannot host a simulated cluster, or None when it can."""
+def impossible_reason() -> str | None:
+    """Why this machine can never host a simulated cluster (no installing changes it), or None."""
     if sys.platform != "linux":
         return "simulated cluster needs Linux network namespaces"
     if os.geteuid() != 0:
         return "simulated cluster needs root (network namespaces, veth, sshd)"
-    for tool in ("ip", "unshare", "nsenter", SSH_KEYGEN, "ssh"):
-        if shutil.which(tool) is None:
-            return f"simulated cluster needs `{tool}` (apt-get install iproute2 util-linux openssh-client)"
-    if not SSHD.exists():
-        return f"simulated cluster needs {SSHD} (apt-get install openssh-server)"
     if not Path("/proc/self/ns/net").exists():
         return "kernel has no network namespace support"
     return None
+
+
+def missing_tool_reason() -> str | None:
+    """Which package the simulated cluster needs and this machine lacks, or None."""
+    for tool in ("ip", "unshare", "nsenter", SSH_KEYGEN, "ssh"):
+        if shutil.which(tool, path=SBIN_PATH) is None:
+            return f"simulated cluster needs `{tool}` (apt-get install iproute2 util-linux openssh-client)"
+    if not SSHD.exists():
+        return f"simulated cluster needs {SSHD} (apt-get install openssh-server)"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot host a simulated cluster now, or None when it can."""
+    return impossible_reason() or missing_tool_reason()
 
 
 @dataclass(frozen=True)
@@ -543,7 +555,9 @@ class Cluster:
             text=True,
         )
         if proc.returncode != 0:
-            raise ClusterError(f"{host}: nft failed: {proc.stderr.strip()}")
+            # Not a skip: a root machine that can build the cluster can install nftables (.ci/run does).
+            hint = " (apt-get install nftables)" if shutil.which("nft", path=SBIN_PATH) is None else ""
+            raise ClusterError(f"{host}: nft failed{hint}: {proc.stderr.strip()}")
 
     def host_key(self, host: str) -> str:
         """The host's current public key line (`ssh-ed25519 AAAA...`)."""

@@ -7,14 +7,12 @@ from typing import Any
 
 import pytest
 
-from tests.multihost.cluster import Cluster, cleanup_stale, unavailable_reason
+from tests.multihost.cluster import Cluster, cleanup_stale, impossible_reason, missing_tool_reason
+from tests.support import require_machine
 
 
 def _require_cluster_support() -> None:
-    # Skip only when the machine cannot build a cluster at all; any failure past this point is a real failure.
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_machine(impossible_reason(), missing_tool_reason())
 
 
 @pytest.fixture(scope="session")

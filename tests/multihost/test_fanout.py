@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import pyte
 import pytest
 
-from tests.multihost.cluster import Cluster, unavailable_reason
-from tests.support import REPO, distrun_argv, read_terminal, run_distrun
+from tests.multihost.cluster import Cluster, impossible_reason, missing_tool_reason
+from tests.support import REPO, distrun_argv, read_terminal, require_machine, run_distrun
 
 pytestmark = pytest.mark.multihost
 
@@ -25,9 +25,7 @@ ROWS, COLUMNS = 100, 80  # room for the output and the end-of-run account below 
 @pytest.fixture(scope="module")
 def wide() -> Iterator[Callable[[], Cluster]]:
     """One cluster of HOSTS hosts for this module, built on first use."""
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_machine(impossible_reason(), missing_tool_reason())
     built: list[Cluster] = []
 
     def get() -> Cluster:

@@ -49,7 +49,14 @@ from types import TracebackType
 
 import psutil
 
-from tests.multihost.cluster import Cluster, ClusterError, ClusterUnavailable, unavailable_reason
+from tests.multihost.cluster import (
+    SBIN_PATH,
+    Cluster,
+    ClusterError,
+    ClusterUnavailable,
+    impossible_reason,
+    missing_tool_reason,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,23 +65,26 @@ DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 CLIENTS = ("srun", "salloc", "sbatch", "sinfo", "scontrol", "scancel", "squeue")
 READY_TIMEOUT = 30.0
 PACKAGES = "slurm-wlm slurmctld slurmd slurm-client munge"
-# The daemons live in sbin, which a non-login root shell may not have on PATH.
-_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", os.defpath), "/usr/sbin", "/sbin"])
 
 
-def slurm_unavailable_reason() -> str | None:
-    """Why this machine cannot run the Slurm fixture, or None when it can."""
-    reason = unavailable_reason()
+def slurm_missing_tool_reason() -> str | None:
+    """Which package the Slurm fixture needs and this machine lacks, or None."""
+    reason = missing_tool_reason()
     if reason is not None:
         return reason
     for tool in DAEMONS + CLIENTS:
-        if shutil.which(tool, path=_SEARCH_PATH) is None:
+        if shutil.which(tool, path=SBIN_PATH) is None:
             return f"the Slurm tests need `{tool}` (apt-get install {PACKAGES})"
     return None
 
 
+def slurm_unavailable_reason() -> str | None:
+    """Why this machine cannot run the Slurm fixture now, or None when it can."""
+    return impossible_reason() or slurm_missing_tool_reason()
+
+
 def _tool(name: str) -> str:
-    found = shutil.which(name, path=_SEARCH_PATH)
+    found = shutil.which(name, path=SBIN_PATH)
     assert found is not None, name
     return found
 

@@ -295,3 +295,13 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
     finally:
         slurm.network.link_up("node03")
     assert_clean(slurm, within=60.0)
+
+
+def test_check_inside_an_allocation_reaches_every_node_through_srun(slurm: SlurmCluster) -> None:
+    # The nodes run no sshd: only srun steps can reach them, so a ready verdict proves the backend was srun.
+    result = salloc(slurm, "-N3", *distrun_argv("check"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[1:4]]
+    assert [(row[0], row[3]) for row in rows] == [(node, node) for node in NODES]
+    assert "ready: all 3 hosts passed" in result.stdout
+    assert_clean(slurm)

@@ -11,7 +11,7 @@ from launcher.errors import HostError
 from launcher.progress import Progress, StallDeadline
 from launcher.protocol import FACTS, Facts, ProbeRequest, encode_message
 from launcher.supervise import probe, signal_pipe
-from tests.fakes import FakeLink, fake_nodes, hello
+from tests.fakes import FakeLink, fake_hosts, hello
 
 REQUEST = ProbeRequest(ports=1, cwd="/", route_to=None, python=None, heartbeat=0.0, dead_after=0.0)
 
@@ -30,12 +30,12 @@ def test_stall_deadline_moves_with_progress_only() -> None:
 
 
 def test_a_silent_host_is_named_after_the_others_answered() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1, "c": 1}, heartbeat=True)
+    nodes = fake_hosts({"a": 1, "b": 1, "c": 1}, heartbeat=True)
     for node in nodes[:2]:
         cast(FakeLink, node.link).push(hello() + facts_frame(node.name))
     seen: list[Progress] = []
     with signal_pipe() as wake_fd, pytest.raises(HostError) as caught:
-        probe(nodes, [REQUEST] * 3, 0.3, wake_fd, seen.append)
+        probe([h.node for h in nodes], [REQUEST] * 3, 0.3, wake_fd, seen.append)
     assert str(caught.value) == "host c: no answer from the distrun agent within 0.3s; 2 of 3 answered"
     assert caught.value.host == "c"
     assert [p.done for p in seen] == [0, 1, 2] and seen[0] == Progress("waiting for agents", 3)
@@ -43,7 +43,7 @@ def test_a_silent_host_is_named_after_the_others_answered() -> None:
 
 def test_answers_that_keep_coming_outlast_the_stall_time() -> None:
     # 8 answers 0.5 s apart: 3.5 s in all, longer than the 3 s stall, which a fixed timeout would fail.
-    nodes = fake_nodes({f"h{i}": 1 for i in range(8)}, heartbeat=True)
+    nodes = fake_hosts({f"h{i}": 1 for i in range(8)}, heartbeat=True)
     stop = threading.Event()
 
     def answer_one_by_one() -> None:
@@ -56,8 +56,8 @@ def test_answers_that_keep_coming_outlast_the_stall_time() -> None:
     thread.start()
     try:
         with signal_pipe() as wake_fd:
-            probe(nodes, [REQUEST] * 8, 3.0, wake_fd)
+            answers = probe([h.node for h in nodes], [REQUEST] * 8, 3.0, wake_fd)
     finally:
         stop.set()
         thread.join()
-    assert [node.facts.hostname if node.facts else None for node in nodes] == [n.name for n in nodes]
+    assert [facts.hostname for facts in answers] == [n.name for n in nodes]

@@ -13,7 +13,7 @@ from launcher.hosts import Host
 from launcher.plan import make_plan
 from launcher.protocol import Facts
 from launcher.run import Job
-from tests.fakes import fake_nodes, memory_relay
+from tests.fakes import fake_hosts, memory_relay
 
 GPUS = [{"index": i, "uuid": f"GPU-{i}", "numa_node": "0"} for i in range(2)]
 
@@ -25,10 +25,10 @@ def placed(
     # Not this test process's environment: a CUDA_VISIBLE_DEVICES there would travel to the ranks.
     options.setdefault("forward_env", False)
     config = LaunchConfig(command=command, hosts=hosts, num_proc=2, **options)
-    nodes = fake_nodes({"a": 2})
-    nodes[0].facts = Facts("a", "python3", True, len(devices.get("gpus", [])), [], devices=devices)
+    attempt = fake_hosts({"a": 2})
+    attempt[0].facts = Facts("a", "python3", True, len(devices.get("gpus", [])), [], devices=devices)
     relay = memory_relay({0: "a", 1: "a"})[0]
-    return Job(config, relay, -1, nodes).place(make_plan(hosts, 2), nodes)
+    return Job(config, relay, -1, [h.node for h in attempt]).place(make_plan(hosts, 2), attempt)
 
 
 def test_gpus_and_cores_from_the_reported_facts() -> None:

@@ -8,33 +8,47 @@ import signal
 import pytest
 
 from launcher.errors import HostError
-from launcher.node import Node, close_all
-from launcher.protocol import DONE, EXIT, HEADER, KILL, OUT, STOP, VERSION, RankExited, encode, encode_message
+from launcher.node import HostAttempt, close_all
+from launcher.protocol import (
+    DONE,
+    EXIT,
+    HEADER,
+    HELLO_HEADER,
+    KILL,
+    OUT,
+    STOP,
+    VERSION,
+    Frame,
+    RankExited,
+    StopRequest,
+    encode,
+    encode_message,
+)
 from launcher.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.supervise import TEARDOWN_SLACK, Supervisor, signal_pipe, supervise
-from tests.fakes import DONE_FRAME, FakeLink, exited, fake_nodes, hello, memory_relay
+from tests.fakes import DONE_FRAME, FakeLink, exited, fake_hosts, hello, memory_relay
 
 
-def _supervisor(nodes: list[Node], *, timeout: float | None = None, now: float = 0.0) -> Supervisor:
+def _supervisor(nodes: list[HostAttempt], *, timeout: float | None = None, now: float = 0.0) -> Supervisor:
     relay, _, _ = memory_relay({s.rank: n.name for n in nodes for s in n.slots})
     return Supervisor(nodes, relay, timeout=timeout, grace=1.0, dead_after=10.0, now=now)
 
 
-def _link(node: Node) -> FakeLink:
+def _link(node: HostAttempt) -> FakeLink:
     assert isinstance(node.link, FakeLink)
     return node.link
 
 
-def _exit(sup: Supervisor, node: Node, rank: int, code: int, now: float) -> None:
-    sup.on_frame(node, EXIT, rank, encode_message(EXIT, RankExited(code))[HEADER.size :], now)
+def _exit(sup: Supervisor, node: HostAttempt, rank: int, code: int, now: float) -> None:
+    sup.on_frame(node, Frame(EXIT, 0, rank, encode_message(EXIT, RankExited(code))[HEADER.size :]), now)
 
 
-def _done(sup: Supervisor, node: Node, now: float = 0.0) -> None:
-    sup.on_frame(node, DONE, -1, b"", now)
+def _done(sup: Supervisor, node: HostAttempt, now: float = 0.0) -> None:
+    sup.on_frame(node, Frame(DONE, 0, -1, b""), now)
 
 
 def test_every_rank_succeeding_ends_the_attempt_with_success() -> None:
-    nodes = fake_nodes({"a": 2, "b": 1})
+    nodes = fake_hosts({"a": 2, "b": 1})
     sup = _supervisor(nodes)
     for node in nodes:
         for slot in node.slots:
@@ -47,7 +61,7 @@ def test_every_rank_succeeding_ends_the_attempt_with_success() -> None:
 
 
 def test_first_failure_stops_every_unfinished_host_and_names_the_running_ranks() -> None:
-    nodes = fake_nodes({"a": 2, "b": 2})
+    nodes = fake_hosts({"a": 2, "b": 2})
     sup = _supervisor(nodes)
     _exit(sup, nodes[0], 0, 0, 0.0)
     _exit(sup, nodes[1], 3, 7, 0.0)
@@ -61,14 +75,14 @@ def test_first_failure_stops_every_unfinished_host_and_names_the_running_ranks()
 
 
 def test_death_by_signal_is_128_plus_the_signal() -> None:
-    nodes = fake_nodes({"a": 1})
+    nodes = fake_hosts({"a": 1})
     sup = _supervisor(nodes)
     _exit(sup, nodes[0], 0, -9, 0.0)
     assert sup.outcome().exit_code == 137
 
 
 def test_ctrl_c_stops_once_and_a_second_one_kills() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1})
+    nodes = fake_hosts({"a": 1, "b": 1})
     sup = _supervisor(nodes)
     sup.on_signal(signal.SIGINT, 0.0)
     sup.on_signal(signal.SIGINT, 0.5)
@@ -80,13 +94,13 @@ def test_ctrl_c_stops_once_and_a_second_one_kills() -> None:
 
 
 def test_sigterm_exits_143_and_is_never_retried() -> None:
-    sup = _supervisor(fake_nodes({"a": 1}))
+    sup = _supervisor(fake_hosts({"a": 1}))
     sup.on_signal(signal.SIGTERM, 0.0)
     assert (sup.outcome().exit_code, sup.outcome().retryable) == (143, False)
 
 
 def test_timeout_fires_at_its_deadline_only() -> None:
-    nodes = fake_nodes({"a": 1})
+    nodes = fake_hosts({"a": 1})
     sup = _supervisor(nodes, timeout=5.0, now=100.0)
     assert sup.until_deadline(101.0) == 4.0
     sup.on_tick(104.9)
@@ -98,10 +112,10 @@ def test_timeout_fires_at_its_deadline_only() -> None:
 
 
 def test_a_silent_remote_host_is_lost_and_the_others_stopped() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1}, heartbeat=True)
+    nodes = fake_hosts({"a": 1, "b": 1}, heartbeat=True)
     sup = _supervisor(nodes)
-    nodes[0].last_heard = nodes[1].last_heard = 0.0
-    nodes[0].last_heard = 9.0
+    nodes[0].node.last_heard = nodes[1].node.last_heard = 0.0
+    nodes[0].node.last_heard = 9.0
     sup.on_tick(11.0)
     outcome = sup.outcome()
     assert isinstance(outcome, HostLost) and outcome.retryable
@@ -111,15 +125,15 @@ def test_a_silent_remote_host_is_lost_and_the_others_stopped() -> None:
 
 
 def test_local_hosts_are_never_judged_by_silence() -> None:
-    nodes = fake_nodes({"a": 1})
-    nodes[0].last_heard = 0.0
+    nodes = fake_hosts({"a": 1})
+    nodes[0].node.last_heard = 0.0
     sup = _supervisor(nodes)
     sup.on_tick(1000.0)
     assert sup.cause is None
 
 
 def test_a_closed_link_loses_the_host_with_what_the_agent_said() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1})
+    nodes = fake_hosts({"a": 1, "b": 1})
     sup = _supervisor(nodes)
     sup.on_closed(nodes[0], 0.0)
     outcome = sup.outcome()
@@ -128,7 +142,7 @@ def test_a_closed_link_loses_the_host_with_what_the_agent_said() -> None:
 
 
 def test_agents_that_do_not_finish_stopping_are_dropped_after_grace_and_slack() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1})
+    nodes = fake_hosts({"a": 1, "b": 1})
     sup = _supervisor(nodes)
     sup.on_signal(signal.SIGTERM, 0.0)
     _done(sup, nodes[0])
@@ -139,16 +153,16 @@ def test_agents_that_do_not_finish_stopping_are_dropped_after_grace_and_slack() 
 
 
 def test_output_frames_reach_the_relay_prefixed() -> None:
-    nodes = fake_nodes({"a": 1})
+    nodes = fake_hosts({"a": 1})
     relay, out, _ = memory_relay({0: "a"})
     sup = Supervisor(nodes, relay, timeout=None, grace=1.0, dead_after=10.0, now=0.0)
-    sup.on_frame(nodes[0], OUT, 0, b"hello\n", 0.0)
+    sup.on_frame(nodes[0], Frame(OUT, 0, 0, b"hello\n"), 0.0)
     relay.flush()
     assert out.getvalue() == b"[0] hello\n"
 
 
 def test_the_loop_feeds_frames_and_signals_to_the_supervisor() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1})
+    nodes = fake_hosts({"a": 1, "b": 1})
     for node in nodes:
         _link(node).push(hello())
     _link(nodes[0]).push(exited(0, 0) + DONE_FRAME)
@@ -171,20 +185,38 @@ def test_the_loop_feeds_frames_and_signals_to_the_supervisor() -> None:
 
 
 def test_an_agent_of_another_protocol_version_is_refused_in_one_line() -> None:
-    node = fake_nodes({"a": 1})[0]
+    node = fake_hosts({"a": 1})[0]
     _link(node).push(b"motd from a login shell\n" + hello(VERSION + 1) + encode(OUT, 0, b"x"))
     with pytest.raises(
         HostError, match=rf"host a: .*protocol version {VERSION + 1}.*this launcher {VERSION}"
     ):
-        node.read()
+        node.node.read()
+
+
+def test_an_agent_of_protocol_version_2_is_refused_in_one_line() -> None:
+    # Version 2 framed everything as HELLO still is: (kind, rank, length), no agent id.
+    node = fake_hosts({"a": 1})[0]
+    _link(node).push(hello(2) + HELLO_HEADER.pack(OUT, 0, 1) + b"x")
+    with pytest.raises(HostError, match=rf"^host a: .*protocol version 2, this launcher {VERSION};"):
+        node.node.read()
+
+
+def test_frames_carry_the_node_s_agent_id_and_unknown_kinds_are_ignored() -> None:
+    node = fake_hosts({"a": 1})[0]
+    node.node.agent_id = 5
+    node.node.send(STOP, StopRequest())
+    assert [(f.kind, f.agent) for f in _link(node).sent] == [(STOP, 5)]
+    sup = _supervisor([node])
+    sup.on_frame(node, Frame(99, 5, 0, b"from a newer agent"), 0.0)
+    assert sup.outcome() == Succeeded() and not sup.exits
 
 
 def test_closing_sends_eof_to_every_agent_before_waiting_for_any() -> None:
-    nodes = fake_nodes({"a": 1, "b": 1, "c": 1})
+    nodes = fake_hosts({"a": 1, "b": 1, "c": 1})
     nodes[2].drop()
     seen_at_first_close: list[bool] = []
     first = _link(nodes[0])
     first.close = lambda: seen_at_first_close.append(_link(nodes[1]).input_closed)  # type: ignore[method-assign]
-    close_all(nodes)
+    close_all([h.node for h in nodes])
     assert seen_at_first_close == [True]
     assert _link(nodes[1]).closed and not _link(nodes[2]).input_closed

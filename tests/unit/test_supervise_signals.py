@@ -6,22 +6,22 @@ import signal
 
 import pytest
 
-from launcher.node import Node
+from launcher.node import HostAttempt
 from launcher.protocol import SIGNAL, STOP, SignalRequest, StopRequest, decode_message
 from launcher.result import Signalled
 from launcher.supervise import Supervisor
-from tests.fakes import CapturedFd, FakeLink, fake_nodes, memory_relay
+from tests.fakes import CapturedFd, FakeLink, fake_hosts, memory_relay
 
 
-def _setup(hosts: dict[str, int]) -> tuple[list[Node], Supervisor, CapturedFd]:
-    nodes = fake_nodes(hosts)
+def _setup(hosts: dict[str, int]) -> tuple[list[HostAttempt], Supervisor, CapturedFd]:
+    nodes = fake_hosts(hosts)
     relay, _, err = memory_relay({s.rank: n.name for n in nodes for s in n.slots})
     return nodes, Supervisor(nodes, relay, timeout=None, grace=4.0, dead_after=10.0, now=0.0), err
 
 
-def _sent(node: Node, kind: int) -> list[bytes]:
+def _sent(node: HostAttempt, kind: int) -> list[bytes]:
     assert isinstance(node.link, FakeLink)
-    return [payload for k, _, payload in node.link.sent if k == kind]
+    return [frame.payload for frame in node.link.sent if frame.kind == kind]
 
 
 def test_ctrl_c_asks_for_sigint_first_and_says_so_once() -> None:
