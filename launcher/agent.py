@@ -12,6 +12,9 @@ the launcher's heartbeats stopping) sends SIGTERM (SIGINT first, when STOP says 
 group and SIGKILL after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
 SIGNAL forwards a signal (SIGUSR1, SIGSTOP/SIGCONT for Ctrl-Z and fg) to every running rank. The agent exits
 at stdin EOF once its ranks are gone.
+
+The host facts (probe answers) and the rank supervisor share this one file because it is what travels to
+every host as source, next to launcher/protocol.py; hence its length.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import struct
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.protocol import (
     BEAT,
@@ -359,11 +362,11 @@ def _signal_number(name: str) -> int | None:
 
 
 class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes], started: float) -> None:
         self.rank = rank
         self.proc = proc
         self.pgid = proc.pid  # start_new_session: the rank leads its own process group
-        self.started = time.monotonic()
+        self.started = started
         self.returncode: int | None = None
         assert proc.stdout is not None and proc.stderr is not None
         self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
@@ -371,7 +374,22 @@ class _Rank:
 
 
 class Agent:
-    def __init__(self, in_fd: int, out_fd: int) -> None:
+    """One host's agent, reading frames from `in_fd` and writing to `out_fd`.
+
+    `clock` (monotonic seconds) and `start_process` (subprocess.Popen's signature) are parameters so that a
+    test can run an agent in its own process with a fake clock and fake ranks.
+    """
+
+    def __init__(
+        self,
+        in_fd: int,
+        out_fd: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        start_process: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    ) -> None:
+        self.clock = clock
+        self.start_process = start_process
         self.in_fd = in_fd
         self.out_fd = out_fd
         self.sel = selectors.DefaultSelector()
@@ -379,7 +397,7 @@ class Agent:
         self.launcher_gone = False
         self.beat_every = 0.0  # 0: no heartbeats (until a PROBE asks for them)
         self.dead_after = 0.0
-        self.last_heard = time.monotonic()
+        self.last_heard = self.clock()
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
@@ -452,7 +470,7 @@ class Agent:
         for r in spec.ranks:
             env = rank_environment(shared, r)
             try:
-                proc = subprocess.Popen(
+                proc = self.start_process(
                     r.argv,
                     env=env,
                     cwd=spec.cwd or None,
@@ -460,7 +478,8 @@ class Agent:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
-                    preexec_fn=_pre_exec(die_with_agent, r.cpus),  # noqa: PLW1509 - the agent has a single thread
+                    # A pre-exec hook is safe here: the agent has a single thread.
+                    preexec_fn=_pre_exec(die_with_agent, r.cpus),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -470,7 +489,7 @@ class Agent:
                 self.send(ERR, r.rank, msg.encode())
                 self.send_message(EXIT, RankExited(code), r.rank)
                 continue
-            entry = _Rank(r.rank, proc)
+            entry = _Rank(r.rank, proc, self.clock())
             self.ranks[r.rank] = entry
             for fd in entry.fds:
                 self.by_fd[fd] = entry
@@ -487,7 +506,7 @@ class Agent:
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
             return  # between attempts there is nothing to stop (a late STOP of the last attempt, say)
-        now = time.monotonic()
+        now = self.clock()
         grace = self.grace if grace is None else grace
         if self.kill_at is None or now + grace < self.kill_at:
             self.kill_at = now + grace
@@ -506,14 +525,14 @@ class Agent:
             self.paused = True
         elif signum == signal.SIGCONT:
             self.paused = False
-            self.last_heard = time.monotonic()
+            self.last_heard = self.clock()
         if self.started:
             self._signal_all(signum)
 
     def kill(self) -> None:
         if not self.started:
             return
-        self.kill_at = time.monotonic()
+        self.kill_at = self.clock()
         self._signal_all(signal.SIGKILL, leftovers=True)
 
     def _read_pipe(self, fd: int) -> bool:
@@ -563,7 +582,7 @@ class Agent:
                 exited = RankExited(
                     code,
                     entry.proc.pid,
-                    time.monotonic() - entry.started,
+                    self.clock() - entry.started,
                     cpu_s=usage.ru_utime + usage.ru_stime,
                     max_rss_kb=usage.ru_maxrss,  # KiB on Linux
                 )
@@ -583,7 +602,7 @@ class Agent:
             self.sel.unregister(self.in_fd)
             self._lost_launcher()
             return False
-        self.last_heard = time.monotonic()
+        self.last_heard = self.clock()
         for frame in self.reader.feed(data):
             # The launcher names us in its frames: ours carry the same id back (see launcher.protocol).
             self.agent_id = frame.agent
@@ -625,7 +644,7 @@ class Agent:
         exiting = False
         while True:
             timeout = 0.5
-            now = time.monotonic()
+            now = self.clock()
             if self.beat_every:
                 if now >= self.next_beat:
                     self.send(BEAT)
@@ -658,7 +677,7 @@ class Agent:
                     reap = reap or key.fd not in self.by_fd
             if reap:
                 self._reap()
-            now = time.monotonic()
+            now = self.clock()
             if self.term_at is not None and now >= self.term_at:
                 self.term_at = None
                 self._signal_all(signal.SIGTERM, leftovers=True)

@@ -1,4 +1,4 @@
-"""`distrun check`, the side effects: reach every host on its own, probe it, hand the results to check.py.
+"""`distrun check`, the side effects: reach every host on its own, probe it, judge with check.py, print.
 
 Unlike a launch (all or nothing), one host failing does not stop the others: every host gets its row.
 Rank 0's host is probed first and opens a listening TCP port; every other host then connects to it, the path
@@ -15,14 +15,19 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, replace
 
+import click
+
 from launcher import backend
-from launcher.check import HostCheck
+from launcher.check import HostCheck, findings, row, table, verdict
 from launcher.config import LaunchConfig
-from launcher.errors import HostError
+from launcher.console import use_color
+from launcher.errors import EXIT_HOST, EXIT_OK, HostError
 from launcher.hosts import Host
 from launcher.node import Node, close_all
+from launcher.plan import make_plan
+from launcher.progress import Progress, progress_line
 from launcher.protocol import ProbeRequest
-from launcher.supervise import probe
+from launcher.supervise import probe, signal_pipe
 from launcher.transport.local import LocalLink
 
 log = logging.getLogger(__name__)
@@ -119,3 +124,34 @@ def check_hosts(
         return results
     finally:
         close_all([node for node in nodes if node is not None])
+
+
+def run_check(config: LaunchConfig) -> int:
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
+    color = use_color(config.color)
+    with progress_line(sys.stderr) as shown, signal_pipe() as wake_fd:
+        shown(Progress("checking", len(hosts)))
+        checks = check_hosts(
+            hosts, config, wake_fd, lambda done, total: shown(Progress("checking", total, done))
+        )
+    cwd = os.getcwd()
+    problems = [
+        f
+        for c in checks
+        for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
+    ]
+    lines = table([row(c) for c in checks])
+    click.echo(click.style(lines[0], bold=True) if color else lines[0])
+    for line, check in zip(lines[1:], checks, strict=True):
+        state = "red" if any(f.fatal and f.host == check.host for f in problems) else "green"
+        if any(not f.fatal and f.host == check.host for f in problems) and state == "green":
+            state = "yellow"
+        click.echo(click.style(line, fg=state) if color else line)
+    for finding in problems:
+        label = "problem" if finding.fatal else "warning"
+        click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")
+    final = verdict(checks, problems)
+    ready = final.startswith("ready")
+    click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)
+    return EXIT_OK if ready else EXIT_HOST

@@ -1,6 +1,9 @@
 """The `distrun` command line: options, environment and config file -> one validated `LaunchConfig`.
 
-Errors only become exit codes and the one-line `distrun: error: ...` message in `main`.
+Errors only become exit codes and the one-line `distrun: error: ...` message in `main`. The config file's
+layering is launcher/configfile.py, check's output launcher/checkrun.py, ssh-setup's prompt
+launcher/sshsetup.py. Over 400 lines because every option is a declaration here and is validated here, in
+one place, for the launch and `distrun check` alike.
 """
 
 from __future__ import annotations
@@ -12,20 +15,20 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import click
-from click.core import ParameterSource
 
 from launcher import __version__, backend
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
-from launcher.console import guard_std_fds, use_color
+from launcher.configfile import Sources, merge_config_file
+from launcher.console import guard_std_fds
 from launcher.devices import Placement
 from launcher.env import parse_exports, parse_rank_filter
-from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
+from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
 from launcher.forward import parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
@@ -68,16 +71,6 @@ class Request:
     config: LaunchConfig
     dry_run: bool
     verbose: int = 0
-
-
-# Where a value came from, for "CLI > DISTRUN_* env > config file > defaults".
-_CONFIG_LEVEL = 1
-
-
-def _level(source: ParameterSource | None) -> int:
-    if source is ParameterSource.COMMANDLINE:
-        return 3
-    return 2 if source is ParameterSource.ENVIRONMENT else 0
 
 
 @click.command(
@@ -187,7 +180,15 @@ def _level(source: ParameterSource | None) -> int:
     metavar="SECONDS",
     default=2.0,
     show_default=True,
-    help="Probe interval; a host is dead after 5 missed probes.",
+    help="Probe interval; a host is dead after --ssh-keepalive-count missed probes.",
+)
+@_option(
+    "--ssh-keepalive-count",
+    type=click.IntRange(min=1),
+    metavar="N",
+    default=5,
+    show_default=True,
+    help="Missed probes after which a silent host is lost.",
 )
 @_option(
     "--launcher",
@@ -202,125 +203,11 @@ def _level(source: ParameterSource | None) -> int:
 @click.pass_context
 def cli(ctx: click.Context, /, **options: Any) -> Request:
     """Run COMMAND as one rank per slot on every host, with the torch/Horovod/TF environment set."""
-    values, sources = _merge_config_file(ctx, options)
+    values, sources = merge_config_file(ctx, options)
     return _build_request(values, sources)
 
 
-def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
-    return {
-        p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name and p.expose_value
-    }
-
-
-# Options naming files: in a config file they are relative to the file, not to where distrun runs.
-_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report"})
-
-
-def _load_config_file(path: str) -> dict[str, tuple[Any, int]]:
-    """Each top-level key with its value and line; a top-level key given twice is an error."""
-    import yaml  # only config-file users pay for importing yaml
-
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
-        raise UsageError(f"cannot read config file {path}: {reason}") from None
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else path
-        raise UsageError(f"{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
-        raise UsageError(f"config file {path}: expected a mapping of option names to values")
-    lines: dict[str, int] = {}
-    for key_node, _ in root.value:
-        key, line = str(key_node.value), key_node.start_mark.line + 1
-        # YAML keeps the last of two equal keys without a word; one of them is surely a mistake.
-        if key in lines:
-            raise UsageError(f"{path}:{line}: {key!r} is already set at line {lines[key]}")
-        lines[key] = line
-    return {str(key): (value, lines.get(str(key), 1)) for key, value in data.items()}
-
-
-def _config_value(param: click.Parameter, raw: Any, base: Path, label: str) -> Any:
-    """A config file value in the form click would have parsed from the command line."""
-    value = raw
-    if param.name == "hosts" and isinstance(value, list):
-        value = ",".join(str(item) for item in value)
-    if param.multiple and not isinstance(value, list):
-        value = [value]
-    elif not param.multiple and isinstance(value, (list, dict)):
-        raise UsageError(f"{label} takes a single value")
-    items = value if param.multiple else [value]
-    if isinstance(param.type, click.types.IntParamType) and any(
-        isinstance(item, (bool, float)) for item in items
-    ):
-        # click would truncate 2.7 to 2 silently.
-        raise UsageError(f"{label}: expected a whole number, got {items[0]!r}")
-    if param.name in _PATH_OPTIONS:
-        items = [str(base / Path(str(item)).expanduser()) for item in items]
-        value = items if param.multiple else items[0]
-    return value
-
-
-@dataclass
-class _Sources:
-    """Where each option's value came from: its precedence level and the name to use in messages."""
-
-    levels: dict[str, int]
-    labels: dict[str, str]
-    file_counts: dict[str, int]  # of a repeatable option's values, how many came first from the file
-    file_labels: dict[str, str]  # and the name of the file's part in messages
-
-    def label(self, name: str, flag: str) -> str:
-        return self.labels.get(name, flag)
-
-
-def _merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], _Sources]:
-    """Fill options still at their defaults from the --config file; report each option's precedence level.
-
-    Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
-    """
-    values = dict(options)
-    sources = _Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
-    path = options["config"]
-    if path is None:
-        return values, sources
-    params = _config_params(ctx)
-    params.pop("config")
-    base = Path(path).expanduser().parent
-    seen: dict[str, str] = {}
-    for key, (raw, line) in _load_config_file(path).items():
-        name = key.replace("-", "_")
-        label = f"{path}:{line}: {key}"
-        if name not in params:
-            raise UsageError(f"{path}:{line}: unknown option {key!r}")
-        if name in seen:
-            raise UsageError(f"{path}:{line}: {seen[name]!r} and {key!r} set the same option")
-        seen[name] = key
-        param = params[name]
-        if raw is None or (sources.levels[name] > 0 and not param.multiple):
-            continue
-        try:
-            value = param.type_cast_value(ctx, _config_value(param, raw, base, label))
-        except click.BadParameter as err:
-            raise UsageError(f"{label}: {err.message}") from None
-        if sources.levels[name] > 0:
-            sources.file_counts[name] = len(value)
-            sources.file_labels[name] = label
-            values[name] = (*value, *values[name])
-            continue
-        values[name] = value
-        sources.levels[name] = _CONFIG_LEVEL
-        sources.labels[name] = label
-    return values, sources
-
-
-def _hosts(values: Mapping[str, Any], sources: _Sources) -> tuple[Host, ...] | None:
+def _hosts(values: Mapping[str, Any], sources: Sources) -> tuple[Host, ...] | None:
     """-H or --hostfile, whichever was given at the higher precedence level; both at one level is an error."""
     hosts, hostfile = values["hosts"], values["hostfile"]
     levels = sources.levels
@@ -395,7 +282,7 @@ def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions
     )
 
 
-def _exports(values: Mapping[str, Any], sources: _Sources) -> tuple[tuple[str, str], ...]:
+def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, str], ...]:
     """The file's exports, then the command line's (or DISTRUN_EXPORT's), which win name by name."""
     given = tuple(values["export"])
     in_file = sources.file_counts.get("export", 0)
@@ -432,7 +319,7 @@ def _redact_patterns(patterns: Sequence[str], label: str) -> tuple[str, ...]:
     return tuple(patterns)
 
 
-def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
+def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
     command = tuple(values["command"])
     resolve_command(command, values["python"] or sys.executable)
     num_proc: int | None = values["num_proc"]
@@ -494,6 +381,7 @@ def _build_request(values: Mapping[str, Any], sources: _Sources) -> Request:
                 values["ssh_connect_timeout"], label("ssh_connect_timeout", "--ssh-connect-timeout")
             ),
             keepalive_interval=_seconds(values["ssh_keepalive"], label("ssh_keepalive", "--ssh-keepalive")),
+            keepalive_count=values["ssh_keepalive_count"],
         ),
         launcher=launcher,
     )
@@ -515,10 +403,12 @@ Exit codes: 0 every host is ready; 3 a host has a problem (each with its fix); 2
 def _check_command(ctx: click.Context, /, **options: Any) -> int:
     """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory, disk,
     clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per host."""
-    values, sources = _merge_config_file(ctx, {**options, "command": ("check",), "dry_run": False})
+    values, sources = merge_config_file(ctx, {**options, "command": ("check",), "dry_run": False})
     request = _build_request(values, sources)
     _configure_logging(request.verbose)
-    return _run_check(request.config)
+    from launcher.checkrun import run_check
+
+    return run_check(request.config)
 
 
 check_cli = click.Command(
@@ -529,42 +419,6 @@ check_cli = click.Command(
     epilog=_CHECK_EPILOG,
     help=_check_command.__doc__,
 )
-
-
-def _run_check(config: LaunchConfig) -> int:
-    from launcher.check import findings, row, table, verdict
-    from launcher.checkrun import check_hosts
-    from launcher.progress import Progress, progress_line
-    from launcher.supervise import signal_pipe
-
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
-    hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
-    color = use_color(config.color)
-    with progress_line(sys.stderr) as shown, signal_pipe() as wake_fd:
-        shown(Progress("checking", len(hosts)))
-        checks = check_hosts(
-            hosts, config, wake_fd, lambda done, total: shown(Progress("checking", total, done))
-        )
-    cwd = os.getcwd()
-    problems = [
-        f
-        for c in checks
-        for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
-    ]
-    lines = table([row(c) for c in checks])
-    click.echo(click.style(lines[0], bold=True) if color else lines[0])
-    for line, check in zip(lines[1:], checks, strict=True):
-        state = "red" if any(f.fatal and f.host == check.host for f in problems) else "green"
-        if any(not f.fatal and f.host == check.host for f in problems) and state == "green":
-            state = "yellow"
-        click.echo(click.style(line, fg=state) if color else line)
-    for finding in problems:
-        label = "problem" if finding.fatal else "warning"
-        click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")
-    final = verdict(checks, problems)
-    ready = final.startswith("ready")
-    click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)
-    return EXIT_OK if ready else EXIT_HOST
 
 
 @click.command(
@@ -595,10 +449,10 @@ def _run_check(config: LaunchConfig) -> int:
 def ssh_setup_cli(**options: Any) -> int:
     """Make passwordless SSH work on every host: create a key if needed, record host keys, install the
     public key (asking for the password once) and verify key login. Running it again changes nothing."""
-    from launcher.sshsetup import ensure_key, setup_hosts
+    from launcher.sshsetup import ask_password, ensure_key, setup_hosts
 
     _configure_logging(options["verbose"])
-    hosts = _hosts(options, _Sources({"hosts": 3, "hostfile": 3}, {}, {}, {}))
+    hosts = _hosts(options, Sources({"hosts": 3, "hostfile": 3}, {}, {}, {}))
     if not hosts:
         raise UsageError("ssh-setup: which hosts? give -H or --hostfile")
     ssh = SshOptions(
@@ -610,7 +464,7 @@ def ssh_setup_cli(**options: Any) -> int:
     key = ensure_key(ssh.identity_files)
     if key.created:
         click.echo(f"created the key {key.path} (ed25519, no passphrase) and {key.path}.pub")
-    results = setup_hosts(hosts, ssh, key, functools.partial(_ask_password, options["password_stdin"]))
+    results = setup_hosts(hosts, ssh, key, functools.partial(ask_password, options["password_stdin"]))
     for result in results:
         click.echo(result.detail, err=result.state == "failed")
     failed = [r.host for r in results if r.state == "failed"]
@@ -619,24 +473,6 @@ def ssh_setup_cli(**options: Any) -> int:
     installed = sum(r.state == "installed" for r in results)
     click.echo(f"ssh-setup: key login works on {plural(len(results), 'host', 'hosts')} ({installed} changed)")
     return EXIT_OK
-
-
-def _ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
-    """The password, once: from standard input's first line, or typed on the terminal without echo."""
-    import getpass
-
-    if from_stdin:
-        line = sys.stdin.readline()
-        if not line:
-            raise UsageError("--password-stdin: standard input is empty")
-        return line.rstrip("\r\n")
-    try:
-        with open("/dev/tty"):
-            pass
-    except OSError:
-        raise UsageError("no terminal to ask for the password on; pipe it with --password-stdin") from None
-    shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
-    return getpass.getpass(f"password for {shown}: ")
 
 
 def _parse(argv: Sequence[str]) -> Request | int:

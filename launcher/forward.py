@@ -154,15 +154,12 @@ def travelling_env(
 class JobEnv:
     """The environment side of a launch, computed once for every rank.
 
-    `travelling`: what every rank starts from (StartRequest.env); `explicit`: the user's word (--env-file,
-    then -x), which beats distrun's defaults; `unset`: removed from ranks on this machine; `here`: what a
-    rank on this machine inherits beneath `travelling`.
+    `travelling`: what every rank starts from (StartRequest.env), the user's word (--env-file, then -x) last;
+    `unset`: removed from ranks on this machine (leftovers of another launcher).
     """
 
     travelling: dict[str, str]
-    explicit: dict[str, str]
     unset: tuple[str, ...]
-    here: dict[str, str]
 
 
 def job_env(
@@ -173,13 +170,9 @@ def job_env(
     exports: Iterable[tuple[str, str]],
 ) -> JobEnv:
     env_file, exports = tuple(env_file), tuple(exports)
-    explicit = {**dict(env_file), **dict(exports)}
-    unset = dropped_here(environ, explicit)
     return JobEnv(
         travelling=travelling_env(environ, forward=forward, env_file=env_file, exports=exports),
-        explicit=explicit,
-        unset=unset,
-        here={k: v for k, v in environ.items() if k not in unset},
+        unset=dropped_here(environ, {**dict(env_file), **dict(exports)}),
     )
 
 

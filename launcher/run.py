@@ -2,7 +2,8 @@
 
 Each attempt: probe every agent (host facts, free ports), rendezvous (a fresh MASTER_PORT), start the ranks,
 supervise them to the attempt's outcome. This is the one place where planning (pure) meets side effects
-(processes, SSH); the steps are methods so that a test can replace any of them.
+(processes, SSH); the steps are methods so that a test can replace any of them, which keeps them in one
+class, over 400 lines.
 """
 
 from __future__ import annotations

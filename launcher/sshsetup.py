@@ -11,6 +11,7 @@ import getpass
 import logging
 import os
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -194,3 +195,19 @@ def setup_hosts(
         with ThreadPoolExecutor(workers) as pool:
             results.update(zip([h.name for h in pending], pool.map(install, pending), strict=True))
     return [r for r in results.values() if r is not None]
+
+
+def ask_password(from_stdin: bool, targets: Sequence[str]) -> str:
+    """The password, once: from standard input's first line, or typed on the terminal without echo."""
+    if from_stdin:
+        line = sys.stdin.readline()
+        if not line:
+            raise UsageError("--password-stdin: standard input is empty")
+        return line.rstrip("\r\n")
+    try:
+        with open("/dev/tty"):
+            pass
+    except OSError:
+        raise UsageError("no terminal to ask for the password on; pipe it with --password-stdin") from None
+    shown = ", ".join(targets[:3]) + (f" and {len(targets) - 3} more" if len(targets) > 3 else "")
+    return getpass.getpass(f"password for {shown}: ")

@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
+import pty
+import struct
 import subprocess
 import sys
+import termios
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
 
+T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "integration" / "scripts"
 REPO = Path(__file__).resolve().parents[1]
+# A silent host (or a launcher not heard) is declared dead after 3 missed beats 0.5 s apart: 1.5 s.
+FAST_DEATH = ("--ssh-keepalive", "0.5", "--ssh-keepalive-count", "3")
 
 
 def require_machine(impossible: str | None, missing: str | None) -> None:
@@ -68,14 +78,28 @@ def start_distrun(
     )
 
 
-def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60) -> list[Path]:
+def wait_until(condition: Callable[[], T], timeout: float = 30.0, what: str = "the condition") -> T:
+    """`condition()`'s first truthy value, polled every 50 ms; AssertionError naming `what` at `timeout`."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = sorted(directory.glob(pattern))
-        if len(found) >= count:
-            return found
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.05)
-    raise AssertionError(f"expected {count} {pattern} files in {directory}, found {len(found)}")
+    return value
+
+
+def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 60) -> list[Path]:
+    def found() -> list[Path]:
+        files = sorted(directory.glob(pattern))
+        return files if len(files) >= count else []
+
+    return wait_until(found, timeout, f"{count} {pattern} files in {directory}")
+
+
+def attempt_envs(out: Path, attempt: int) -> dict[int, dict[str, str]]:
+    """rank -> the environment its rank saw in that attempt (tests/integration/scripts/restartable.py)."""
+    envs = (json.loads(path.read_text()) for path in out.glob(f"a{attempt}.r*.json"))
+    return {int(env["RANK"]): env for env in envs}
 
 
 def recorded_pids(directory: Path) -> list[int]:
@@ -95,9 +119,8 @@ def alive(pids: Sequence[int]) -> list[int]:
 
 def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     assert pids, "the workers recorded no pids: the test would prove nothing"
-    deadline = time.monotonic() + within
-    while alive(pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not alive(pids), within)
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
 
 
@@ -146,3 +169,40 @@ def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> byte
         assert line, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
         seen += line
     return seen
+
+
+class Terminal:
+    """A pseudo-terminal of `cols` x `rows` whose output pyte renders as a terminal would show it.
+
+    Write to `slave` (a descriptor) or `stream` (text on it); `raw` is every byte written so far, as read.
+    """
+
+    def __init__(self, cols: int = 60, rows: int = 10) -> None:
+        import pyte  # only the terminal tests need it
+
+        self.master, self.slave = pty.openpty()
+        os.set_blocking(self.master, False)
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.stream = open(self.slave, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - see close()
+        self.raw = b""
+        self.screen = pyte.Screen(cols, rows)
+        self._feed = pyte.ByteStream(self.screen)
+
+    def lines(self) -> list[str]:
+        """Every line of the screen, trailing blanks removed."""
+        try:
+            while chunk := os.read(self.master, 1 << 16):
+                self.raw += chunk
+                self._feed.feed(chunk)
+        except BlockingIOError:
+            pass
+        return [line.rstrip() for line in self.screen.display]
+
+    def shown(self) -> list[str]:
+        """The lines with something on them."""
+        return [line for line in self.lines() if line]
+
+    def close(self) -> None:
+        self.stream.close()
+        os.close(self.master)
+        os.close(self.slave)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pyte
 
-from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun, start_distrun
+from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun, start_distrun, wait_until
 
 SHAPES = REPO / "benchmarks" / "workers" / "shapes.py"
 # The target for distrun's own memory, whatever the ranks write.
@@ -124,9 +124,7 @@ def test_output_dir_is_live_and_survives_sigkill_of_distrun(tmp_path: Path) -> N
     proc = start_distrun("-np", "1", "--output-dir", out_dir, SCRIPTS / "live_file.py")
     stdout = out_dir / "rank.0" / "stdout"
     expected = b"line 0\nline 1\nline 2\npartial"
-    deadline = time.monotonic() + 60
-    while (not stdout.exists() or stdout.read_bytes() != expected) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: stdout.exists() and stdout.read_bytes() == expected, 60, f"{expected!r} in {stdout}")
     assert proc.poll() is None, "the job should still be running"
     assert stdout.read_bytes() == expected, "not on disk while the job runs"
     descendants = psutil.Process(proc.pid).children(recursive=True)  # the agent and the rank

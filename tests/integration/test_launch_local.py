@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from tests.support import (
+    FAST_DEATH,
     REPO,
     SCRIPTS,
     assert_all_gone,
@@ -307,9 +308,9 @@ def test_colours_switch_on_by_themselves_on_a_terminal() -> None:
 
 
 def test_a_console_that_stops_reading_does_not_fail_the_job() -> None:
-    # dead_after would be 5 s; the console is not read for 7 s while the job runs on.
-    proc = start_distrun("-np", "2", "--ssh-keepalive", "1", SCRIPTS / "chatty_then_quiet.py", "8")
-    time.sleep(7)
+    # dead_after would be 1.5 s; the console is not read for 3 s while the job runs on.
+    proc = start_distrun("-np", "2", *FAST_DEATH, SCRIPTS / "chatty_then_quiet.py", "4")
+    time.sleep(3)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
     assert out.count(b"finished") == 2

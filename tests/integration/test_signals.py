@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.support import SCRIPTS, assert_all_gone, read_until, recorded_pids, start_distrun, wait_for_files
+from tests.support import (
+    SCRIPTS,
+    assert_all_gone,
+    read_until,
+    recorded_pids,
+    start_distrun,
+    wait_for_files,
+    wait_until,
+)
 
 
 def _start(pid_dir: Path, *script_args: str, ranks: int = 2) -> subprocess.Popen[bytes]:
@@ -21,13 +28,11 @@ def _start(pid_dir: Path, *script_args: str, ranks: int = 2) -> subprocess.Popen
 
 def _wait_for_status(pids: list[int], wanted: bool, timeout: float = 30.0) -> None:
     """Until every process is stopped (wanted=True) or none is (False)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if all((psutil.Process(pid).status() == psutil.STATUS_STOPPED) == wanted for pid in pids):
-            return
-        time.sleep(0.05)
-    states = {pid: psutil.Process(pid).status() for pid in pids}
-    raise AssertionError(f"expected {'stopped' if wanted else 'running'}: {states}")
+    wait_until(
+        lambda: all((psutil.Process(pid).status() == psutil.STATUS_STOPPED) == wanted for pid in pids),
+        timeout,
+        f"{pids} {'stopped' if wanted else 'running'}",
+    )
 
 
 def test_ctrl_c_reaches_every_rank_as_sigint_first(pid_dir: Path) -> None:

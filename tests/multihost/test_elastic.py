@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from tests.multihost.cluster import Cluster
 from tests.multihost.test_launch_ssh import assert_clean
-from tests.support import REPO, SCRIPTS, run_distrun, start_distrun, wait_for_files
+from tests.support import REPO, SCRIPTS, attempt_envs, run_distrun, start_distrun, wait_for_files
 
 pytestmark = pytest.mark.multihost
 
@@ -21,11 +20,9 @@ FAST_LOSS = ("--ssh-keepalive", "0.5", "--restart-delay", "0")
 
 def _world(out: Path, attempt: int) -> dict[int, tuple[str, str]]:
     """rank -> (host, WORLD_SIZE) as the ranks of that attempt saw it."""
-    found = {}
-    for path in out.glob(f"a{attempt}.r*.json"):
-        env = json.loads(path.read_text())
-        found[int(env["RANK"])] = (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"])
-    return found
+    return {
+        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"]) for rank, env in attempt_envs(out, attempt).items()
+    }
 
 
 def _lose_h3_mid_run(lab: Cluster, out: Path, *args: str) -> tuple[int, str]:

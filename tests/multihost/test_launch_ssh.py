@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.support import REPO, SCRIPTS, distrun_argv, run_distrun, start_distrun
+from tests.support import FAST_DEATH, REPO, SCRIPTS, distrun_argv, run_distrun, start_distrun, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -138,7 +138,7 @@ def test_ctrl_c_stops_every_host(cluster: Cluster, tmp_path: Path) -> None:
         tmp_path,
         env=cluster.env(PYTHONPATH=str(REPO)),
     )
-    _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+    wait_until(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
     assert proc.returncode == 130
@@ -149,7 +149,7 @@ def test_sigkill_of_distrun_leaves_nothing_on_any_host(cluster: Cluster, tmp_pat
     proc = start_distrun(
         "-H", "h1:2,h2:1", SCRIPTS / "behave.py", "--pid-dir", tmp_path, env=cluster.env(PYTHONPATH=str(REPO))
     )
-    _wait_for(lambda: len(list(tmp_path.glob("*.pid"))) == 6)
+    wait_until(lambda: len(list(tmp_path.glob("*.pid"))) == 6)
     assert cluster.processes("h1") and cluster.processes("h2")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
@@ -164,7 +164,7 @@ def test_host_dropping_off_the_network_is_named_and_the_rest_stop(
         "-H", "h1:1,h2:1,h3:1", "--ssh-keepalive", "1", SCRIPTS / "behave.py", "--pid-dir", tmp_path,
         env=lab.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
-    _wait_for(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
+    wait_until(lambda: len(list(tmp_path.glob("rank*.pid"))) == 3)
     lab.link_down("h2")
     cut = time.monotonic()
     _, err = proc.communicate(timeout=30)
@@ -172,9 +172,9 @@ def test_host_dropping_off_the_network_is_named_and_the_rest_stop(
     assert proc.returncode == 3
     assert "lost host h2" in err.decode()
     for host in ("h1", "h3"):
-        assert lab.processes(host) == [] or _wait_for(lambda h=host: lab.processes(h) == [])
+        assert lab.processes(host) == [] or wait_until(lambda h=host: lab.processes(h) == [])
     # The cut-off host's agent notices the launcher's silence and stops its ranks by itself.
-    assert _wait_for(lambda: not [p for p in lab.processes("h2") if "behave.py" in " ".join(p.cmdline())])
+    assert wait_until(lambda: not [p for p in lab.processes("h2") if "behave.py" in " ".join(p.cmdline())])
 
 
 @pytest.mark.parametrize("fault", ["unreachable", "wrong key", "changed host key", "missing cwd"])
@@ -214,15 +214,6 @@ def test_host_faults_exit_3_naming_the_host_and_start_nothing(
     assert_clean(lab)
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.05)
-    return True
-
-
 def test_ctrl_c_while_connecting_exits_at_once(make_cluster: Callable[..., Cluster]) -> None:
     lab = make_cluster(2)
     lab.link_down("h2")  # the handshake with h2 hangs until its 30 s connect timeout
@@ -240,12 +231,12 @@ def test_ctrl_c_while_connecting_exits_at_once(make_cluster: Callable[..., Clust
 
 
 def test_a_console_that_stops_reading_does_not_lose_remote_hosts(cluster: Cluster) -> None:
-    # h1's rank fills the console pipe; h2's rank is quiet. Unread for 7 s with hosts declared dead after 5 s.
+    # h1's rank fills the console pipe; h2's rank is quiet. Unread for 3 s, hosts declared dead after 1.5 s.
     proc = start_distrun(
-        "-H", "h1:1,h2:1", "--ssh-keepalive", "1", SCRIPTS / "chatty_then_quiet.py", "8",
+        "-H", "h1:1,h2:1", *FAST_DEATH, SCRIPTS / "chatty_then_quiet.py", "4",
         env=cluster.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
-    time.sleep(7)
+    time.sleep(3)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
     assert out.count(b"finished") == 2

@@ -12,15 +12,13 @@ import re
 import shlex
 import signal
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
-from tests.support import REPO, SCRIPTS, distrun_argv
+from tests.support import REPO, SCRIPTS, attempt_envs, distrun_argv, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -41,13 +39,6 @@ def assert_clean(slurm: SlurmCluster, within: float = 30.0) -> None:
     """Nothing left on the nodes, and no job left in the queue for the next test to wait behind."""
     assert_nodes_clean(slurm, within)
     slurm.wait_idle()
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def salloc(slurm: SlurmCluster, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -182,11 +173,11 @@ class Outlived:
 
     def __enter__(self) -> psutil.Process:
         """The distrun process, once all its ranks run."""
-        _wait_for(lambda: self.pid_file.exists() and len(list(self.pid_dir.glob("rank*.pid"))) == 3)
+        wait_until(lambda: self.pid_file.exists() and len(list(self.pid_dir.glob("rank*.pid"))) == 3)
         return psutil.Process(int(self.pid_file.read_text()))
 
     def exit_code(self) -> int:
-        _wait_for(lambda: self.code_file.exists() and self.code_file.read_text().strip() != "")
+        wait_until(lambda: self.code_file.exists() and self.code_file.read_text().strip() != "")
         return int(self.code_file.read_text())
 
     def __exit__(self, *exc: object) -> None:
@@ -245,11 +236,10 @@ def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, t
 
 def _world(out: Path, attempt: int) -> dict[int, tuple[str, str, str]]:
     """rank -> (host, WORLD_SIZE, MASTER_PORT) as the ranks of that attempt saw it."""
-    found = {}
-    for path in out.glob(f"a{attempt}.r*.json"):
-        env = json.loads(path.read_text())
-        found[int(env["RANK"])] = (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], env["MASTER_PORT"])
-    return found
+    return {
+        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], env["MASTER_PORT"])
+        for rank, env in attempt_envs(out, attempt).items()
+    }
 
 
 def test_max_restarts_under_slurm_restarts_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
@@ -280,7 +270,7 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
         stderr=subprocess.PIPE,
         text=True,
     )
-    _wait_for(lambda: len(list(tmp_path.glob("a0.r*.pid"))) == 3)
+    wait_until(lambda: len(list(tmp_path.glob("a0.r*.pid"))) == 3)
     slurm.network.link_down("node03")
     try:
         _, err = proc.communicate(timeout=120)
@@ -291,7 +281,7 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
             1: ("node02", "2"),
         }
         # Only slurmstepd waits on node03, to report its step to a controller it cannot reach.
-        _wait_for(lambda: {p.name() for p in slurm.processes("node03")} <= {"slurmstepd"}, timeout=30)
+        wait_until(lambda: {p.name() for p in slurm.processes("node03")} <= {"slurmstepd"}, 30)
     finally:
         slurm.network.link_up("node03")
     assert_clean(slurm, within=60.0)

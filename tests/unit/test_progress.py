@@ -2,59 +2,25 @@
 
 from __future__ import annotations
 
-import fcntl
 import io
 import logging
 import os
-import pty
-import struct
-import termios
 from collections.abc import Iterator
 from typing import Any
 
-import pyte
 import pytest
 
 from launcher.errors import HostError
 from launcher.progress import Progress, progress_line
 from launcher.transport import sshconn
+from tests.support import Terminal
 
 COLUMNS = 60
 
 
-class Terminal:
-    """A pty whose far end is rendered by pyte as a terminal would show it."""
-
-    def __init__(self) -> None:
-        self.master, slave = pty.openpty()
-        os.set_blocking(self.master, False)
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 10, COLUMNS, 0, 0))
-        self.stream = open(slave, "w", encoding="utf-8", closefd=True)  # noqa: SIM115 - closed in close()
-        self.raw = b""
-        self.screen = pyte.Screen(COLUMNS, 10)
-        self._feed = pyte.ByteStream(self.screen)
-
-    def read(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.master, 4096)
-            except BlockingIOError:
-                return
-            self.raw += chunk
-            self._feed.feed(chunk)
-
-    def lines(self) -> list[str]:
-        self.read()
-        return [line.rstrip() for line in self.screen.display if line.strip()]
-
-    def close(self) -> None:
-        self.stream.close()
-        os.close(self.master)
-
-
 @pytest.fixture
 def terminal() -> Iterator[Terminal]:
-    term = Terminal()
+    term = Terminal(COLUMNS, 10)
     yield term
     term.close()
 
@@ -88,10 +54,10 @@ def test_one_line_updates_in_place_and_is_gone_at_the_end(terminal: Terminal, lo
         assert line.enabled
         sshconn.fan_out(names, lambda name, window: name, lambda _: None, limit=3, phase="connecting",
                         progress=line)  # fmt: skip
-        assert terminal.lines() == ["connecting 8/8 hosts"]  # one line, redrawn, not eight
+        assert terminal.shown() == ["connecting 8/8 hosts"]  # one line, redrawn, not eight
         assert b"connecting 0/8 hosts" in terminal.raw and b"connecting 5/8 hosts" in terminal.raw
     print("next output", file=terminal.stream, flush=True)
-    assert terminal.lines() == ["next output"]
+    assert terminal.shown() == ["next output"]
 
 
 def test_log_records_erase_the_line_first(terminal: Terminal, log_to: Any) -> None:
@@ -100,7 +66,7 @@ def test_log_records_erase_the_line_first(terminal: Terminal, log_to: Any) -> No
         line(Progress("connecting", 4, 1))
         logging.getLogger("launcher.test").warning("Permanently added h2 to known_hosts")
         line(Progress("connecting", 4, 2))
-        assert terminal.lines() == ["distrun: Permanently added h2 to known_hosts", "connecting 2/4 hosts"]
+        assert terminal.shown() == ["distrun: Permanently added h2 to known_hosts", "connecting 2/4 hosts"]
 
 
 def test_failures_are_counted_and_the_line_cleared_before_the_error(terminal: Terminal) -> None:
@@ -111,14 +77,14 @@ def test_failures_are_counted_and_the_line_cleared_before_the_error(terminal: Te
 
     with pytest.raises(HostError), progress_line(terminal.stream) as line:
         sshconn.fan_out(["h1", "h2"], work, lambda _: None, limit=1, phase="connecting", progress=line)
-    assert terminal.lines() == []
+    assert terminal.shown() == []
     assert b", 1 failed" in terminal.raw  # the CLI's error line will start on a clean line
 
 
 def test_never_longer_than_the_terminal_is_wide(terminal: Terminal) -> None:
     with progress_line(terminal.stream) as line:
         line.show("x" * 200)
-        assert terminal.lines() == ["x" * (COLUMNS - 1)]  # no wrap, so `\r` still reaches its start
+        assert terminal.shown() == ["x" * (COLUMNS - 1)]  # no wrap, so `\r` still reaches its start
 
 
 def test_silent_on_a_pipe() -> None:

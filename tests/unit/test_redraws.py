@@ -2,41 +2,13 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
-import struct
-import termios
 from collections.abc import Iterator
 
-import pyte
 import pytest
 
 from launcher.logs import LogOptions, LogRelay
 from launcher.redraws import display_width, truncate
-
-
-class Terminal:
-    """A pty of a given size whose output is rendered by pyte."""
-
-    def __init__(self, cols: int, rows: int) -> None:
-        self.master, self.slave = pty.openpty()
-        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-        self.screen = pyte.Screen(cols, rows)
-        self._stream = pyte.ByteStream(self.screen)
-        os.set_blocking(self.master, False)
-
-    def lines(self) -> list[str]:
-        try:
-            while chunk := os.read(self.master, 1 << 16):
-                self._stream.feed(chunk)
-        except BlockingIOError:
-            pass
-        return [line.rstrip() for line in self.screen.display]
-
-    def close(self) -> None:
-        os.close(self.master)
-        os.close(self.slave)
+from tests.support import Terminal
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ parser.add_argument("--wait-attempt", type=int, default=-1, help="on this attemp
 args = parser.parse_args()
 
 attempt, rank = int(os.environ["DISTRUN_RESTART_COUNT"]), int(os.environ["RANK"])
-# Written whole or not at all: a rank stopped while writing (another rank failed first) leaves no half file.
+# Whole or not at all: a rank stopped because another failed may die mid-write.
 record = os.path.join(args.out, f"a{attempt}.r{rank}.json")
 with open(record + ".part", "w") as f:
     json.dump({**dict(os.environ), "pid": os.getpid()}, f)

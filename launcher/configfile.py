@@ -1,0 +1,140 @@
+"""Option values and where each came from: command line > DISTRUN_* environment > --config YAML > defaults.
+
+`merge_config_file` fills the options a click command left at their defaults from the YAML file (paths in it
+relative to the file; repeatable options add up, the file's first) and says each option's precedence level,
+which decides between -H and --hostfile and names the source in messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from launcher.errors import UsageError
+
+# Where a value came from, for "CLI > DISTRUN_* env > config file > defaults".
+_CONFIG_LEVEL = 1
+
+
+def _level(source: ParameterSource | None) -> int:
+    if source is ParameterSource.COMMANDLINE:
+        return 3
+    return 2 if source is ParameterSource.ENVIRONMENT else 0
+
+
+def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
+    return {
+        p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name and p.expose_value
+    }
+
+
+# Options naming files: in a config file they are relative to the file, not to where distrun runs.
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report"})
+
+
+def load_config_file(path: str) -> dict[str, tuple[Any, int]]:
+    """Each top-level key with its value and line; a top-level key given twice is an error."""
+    import yaml  # only config-file users pay for importing yaml
+
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        reason = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
+        raise UsageError(f"cannot read config file {path}: {reason}") from None
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        raise UsageError(f"{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
+        raise UsageError(f"config file {path}: expected a mapping of option names to values")
+    lines: dict[str, int] = {}
+    for key_node, _ in root.value:
+        key, line = str(key_node.value), key_node.start_mark.line + 1
+        # YAML keeps the last of two equal keys without a word; one of them is surely a mistake.
+        if key in lines:
+            raise UsageError(f"{path}:{line}: {key!r} is already set at line {lines[key]}")
+        lines[key] = line
+    return {str(key): (value, lines.get(str(key), 1)) for key, value in data.items()}
+
+
+def _config_value(param: click.Parameter, raw: Any, base: Path, label: str) -> Any:
+    """A config file value in the form click would have parsed from the command line."""
+    value = raw
+    if param.name == "hosts" and isinstance(value, list):
+        value = ",".join(str(item) for item in value)
+    if param.multiple and not isinstance(value, list):
+        value = [value]
+    elif not param.multiple and isinstance(value, (list, dict)):
+        raise UsageError(f"{label} takes a single value")
+    items = value if param.multiple else [value]
+    if isinstance(param.type, click.types.IntParamType) and any(
+        isinstance(item, (bool, float)) for item in items
+    ):
+        # click would truncate 2.7 to 2 silently.
+        raise UsageError(f"{label}: expected a whole number, got {items[0]!r}")
+    if param.name in _PATH_OPTIONS:
+        items = [str(base / Path(str(item)).expanduser()) for item in items]
+        value = items if param.multiple else items[0]
+    return value
+
+
+@dataclass
+class Sources:
+    """Where each option's value came from: its precedence level and the name to use in messages."""
+
+    levels: dict[str, int]
+    labels: dict[str, str]
+    file_counts: dict[str, int]  # of a repeatable option's values, how many came first from the file
+    file_labels: dict[str, str]  # and the name of the file's part in messages
+
+    def label(self, name: str, flag: str) -> str:
+        return self.labels.get(name, flag)
+
+
+def merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], Sources]:
+    """Fill options still at their defaults from the --config file; report each option's precedence level.
+
+    Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
+    """
+    values = dict(options)
+    sources = Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
+    path = options["config"]
+    if path is None:
+        return values, sources
+    params = _config_params(ctx)
+    params.pop("config")
+    base = Path(path).expanduser().parent
+    seen: dict[str, str] = {}
+    for key, (raw, line) in load_config_file(path).items():
+        name = key.replace("-", "_")
+        label = f"{path}:{line}: {key}"
+        if name not in params:
+            raise UsageError(f"{path}:{line}: unknown option {key!r}")
+        if name in seen:
+            raise UsageError(f"{path}:{line}: {seen[name]!r} and {key!r} set the same option")
+        seen[name] = key
+        param = params[name]
+        if raw is None or (sources.levels[name] > 0 and not param.multiple):
+            continue
+        try:
+            value = param.type_cast_value(ctx, _config_value(param, raw, base, label))
+        except click.BadParameter as err:
+            raise UsageError(f"{label}: {err.message}") from None
+        if sources.levels[name] > 0:
+            sources.file_counts[name] = len(value)
+            sources.file_labels[name] = label
+            values[name] = (*value, *values[name])
+            continue
+        values[name] = value
+        sources.levels[name] = _CONFIG_LEVEL
+        sources.labels[name] = label
+    return values, sources
