@@ -22,11 +22,13 @@ class Compressor:
     name: str
     wire_dtype: torch.dtype | None
 
+    def wire_dtype_for(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype in which a tensor of ``dtype`` travels: ``wire_dtype`` for floating types."""
+        return self.wire_dtype if self.wire_dtype is not None and dtype.is_floating_point else dtype
+
     def compress(self, tensor: torch.Tensor) -> torch.Tensor:
         """The tensor to send: ``tensor`` itself, or a cast copy when compression applies."""
-        if self.wire_dtype is None or not tensor.is_floating_point() or tensor.dtype == self.wire_dtype:
-            return tensor
-        return tensor.to(self.wire_dtype)
+        return tensor.to(self.wire_dtype_for(tensor.dtype))
 
     def decompress(self, wire: torch.Tensor, original_dtype: torch.dtype) -> torch.Tensor:
         """The received tensor in the gradient's own dtype."""

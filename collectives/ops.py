@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
+from collectives.buckets import fuse, unflatten_into
 from collectives.context import _Context, _require
 from collectives.errors import CollectivesError
 from collectives.reduce_op import ReduceOp
@@ -149,26 +150,6 @@ def allreduce(tensor: torch.Tensor, op: ReduceOp = ReduceOp.AVERAGE) -> torch.Te
     return _allreduce_now(tensor.detach().clone(), op, _require("allreduce"))
 
 
-def _fuse(tensors: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
-    """``tensors`` grouped by (dtype, device) in first-seen order, each group with a flat copy of its values.
-
-    One collective per flat buffer instead of one per tensor: latency, not bandwidth, dominates small tensors.
-    """
-    groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
-    for tensor in tensors:
-        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor)
-    return [(members, torch.cat([t.detach().reshape(-1) for t in members])) for members in groups.values()]
-
-
-def _unflatten_into(flat: torch.Tensor, members: Sequence[torch.Tensor]) -> None:
-    """Copy consecutive slices of ``flat`` back into ``members`` (the inverse of the concatenation)."""
-    offset = 0
-    for tensor in members:
-        count = tensor.numel()
-        tensor.copy_(flat[offset : offset + count].view_as(tensor))
-        offset += count
-
-
 def grouped_allreduce_async_(
     tensors: Sequence[torch.Tensor], op: ReduceOp = ReduceOp.AVERAGE
 ) -> Handle[list[torch.Tensor]]:
@@ -177,7 +158,7 @@ def grouped_allreduce_async_(
     targets = list(tensors)
     pending: list[tuple[list[torch.Tensor], torch.Tensor, Callable[[], None]]] = []
     works: list[dist.Work] = []
-    for members, flat in _fuse(targets):
+    for members, flat in fuse(targets):
         work, finish = _start_allreduce(flat, op, context)
         works.append(work)
         pending.append((members, flat, finish))
@@ -185,7 +166,7 @@ def grouped_allreduce_async_(
     def result() -> list[torch.Tensor]:
         for members, flat, finish in pending:
             finish()
-            _unflatten_into(flat, members)
+            unflatten_into(flat, members)
         return targets
 
     return Handle(works, result)

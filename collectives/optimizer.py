@@ -1,10 +1,15 @@
 """Horovod's DistributedOptimizer on torch.distributed, plus broadcast of initial parameters and state.
 
-Gradients are averaged in buckets of about ``bucket_cap_mb``. A post-accumulate-grad hook on every parameter
-counts finished gradients; when all of a bucket's gradients are final, its allreduce starts asynchronously
-while autograd keeps computing earlier layers, so communication overlaps compute. ``step()`` waits for the
-buckets and then runs the wrapped optimizer. Buckets are launched strictly in bucket order on every rank, so
-ranks can never pair up different buckets even if their autograd orders differ.
+Gradients are averaged in buckets laid out as DDP lays them out: in reverse registration order for the first
+step, then in the order rank 0's gradients became ready in that step (DDP's bucket rebuild), each bucket
+closing once it holds ``bucket_cap_mb`` (by default a first bucket of 1 MB, then 25 MB each, DDP's
+defaults). A post-accumulate-grad hook on every parameter copies its final gradient, already divided for
+the average and cast for the wire, into its slot of the bucket's persistent buffer; the hook that fills a
+bucket starts its allreduce asynchronously while autograd keeps computing earlier layers, so communication
+overlaps compute and no pass over a whole bucket sits between the last gradient and the launch. ``step()``
+waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. Buckets are
+launched strictly in bucket order on every rank, so ranks can never pair up different buckets even if their
+autograd orders differ.
 """
 
 from __future__ import annotations
@@ -20,17 +25,22 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
+from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.errors import CollectivesError, GradientSyncError
-from collectives.ops import _fuse, _unflatten_into, broadcast_, broadcast_object
+from collectives.ops import broadcast_, broadcast_object
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
 _log = logging.getLogger(__name__)
 
-DEFAULT_BUCKET_CAP_MB = 25.0
+MB = 1024 * 1024
+DEFAULT_BUCKET_CAP_BYTES = 25 * MB
+# DDP's first bucket when bucket_cap_mb is not given (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES): the
+# last layers' gradients, which are ready first, start communicating without waiting for 25 MB of others.
+DEFAULT_FIRST_BUCKET_BYTES = 1 * MB
 
 # Parameter -> weakref to the DistributedOptimizer whose hooks it carries. Weak on both sides: it must keep
 # neither a model nor an optimizer alive; it exists so that wrapping the same parameters again can retire the
@@ -66,43 +76,53 @@ def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
 
 
 class _Bucket:
-    """A run of same-dtype, same-device parameters reduced as one flat buffer."""
+    """A run of same-dtype, same-device parameters whose gradients are reduced as one flat buffer.
 
-    def __init__(self, index: int, params: list[torch.nn.Parameter]) -> None:
+    The buffer is in the wire dtype and reused across steps; ``slots`` are views of it shaped like the
+    parameters, so filling a slot is one pass that scales and casts at once.
+    """
+
+    def __init__(
+        self, index: int, params: list[torch.nn.Parameter], compression: Compressor, divisor: int
+    ) -> None:
         self.index = index
         self.params = params
-        self.numel = sum(p.numel() for p in params)
-        self.ready = 0
-        # Reused across steps so the allocator does not churn on every backward.
-        self.buffer = torch.empty(self.numel, dtype=params[0].dtype, device=params[0].device)
+        # Multiplying by the reciprocal, as DDP does: a 0-d tensor operand costs a fraction of a Python
+        # number's dispatch per parameter, and gives DDP's rounding (float64 only for float64 gradients).
+        scale_dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
+        self.scale = None if divisor == 1 else torch.tensor(1.0 / divisor, dtype=scale_dtype)
+        numel = sum(p.numel() for p in params)
+        dtype = compression.wire_dtype_for(params[0].dtype)
+        self.buffer = torch.empty(numel, dtype=dtype, device=params[0].device)
+        self.slots: list[torch.Tensor] = []
+        offset = 0
+        for p in params:
+            self.slots.append(self.buffer[offset : offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.filled = [False] * len(params)
+        self.missing = len(params)
         self.work: dist.Work | None = None
-        self.wire: torch.Tensor | None = None
 
-    @property
-    def complete(self) -> bool:
-        return self.ready == len(self.params)
+    def fill(self, position: int, grad: torch.Tensor | None) -> None:
+        """Put this rank's share of the reduction into the slot: the scaled gradient, zeros for none."""
+        slot = self.slots[position]
+        if grad is None:
+            # No gradient on this rank in this step; the other ranks' buckets still hold the parameter.
+            slot.zero_()
+        elif self.scale is not None:
+            # Scaled before the sum (and before the cast, as torch's fp16_compress_hook does): with
+            # op=Average the sum on the wire is then the average itself, which overflows fp16 only if the
+            # result would.
+            torch.mul(grad, self.scale, out=slot)
+        else:
+            slot.copy_(grad)
+        self.filled[position] = True
+        self.missing -= 1
 
-
-def _build_buckets(params: Sequence[torch.nn.Parameter], cap_bytes: int) -> list[_Bucket]:
-    """Split ``params`` into buckets in reverse order, as gradients arrive roughly last layer first."""
-    buckets: list[_Bucket] = []
-    open_runs: dict[tuple[torch.dtype, torch.device], tuple[list[torch.nn.Parameter], int]] = {}
-    order: list[list[torch.nn.Parameter]] = []
-    for param in reversed(params):
-        key = (param.dtype, param.device)
-        run, used = open_runs.get(key, ([], 0))
-        if not run:
-            order.append(run)
-        nbytes = param.numel() * param.element_size()
-        if run and used + nbytes > cap_bytes:
-            run = []
-            order.append(run)
-            used = 0
-        run.append(param)
-        open_runs[key] = (run, used + nbytes)
-    for index, run in enumerate(order):
-        buckets.append(_Bucket(index, run))
-    return buckets
+    def reset(self) -> None:
+        self.filled = [False] * len(self.params)
+        self.missing = len(self.params)
+        self.work = None
 
 
 class DistributedOptimizer:
@@ -124,26 +144,36 @@ class DistributedOptimizer:
         compression: Compressor = Compression.none,
         backward_passes_per_step: int = 1,
         op: ReduceOp = ReduceOp.AVERAGE,
-        bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+        bucket_cap_mb: float | None = None,
     ) -> None:
         context = _require("DistributedOptimizer")
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             raise CollectivesError(f"DistributedOptimizer supports op=Average or op=Sum, got {op}")
         if backward_passes_per_step < 1:
             raise CollectivesError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
-        if bucket_cap_mb <= 0:
+        if bucket_cap_mb is not None and bucket_cap_mb <= 0:
             raise CollectivesError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
         self._optimizer = optimizer
         self._compression = compression
         self._passes = backward_passes_per_step
         self._op = op
-        self._world = context.topology.size
-        self._scale = 1.0 / (self._world * self._passes) if op is ReduceOp.AVERAGE else 1.0
+        self._divisor = context.topology.size * self._passes if op is ReduceOp.AVERAGE else 1
         self._names = self._parameter_names(optimizer, named_parameters)
         self._name_by_id = {id(p): name for p, name in self._names.items()}
         params = [p for p in self._names if p.requires_grad]
-        self._buckets = _build_buckets(params, int(bucket_cap_mb * 1024 * 1024))
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._caps = (
+            (DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_BYTES)
+            if bucket_cap_mb is None
+            else (bucket_cap_mb * MB, bucket_cap_mb * MB)
+        )
+        self._buckets: list[_Bucket] = []
+        self._slot_of: dict[int, tuple[_Bucket, int]] = {}
+        # For the first step, reverse registration order: gradients become ready roughly last layer first.
+        self._lay_out(params[::-1])
+        self._index_of = {id(p): index for index, p in enumerate(params)}
+        # This rank's parameters in the order their gradients became final in the first step; None once the
+        # buckets have been laid out again from rank 0's order.
+        self._ready_order: list[int] | None = []
         self._pass_counts = {id(p): 0 for p in params}
         self._next_launch = 0
         # True from synchronize() until the next gradient arrives: step() must not reduce the same
@@ -166,6 +196,31 @@ class DistributedOptimizer:
             compression.name,
             self._passes,
         )
+
+    def _lay_out(self, params: Sequence[torch.nn.Parameter]) -> None:
+        """Cut ``params``, in the order their gradients are expected, into buckets."""
+        cap, first_cap = self._caps
+        runs = assign_buckets(params, cap, first_cap)
+        self._buckets = [
+            _Bucket(index, run, self._compression, self._divisor) for index, run in enumerate(runs)
+        ]
+        self._slot_of = {
+            id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
+        }
+
+    def _rebuild_buckets(self, ready_order: list[int]) -> None:
+        """After the first step, lay the buckets out in the order gradients really became ready, as DDP does.
+
+        Registration order is only a guess: a model may register its head before its body, or use a module
+        in another place than it defines it, and a bucket whose parameter comes late holds back every bucket
+        after it. All ranks take rank 0's order so that their buckets stay the same; parameters that rank 0
+        saw no gradient for go last, where they hold back nothing.
+        """
+        order: list[int] = broadcast_object(ready_order, root_rank=0)
+        seen = set(order)
+        rest = [index for index in reversed(range(len(self._params))) if index not in seen]
+        self._lay_out([self._params[index] for index in order + rest])
+        _log.debug("DistributedOptimizer: buckets rebuilt in gradient order: %d buckets", len(self._buckets))
 
     @staticmethod
     def _retire_previous_owners(params: Sequence[torch.nn.Parameter]) -> None:
@@ -217,40 +272,28 @@ class DistributedOptimizer:
             )
         self._pass_counts[key] = count
         if count == self._passes:
-            bucket = self._bucket_of[key]
-            bucket.ready += 1
-            if bucket.complete:
+            if self._ready_order is not None:
+                self._ready_order.append(self._index_of[key])
+            bucket, position = self._slot_of[key]
+            self._fill(bucket, position)
+            if not bucket.missing:
                 self._launch_in_order()
 
-    def _launch_in_order(self) -> None:
-        while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].complete:
-            self._launch(self._buckets[self._next_launch])
-            self._next_launch += 1
+    def _fill(self, bucket: _Bucket, position: int) -> None:
+        grad = bucket.params[position].grad
+        if grad is not None and grad.layout != torch.strided:
+            name = self._name_by_id.get(id(bucket.params[position]), "?")
+            raise CollectivesError(
+                f"parameter {name!r} has a {grad.layout} gradient (e.g. from nn.Embedding(sparse=True)); "
+                "DistributedOptimizer reduces dense gradients only: use sparse=False"
+            )
+        bucket.fill(position, grad)
 
-    def _launch(self, bucket: _Bucket) -> None:
-        for p in bucket.params:
-            if p.grad is not None and p.grad.layout != torch.strided:
-                raise CollectivesError(
-                    f"parameter {self._name_by_id.get(id(p), '?')!r} has a {p.grad.layout} gradient "
-                    "(e.g. from nn.Embedding(sparse=True)); DistributedOptimizer reduces dense gradients "
-                    "only: use sparse=False"
-                )
-        grads = [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
-            for p in bucket.params
-        ]
-        torch.cat(grads, out=bucket.buffer)
-        wire: torch.Tensor
-        if self._compression.wire_dtype is not None:
-            # Scale before the cast, as torch's fp16_compress_hook does: with op=Average the sum on the wire
-            # is then the average itself, which overflows fp16 only if the result would (Sum is not scaled).
-            if self._scale != 1.0:
-                bucket.buffer.mul_(self._scale)
-            wire = self._compression.compress(bucket.buffer)
-        else:
-            wire = bucket.buffer
-        bucket.wire = wire
-        bucket.work = dist.all_reduce(wire, op=dist.ReduceOp.SUM, async_op=True)
+    def _launch_in_order(self) -> None:
+        while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
+            bucket = self._buckets[self._next_launch]
+            bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)
+            self._next_launch += 1
 
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
@@ -262,32 +305,32 @@ class DistributedOptimizer:
         if self._synchronized:
             return
         for bucket in self._buckets[self._next_launch :]:
-            # Parameters that got no gradient on this rank still take part, with zeros, because the other
-            # ranks' buckets contain them.
-            bucket.ready = len(bucket.params)
+            # Parameters that got no gradient, or fewer than backward_passes_per_step of them, on this rank:
+            # they take part with what they have (zeros for none), because the other ranks' buckets hold them.
+            for position, filled in enumerate(bucket.filled):
+                if not filled:
+                    self._fill(bucket, position)
         self._launch_in_order()
-        # Compressed buckets were scaled before the cast already (see _launch).
-        post_scale = 1.0 if self._compression.wire_dtype is not None else self._scale
         for bucket in self._buckets:
-            if bucket.work is None or bucket.wire is None:
+            if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
             bucket.work.wait()
-            flat = self._compression.decompress(bucket.wire, bucket.buffer.dtype)
-            if post_scale != 1.0:
-                flat.mul_(post_scale)
             grads: list[torch.Tensor] = []
             for p in bucket.params:
                 if p.grad is None:
                     p.grad = torch.empty_like(p)
                 grads.append(p.grad)
-            _unflatten_into(flat, grads)
-            bucket.work = None
-            bucket.wire = None
-            bucket.ready = 0
+            # One call for the bucket: per-parameter copies from Python cost more than the copying itself
+            # on models with many small parameters.
+            torch._foreach_copy_(grads, bucket.slots)
+            bucket.reset()
         for key in self._pass_counts:
             self._pass_counts[key] = 0
         self._next_launch = 0
         self._synchronized = True
+        if self._ready_order is not None:
+            ready_order, self._ready_order = self._ready_order, None
+            self._rebuild_buckets(ready_order)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -384,9 +427,9 @@ def broadcast_parameters(params: ParameterSource, root_rank: int = 0) -> None:
     """
     _require("broadcast_parameters")
     with torch.no_grad():
-        for members, flat in _fuse(_tensors_of(params)):
+        for members, flat in fuse(_tensors_of(params)):
             broadcast_(flat, root_rank)
-            _unflatten_into(flat, members)
+            unflatten_into(flat, members)
 
 
 def _to_cpu(value: Any) -> Any:

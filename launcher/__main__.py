@@ -1,5 +1,5 @@
 from __future__ import annotations
 
-from launcher.cli import entry
+from launcher.entry import main
 
-entry()
+main()

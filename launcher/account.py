@@ -7,13 +7,14 @@ docs/report.schema.json.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from launcher.report_file import write_whole
 
 REPORT_VERSION = 1
 
@@ -150,17 +151,25 @@ def build_report(
     exit_code: int,
     attempts: Sequence[Attempt],
     failure: Failure | None,
+    outcome: str | None = None,
+    workdir: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`."""
+    """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`;
+    `workdir` (with --workdir): the copy's manifest hash, size, and what syncing sent to each host.
+
+    `outcome`: the job's, where it differs from the last attempt's (--timeout during a restart delay).
+    """
     last = attempts[-1] if attempts else None
+    extra = {} if workdir is None else {"workdir": workdir}
     return {
+        **extra,
         "version": REPORT_VERSION,
         "run_id": run_id,
         "command": list(command),
         "started": _iso(attempts[0].started) if attempts else None,
         "ended": _iso(last.ended) if last else None,
         "exit_code": exit_code,
-        "outcome": last.outcome if last else "not-started",
+        "outcome": outcome or (last.outcome if last else "not-started"),
         "restarts": max(0, len(attempts) - 1),
         "ranks": [_rank_json(r) for r in (last.ranks if last else ())],
         "failure": None
@@ -186,7 +195,5 @@ def build_report(
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Written whole or not at all: a reader never sees half a report."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Written whole or not at all, through a symlink as `>` would (see launcher.report_file)."""
+    write_whole(path, json.dumps(report, indent=2) + "\n")

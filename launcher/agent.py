@@ -35,10 +35,12 @@ from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.protocol import (
     BEAT,
+    BLOB,
     DONE,
     ERR,
     EXIT,
     FACTS,
+    FETCH,
     KILL,
     ORPHAN_GRACE_CAP,
     OUT,
@@ -47,6 +49,7 @@ from launcher.protocol import (
     SIGNAL,
     START,
     STOP,
+    SYNC,
     VERSION,
     Facts,
     Frame,
@@ -66,6 +69,9 @@ from launcher.protocol import (
     start_environment,
     write_all,
 )
+from launcher.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
+from launcher.receive import Receiver, listen
+from launcher.store import has_copy
 
 SIOCGIFADDR = 0x8915
 
@@ -226,13 +232,42 @@ else:
     print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
 """
 TORCH_PROBE_TIMEOUT = 90.0
+
+# Run by the ranks' interpreter at every launch: its Python, and torch's version and CUDA/NCCL build, read
+# from files without importing torch (which takes seconds).
+_STACK_PROBE = r"""
+import importlib.util, json, os, re, sys
+out = {"python": "%d.%d.%d" % sys.version_info[:3], "torch": "", "cuda": "", "nccl": ""}
+spec = importlib.util.find_spec("torch")
+for where in (spec.submodule_search_locations or []) if spec else []:
+    try:
+        text = open(os.path.join(where, "version.py")).read()
+    except OSError:
+        continue
+    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+        m = re.search(r"^" + name + r"\s*(?::[^=]*)?=\s*[\x27\x22]([^\x27\x22]*)", text, re.M)
+        out[key] = m.group(1) if m else ""
+    break
+for d in sys.path:
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        continue
+    found = [re.match(r"nvidia_nccl_cu\d+-([^-]+)\.dist-info$", n) for n in names]
+    m = next((f for f in found if f), None)
+    if m:
+        out["nccl"] = m.group(1)
+        break
+print(json.dumps(out))
+"""
 TCP_PROBE_TIMEOUT = 5.0
 
 
-def _torch(python: str) -> Any:
+def _ask(python: str, code: str) -> Any:
+    """The JSON that `python -c code` printed last, or {"error": why there is none}."""
     try:
         done = subprocess.run(
-            [python, "-c", _TORCH_PROBE],
+            [python, "-c", code],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             timeout=TORCH_PROBE_TIMEOUT,
@@ -244,6 +279,17 @@ def _torch(python: str) -> Any:
     except (ValueError, IndexError):
         tail = done.stderr.decode(errors="replace").strip().splitlines()
         return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
+
+
+def _torch(python: str) -> Any:
+    return _ask(python, _TORCH_PROBE)
+
+
+def _stack(python: str) -> dict[str, str]:
+    found = _ask(python, _STACK_PROBE)
+    if "error" in found:
+        return {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
+    return {k: str(v) for k, v in found.items()}
 
 
 def _disk_free(path: str) -> Any:
@@ -265,19 +311,20 @@ def _tcp_error(host: str, port: int) -> str:
         return exc.strerror or str(exc)
 
 
-def _listen() -> socket.socket:
-    """A socket on a free port of every address, open until the agent exits: the kernel completes
-    connections to it (backlog) without the agent ever accepting them."""
-    sock = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET, socket.SOCK_STREAM)
-    try:  # IPv6 and IPv4 at once where the host has IPv6
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(("::", 0))
+def machine_identity() -> str:
+    """What tells this machine from others: its machine-id and boot, and (for containers and network
+    namespaces sharing one kernel) its network namespace and hostname; "" where none of the files exists."""
+    parts = [
+        (_read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or "").strip(),
+        (_read("/proc/sys/kernel/random/boot_id") or "").strip(),
+    ]
+    if not any(parts):
+        return ""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
     except OSError:
-        sock.close()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("", 0))
-    sock.listen(64)
-    return sock
+        netns = ""
+    return "/".join([*parts, netns, socket.gethostname()])
 
 
 def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
@@ -289,6 +336,10 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     extra: dict[str, Any] = {}
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
+    if request.stack:
+        extra["stack"] = _stack(request.python or sys.executable)
+    if request.workdir_hash:
+        extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:
         extra.update(
             python_version=".".join(str(part) for part in sys.version_info[:3]),
@@ -301,6 +352,7 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
             extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
     return Facts(
         hostname=socket.gethostname(),
+        machine=machine_identity(),
         python=sys.executable,
         python_found=_which(request.python) if request.python else True,
         script_found=not script or os.path.isfile(os.path.join(cwd, script)),
@@ -410,7 +462,14 @@ class Agent:
             STOP: self._on_stop,
             SIGNAL: lambda _, request: self.forward(request),
             KILL: lambda *_: self.kill(),
+            SYNC: lambda _, request: self._send_all(self.receiver.start(request)),
+            BLOB: lambda _, payload: self._send_all(self.receiver.blob(payload)),
+            FETCH: lambda _, request: self._send_all(self.receiver.fetch(request)),
         }
+        self.receiver = Receiver()  # --workdir
+        # A subreaper (see launcher.reaper), which `run` makes this process: its descendants are then the
+        # job's, to stop and reap. An agent driven in-process by a test is none, and leaves others' alone.
+        self.reaping = False
         self._new_attempt()
 
     def _new_attempt(self) -> None:
@@ -431,6 +490,10 @@ class Agent:
     def send_message(self, kind: int, message: Any, rank: int = -1) -> None:
         self._write(encode_message(kind, message, rank, self.agent_id))
 
+    def _send_all(self, messages: list[tuple[int, Any]]) -> None:
+        for kind, message in messages:
+            self.send_message(kind, message)
+
     def _write(self, frame: bytes) -> None:
         if self.launcher_gone:
             return
@@ -450,7 +513,7 @@ class Agent:
         self.beat_every = request.heartbeat
         self.dead_after = request.dead_after
         if request.listen and self.listener is None:
-            self.listener = _listen()
+            self.listener = listen()
         self.send_message(FACTS, host_facts(request, self.listener))
         # While the launcher turns the facts into the ranks' environments: what START needs (ctypes).
         self.die_with_agent()
@@ -461,11 +524,15 @@ class Agent:
         return self._die_with_agent or None
 
     def start(self, spec: StartRequest) -> None:
+        self.receiver.stop_serving()  # no thread may run while ranks are forked
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
         # Leftovers of another launcher go first; the launcher's environment comes over them.
         shared = start_environment(os.environ, spec)
+        cwd = spec.workdir or spec.cwd or None
+        if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
+            shared["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, shared.get("PYTHONPATH")) if p)
         die_with_agent = self.die_with_agent()
         for r in spec.ranks:
             env = rank_environment(shared, r)
@@ -473,7 +540,7 @@ class Agent:
                 proc = self.start_process(
                     r.argv,
                     env=env,
-                    cwd=spec.cwd or None,
+                    cwd=cwd,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -502,6 +569,9 @@ class Agent:
             if entry.returncode is None or leftovers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
+        if self.reaping and (leftovers or sig in (signal.SIGSTOP, signal.SIGCONT)):
+            # What left the ranks' groups (own sessions, daemons): every descendant, adopted ones included.
+            signal_descendants(sig)
 
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
@@ -589,6 +659,8 @@ class Agent:
             entry.returncode = exited.returncode
             self._drain(entry)
             self.send_message(EXIT, exited, entry.rank)
+        if self.reaping:
+            reap_adopted({e.proc.pid for e in self.ranks.values() if e.returncode is None})
 
     # -- control from the launcher
 
@@ -612,17 +684,21 @@ class Agent:
     def _all_exited(self) -> bool:
         return all(e.returncode is not None for e in self.ranks.values())
 
+    def _leftovers(self) -> bool:
+        """Something the ranks started still runs (detached from their groups, say)."""
+        return self.reaping and bool(descendants())
+
     def _finish_attempt(self, now: float) -> bool:
         """Once every rank and its process group is gone: DONE. True when the attempt is over."""
         if not self._all_exited():
             return False
-        if self.by_fd:
-            # Leaders are gone but something in their groups (a DataLoader worker, say) holds the pipes.
+        if self.by_fd or self._leftovers():
+            # Leaders are gone but something they started (a DataLoader worker, a detached daemon) runs on.
             if self.leftovers_at is None:
                 self._signal_all(signal.SIGTERM, leftovers=True)
                 self.leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
                 return False
-            if now < self.leftovers_at:
+            if now < self.leftovers_at and (self.by_fd or self._leftovers()):
                 return False
             for fd in list(self.by_fd):
                 self._close_pipe(fd)
@@ -632,6 +708,7 @@ class Agent:
         return True
 
     def run(self) -> int:
+        self.reaping = become_subreaper()  # see launcher.reaper: detached descendants of the ranks stay ours
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)
@@ -640,6 +717,7 @@ class Agent:
             signal.signal(sig, lambda *_: None)
         self.sel.register(wake_r, selectors.EVENT_READ, "wake")
         self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        self.sel.register(self.receiver.fileno(), selectors.EVENT_READ, "fetched")
         control_open = True
         exiting = False
         while True:
@@ -663,6 +741,8 @@ class Agent:
             for key, _ in events:
                 if key.data == "control":
                     control_open = self._read_control()
+                elif key.data == "fetched":
+                    self._send_all(self.receiver.fetched())
                 elif key.data == "wake":
                     try:
                         signums = os.read(wake_r, 512)

@@ -54,6 +54,9 @@ class Backend:
     name = ""
     # The hosts may come from the environment (a Slurm allocation) when none are given.
     takes_allocation = True
+    # Each host is a machine of its own: two whose agents report one machine (a name and an address of one
+    # host) are refused. Only a backend that puts several "hosts" on one machine on purpose says False.
+    one_machine_per_host = True
 
     def check_options(self, hosts: Sequence[Host] | None, environ: Mapping[str, str]) -> None:
         """UsageError when this backend cannot run what the command line asked for (checked at parse time)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.plan import plural
+from launcher.samestack import differences
 
 # Below this much free space in the launch directory, checkpoints and logs are likely to fail mid-run.
 MIN_FREE_BYTES = 1 << 30
@@ -22,8 +23,9 @@ MAX_CLOCK_OFFSET = 2.0
 class HostCheck:
     """What checking one host found. `error` set: it could not be reached (or its agent did not answer).
 
-    `error_kind`: `auth` (no key accepted), `host-key` (changed key), `unreachable`, or `other`.
-    `probe` is the agent's answer (launcher.protocol Facts as a dict plus the check fields).
+    `error_kind`: `auth` (no key accepted), `host-key` (changed key), `unreachable`, `python` (no interpreter
+    to run the agent), or `other`. `probe` is the agent's answer (launcher.protocol Facts as a dict plus the
+    check fields). `user`: the login named in `-H user@host`, which fixes must name too.
     """
 
     host: str
@@ -34,6 +36,7 @@ class HostCheck:
     error_kind: str | None = None
     probe: dict[str, Any] | None = None
     clock_offset_s: float | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,15 +58,22 @@ def findings(
 ) -> list[Finding]:
     """Every problem of one host, each with its fix."""
     host = check.host
+    login = shlex.quote(f"{check.user}@{host}" if check.user else host)
     if check.error is not None:
         if check.error_kind == "auth":
-            fix = f"distrun ssh-setup -H {shlex.quote(host)}"
+            fix = f"distrun ssh-setup -H {login}"
         elif check.error_kind == "host-key":
             fix = "if the host was reinstalled, remove the old key with the ssh-keygen -R command above"
         elif check.error_kind == "unreachable":
-            fix = f"check that {host} is up and sshd listens there (ssh {shlex.quote(host)} true)"
+            fix = f"check that {host} is up and sshd listens there (ssh {login} true)"
+        elif check.error_kind == "python":
+            fix = (
+                f"give --python the path of a Python 3.7 or newer on {host}"
+                if python_option
+                else f"install Python 3.7 or newer on {host} as python3, or give --python PATH"
+            )
         else:
-            fix = f"see what `ssh {shlex.quote(host)} true` says; -vv shows distrun's SSH details"
+            fix = f"see what `ssh {login} true` says; -vv shows distrun's SSH details"
         return [Finding(host, check.error, fix)]
     probe = check.probe or {}
     found: list[Finding] = []
@@ -125,6 +135,30 @@ def findings(
     return found
 
 
+def stack_findings(checks: Sequence[HostCheck], allow_mismatch: bool) -> list[Finding]:
+    """A host whose Python, torch, CUDA or NCCL differ from the others' (a problem, as at launch, unless
+    --allow-mismatch)."""
+    reports = [(c.host, (c.probe or {}).get("stack") or {}) for c in checks if c.error is None and c.probe]
+    found = []
+    for line in differences(reports):
+        host, what = line.split(": ", 1)
+        fix = "install the same versions on every host, or point --python at an interpreter that has them"
+        found.append(Finding(host, f"a different stack: {what}", fix, fatal=not allow_mismatch))
+    return found
+
+
+def workdir_line(mhash: str, files: int, size: int, checks: Sequence[HostCheck]) -> str:
+    """Which hosts already hold the --workdir copy a launch would run (the others get what they lack)."""
+    cached = [c.host for c in checks if (c.probe or {}).get("workdir_cached")]
+    missing = [c.host for c in checks if c.probe is not None and not c.probe.get("workdir_cached")]
+    parts = [
+        f"cached on {', '.join(cached)}" if cached else "",
+        f"to send to {', '.join(missing)}" if missing else "",
+    ]
+    where = "; ".join(p for p in parts if p) or "no host answered"
+    return f"workdir {mhash[:12]} ({plural(files, 'file', 'files')}, {size / (1 << 20):.1f} MiB): {where}"
+
+
 def row(check: HostCheck) -> tuple[str, ...]:
     """The cells of one host's row, in HEADER's order."""
     if check.error is not None or check.probe is None:
@@ -135,6 +169,8 @@ def row(check: HostCheck) -> tuple[str, ...]:
         torch_text = "missing"
     elif torch:
         torch_text = f"{torch.get('version')} " + (f"CUDA {torch['cuda']}" if torch.get("cuda") else "cpu")
+        nccl = (probe.get("stack") or {}).get("nccl")
+        torch_text += f" NCCL {nccl}" if nccl else ""
     else:
         torch_text = "-"
     free = probe.get("disk_free")
@@ -175,6 +211,27 @@ HEADER = (
 def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(r[i]) for r in (HEADER, *rows)) for i in range(len(HEADER))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (HEADER, *rows)]
+
+
+def same_machines(checks: Sequence[HostCheck]) -> list[Finding]:
+    """A problem for each host that is a machine listed before it under another name (its agent reports the
+    same machine identity): a launch refuses that, since both would share its GPUs and LOCAL_RANKs."""
+    first: dict[str, HostCheck] = {}
+    found = []
+    for check in checks:
+        identity = (check.probe or {}).get("machine") or ""
+        if not identity:
+            continue
+        earlier = first.setdefault(identity, check)
+        if earlier is not check:
+            found.append(
+                Finding(
+                    check.host,
+                    f"the same machine as {earlier.host} (one machine-id, boot and hostname)",
+                    f"list it once with both entries' slots ({earlier.host}:{earlier.slots + check.slots})",
+                )
+            )
+    return found
 
 
 def verdict(checks: Sequence[HostCheck], problems: Sequence[Finding]) -> str:

@@ -18,7 +18,16 @@ from dataclasses import asdict, replace
 import click
 
 from launcher import backend
-from launcher.check import HostCheck, findings, row, table, verdict
+from launcher.check import (
+    HostCheck,
+    findings,
+    row,
+    same_machines,
+    stack_findings,
+    table,
+    verdict,
+    workdir_line,
+)
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
@@ -27,8 +36,11 @@ from launcher.node import Node, close_all
 from launcher.plan import make_plan
 from launcher.progress import Progress, progress_line
 from launcher.protocol import ProbeRequest
+from launcher.scrub import SCRUBBER
 from launcher.supervise import probe, signal_pipe
+from launcher.transport.bootstrap import NO_PYTHON
 from launcher.transport.local import LocalLink
+from launcher.wdfiles import scan
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +48,21 @@ PROBE_TIMEOUT = 120.0  # importing torch on a cold, busy host takes a while
 MAX_PARALLEL = 32
 
 
+def _failed(check: HostCheck, error: str, kind: str | None) -> HostCheck:
+    """`check` with its error; an agent that found no interpreter is no SSH trouble, whatever reported it."""
+    return replace(check, error=error, error_kind="python" if NO_PYTHON in error else kind)
+
+
 def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None, HostCheck]:
     """A node with a running agent, or the HostCheck that says why there is none."""
     if local:
         return Node(host, LocalLink(host.name), True), HostCheck(
-            host.name, host.slots, login_s=0.0, host_key="local"
+            host.name, host.slots, login_s=0.0, host_key="local", user=host.user
         )
     reached = backend.get(config.launcher).open_for_check(host, config)
-    check = HostCheck(
-        host.name, host.slots, reached.login_s, reached.host_key, reached.error, reached.error_kind
-    )
+    check = HostCheck(host.name, host.slots, reached.login_s, reached.host_key, user=host.user)
+    if reached.error is not None:
+        check = _failed(check, reached.error, reached.error_kind)
     return (Node(host, reached.link, False) if reached.link is not None else None), check
 
 
@@ -57,20 +74,23 @@ def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck
         sent = time.time()
         [answer] = probe([node], [request], PROBE_TIMEOUT, wake_fd)
     except HostError as err:
-        return HostCheck(check.host, check.slots, check.login_s, check.host_key, str(err), "other")
+        return _failed(check, str(err), "other")
     facts = asdict(answer)
     # The agent stamps the time it read the question: its offset from when we sent it, less the (small)
     # one-way delay, is the clock offset.
     offset = facts["time"] - sent if facts.get("time") else None
-    return HostCheck(
-        check.host, check.slots, check.login_s, check.host_key, probe=facts, clock_offset_s=offset
-    )
+    return replace(check, probe=facts, clock_offset_s=offset)
 
 
 def check_hosts(
-    hosts: Sequence[Host], config: LaunchConfig, wake_fd: int, progress: Callable[[int, int], None]
+    hosts: Sequence[Host],
+    config: LaunchConfig,
+    wake_fd: int,
+    progress: Callable[[int, int], None],
+    workdir_hash: str = "",
 ) -> list[HostCheck]:
-    """Every host's HostCheck, in the order given; `progress(done, total)` after each host."""
+    """Every host's HostCheck, in the order given; `progress(done, total)` after each host. `workdir_hash`:
+    also ask whether each host's cache holds that --workdir copy."""
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
@@ -96,7 +116,7 @@ def check_hosts(
                 request = ProbeRequest(ports=0, cwd=cwd, listen=True)
                 listen_port = probe([rank0], [request], PROBE_TIMEOUT, wake_fd)[0].listen_port
             except HostError as err:
-                results[0] = replace(results[0], error=str(err), error_kind="other")
+                results[0] = _failed(results[0], str(err), "other")
         rank0_addr = chosen.master_address(
             config.master_addr, local, [node.link if node is not None else None for node in nodes]
         )
@@ -112,6 +132,8 @@ def check_hosts(
                 python=python,
                 route_to=rank0_addr if index > 0 else None,
                 check=True,
+                stack=True,
+                workdir_hash=workdir_hash,
                 connect_to=rank0_addr if others else None,
                 connect_port=listen_port if others else 0,
             )
@@ -128,19 +150,27 @@ def check_hosts(
 
 def run_check(config: LaunchConfig) -> int:
     plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    # --workdir: which hosts hold the copy a launch would run (bad input, as at launch, before any host).
+    workdir = scan(config.workdir, config.workdir_limit) if config.workdir is not None else None
     hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
     color = use_color(config.color)
     with progress_line(sys.stderr) as shown, signal_pipe() as wake_fd:
         shown(Progress("checking", len(hosts)))
         checks = check_hosts(
-            hosts, config, wake_fd, lambda done, total: shown(Progress("checking", total, done))
+            hosts,
+            config,
+            wake_fd,
+            lambda done, total: shown(Progress("checking", total, done)),
+            workdir.manifest_hash if workdir is not None else "",
         )
     cwd = os.getcwd()
     problems = [
         f
         for c in checks
         for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
-    ]
+    ] + stack_findings(checks, config.allow_mismatch)
+    if backend.get(config.launcher).one_machine_per_host:
+        problems += same_machines(checks)
     lines = table([row(c) for c in checks])
     click.echo(click.style(lines[0], bold=True) if color else lines[0])
     for line, check in zip(lines[1:], checks, strict=True):
@@ -148,9 +178,11 @@ def run_check(config: LaunchConfig) -> int:
         if any(not f.fatal and f.host == check.host for f in problems) and state == "green":
             state = "yellow"
         click.echo(click.style(line, fg=state) if color else line)
+    if workdir is not None:
+        click.echo(workdir_line(workdir.manifest_hash, len(workdir.files), workdir.total, checks))
     for finding in problems:
         label = "problem" if finding.fatal else "warning"
-        click.echo(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}")
+        click.echo(SCRUBBER(f"{finding.host}: {label}: {finding.what}; fix: {finding.fix}"))
     final = verdict(checks, problems)
     ready = final.startswith("ready")
     click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)

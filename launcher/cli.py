@@ -21,21 +21,27 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from launcher import __version__, backend
+from collectives.placement import OWN_GPUS_VAR
+from launcher import __version__, backend, release_start_guard
 from launcher.command import resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
-from launcher.configfile import Sources, merge_config_file
+from launcher.configfile import ENV_LEVEL, Sources, merge_config_file
 from launcher.console import guard_std_fds
 from launcher.devices import Placement
-from launcher.env import parse_exports, parse_rank_filter
-from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, UsageError
+from launcher.env import CONTRACT_NAMES, parse_exports, parse_rank_filter
+from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
 from launcher.forward import parse_env_file
 from launcher.hosts import Host, parse_host_list, parse_hostfile
 from launcher.locality import refuse_this_machine_twice, runs_here
 from launcher.plan import implicit_localhost, make_plan, plural
+from launcher.report_file import ReportPathError, report_target
+from launcher.scrub import SCRUBBER
 from launcher.slurm import allocation_from_env
 
 ENV_PREFIX = "DISTRUN"
+# What distrun sets in each rank's environment, not settings of distrun (see launcher/env.py).
+RANK_VARIABLES = frozenset({*(n for n in CONTRACT_NAMES if n.startswith(f"{ENV_PREFIX}_")), OWN_GPUS_VAR})
+log = logging.getLogger(__name__)
 
 _EPILOG = """\b
 Examples:
@@ -195,6 +201,30 @@ class Request:
     type=click.Choice(backend.names()),
     help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
 )
+@_option(
+    "--workdir",
+    metavar="DIR",
+    help="Copy DIR to every host's cache (only what a host lacks travels); ranks run in that copy.",
+)
+@_option(
+    "--workdir-limit",
+    type=click.IntRange(min=1),
+    metavar="MIB",
+    default=200,
+    show_default=True,
+    help="Refuse a --workdir bigger than this many MiB.",
+)
+@_option(
+    "--workdir-relay/--no-workdir-relay",
+    default=True,
+    show_default=True,
+    help="Hosts that have the --workdir copy feed the others over TCP (token-checked, not encrypted).",
+)
+@_option(
+    "--allow-mismatch",
+    is_flag=True,
+    help="Run even where hosts differ in workdir copy, Python, torch, CUDA or NCCL (warn only).",
+)
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
 @_option("-v", "--verbose", count=True, help="Say more about what distrun does (-vv: SSH details too).")
@@ -287,7 +317,9 @@ def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, st
     given = tuple(values["export"])
     in_file = sources.file_counts.get("export", 0)
     exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
-    exports.update(parse_exports(given[in_file:], os.environ, sources.label("export", "-x")))
+    from_env = sources.levels["export"] == ENV_LEVEL
+    label = f"{ENV_PREFIX}_EXPORT" if from_env else sources.label("export", "-x")
+    exports.update(parse_exports(given[in_file:], os.environ, label, split_on_blanks=from_env))
     return tuple(exports.items())
 
 
@@ -296,13 +328,20 @@ def _report_path(value: str | None, label: str) -> Path | None:
     if value is None:
         return None
     path = Path(value).expanduser()
-    if path.is_dir():
-        raise UsageError(f"{label} {value}: is a directory; give a file name such as run.json")
-    if not path.parent.is_dir():
-        raise UsageError(f"{label} {value}: directory {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"{label} {value}: cannot write in {path.parent}")
+    try:
+        report_target(path)
+    except ReportPathError as err:
+        raise ReportPathError(str(err).replace("--report", label, 1)) from None
     return path
+
+
+def _workdir(value: str | None, label: str) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise UsageError(f"{label} {value}: not a directory")
+    return path.resolve()
 
 
 def _env_files(paths: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -384,6 +423,10 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
             keepalive_count=values["ssh_keepalive_count"],
         ),
         launcher=launcher,
+        workdir=_workdir(values["workdir"], label("workdir", "--workdir")),
+        workdir_limit=values["workdir_limit"] << 20,
+        workdir_relay=values["workdir_relay"],
+        allow_mismatch=values["allow_mismatch"],
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
@@ -490,10 +533,19 @@ def _parse(argv: Sequence[str]) -> Request | int:
 
 def _run(argv: Sequence[str]) -> int:
     try:
+        # From here a Ctrl-C is a KeyboardInterrupt this function answers (until then launcher/__init__.py's
+        # guard does, with the same line).
+        release_start_guard()
+        SCRUBBER.learn(os.environ)
         request = _parse(argv)
         if isinstance(request, int):
             return request
+        config = request.config
+        SCRUBBER.learn(os.environ, config.redact)
+        SCRUBBER.learn((*config.env_file, *config.exports), config.redact)
         _configure_logging(request.verbose)
+        for line in unknown_settings(os.environ, cli.params):
+            log.warning("%s", line)
         if request.dry_run:
             from launcher.dryrun import format_dry_run
 
@@ -509,16 +561,38 @@ def _run(argv: Sequence[str]) -> int:
         _error(err.format_message())
         return err.exit_code
     except (KeyboardInterrupt, click.exceptions.Abort):
+        # Before distrun's signal handling took over (it turns Ctrl-C into a stop of the job): one line.
+        _error(str(Interrupted("SIGINT", EXIT_SIGINT)))
         return EXIT_SIGINT
+
+
+def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Parameter]) -> list[str]:
+    """A warning for each DISTRUN_* variable that names no option (a typo would otherwise do nothing).
+
+    The variables distrun gives its own ranks are no settings: a distrun started inside a rank sees them.
+    """
+    options = {f"{ENV_PREFIX}_{p.name.upper()}" for p in params if isinstance(p, click.Option) and p.name}
+    lines = []
+    for name in sorted(environ):
+        if name.startswith(f"{ENV_PREFIX}_") and name not in options and name not in RANK_VARIABLES:
+            import difflib  # only when there is a stray variable: it costs start-up time
+
+            close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            lines.append(f"{name} names no option of distrun and is ignored{hint}")
+    return lines
 
 
 def _configure_logging(verbose: int) -> None:
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(format="distrun: %(message)s", level=level, stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if SCRUBBER not in handler.filters:
+            handler.addFilter(SCRUBBER)
 
 
 def _error(message: str) -> None:
-    click.echo(f"distrun: error: {' '.join(message.splitlines())}", err=True)
+    click.echo(f"distrun: error: {SCRUBBER(' '.join(message.splitlines()))}", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

@@ -83,6 +83,11 @@ class LaunchConfig:
     # The backend's name in `launcher.backend.BACKENDS`: ssh (remote hosts over SSH, this machine through
     # a local agent; the default outside Slurm), srun (steps of the Slurm allocation), local (this machine).
     launcher: str = "ssh"
+    # --workdir: the directory synced to every host's cache, where ranks then run; the size refused above.
+    workdir: Path | None = None
+    workdir_limit: int = 200 << 20
+    workdir_relay: bool = True  # hosts with the copy feed the others (see launcher.wdsync)
+    allow_mismatch: bool = False
 
     @property
     def placement(self) -> Placement:

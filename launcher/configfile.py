@@ -18,12 +18,13 @@ from launcher.errors import UsageError
 
 # Where a value came from, for "CLI > DISTRUN_* env > config file > defaults".
 _CONFIG_LEVEL = 1
+ENV_LEVEL = 2  # a DISTRUN_* variable
 
 
 def _level(source: ParameterSource | None) -> int:
     if source is ParameterSource.COMMANDLINE:
         return 3
-    return 2 if source is ParameterSource.ENVIRONMENT else 0
+    return ENV_LEVEL if source is ParameterSource.ENVIRONMENT else 0
 
 
 def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
@@ -33,7 +34,7 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
 
 
 # Options naming files: in a config file they are relative to the file, not to where distrun runs.
-_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report"})
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report", "workdir"})
 
 
 def load_config_file(path: str) -> dict[str, tuple[Any, int]]:

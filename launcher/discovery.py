@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -30,14 +33,40 @@ def parse_discovery_output(text: str, script: Path) -> tuple[Host, ...]:
     return tuple(hosts.values())
 
 
-def discover(script: Path) -> tuple[Host, ...]:
-    """The hosts the script lists now. Its argv is the path alone: nothing passes through a shell."""
+def discover(script: Path, timeout: float = TIMEOUT) -> tuple[Host, ...]:
+    """The hosts the script lists now. Its argv is the path alone: nothing passes through a shell.
+
+    It runs in a process group of its own, so that when it overruns `timeout` the whole group goes (a `sleep`
+    it started, a pipeline), not only the script, and nothing of it keeps running or holds its pipes.
+    """
     try:
-        done = subprocess.run([str(script)], capture_output=True, timeout=TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as err:
-        raise DiscoveryError(f"--host-discovery-script {script}: {err}") from None
-    if done.returncode != 0:
-        said = done.stderr.decode(errors="replace").strip().splitlines()
+        proc = subprocess.Popen(
+            [str(script)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as err:
+        reason = err.strerror or err
+        raise DiscoveryError(f"--host-discovery-script {script}: cannot run it: {reason}") from None
+    try:
+        out, err_out = proc.communicate(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.communicate()  # reaps it; its pipes closed with the group
+        raise DiscoveryError(
+            f"--host-discovery-script {script}: no answer within {timeout:.3g}s; "
+            "stopped it and what it started"
+        ) from None
+    _kill_group(proc)  # what it left running in its group (a background `sleep &`)
+    if proc.returncode != 0:
+        said = err_out.decode(errors="replace").strip().splitlines()
         detail = f": {said[-1]}" if said else ""
-        raise DiscoveryError(f"--host-discovery-script {script} exited with code {done.returncode}{detail}")
-    return parse_discovery_output(done.stdout.decode(errors="replace"), script)
+        raise DiscoveryError(f"--host-discovery-script {script} exited with code {proc.returncode}{detail}")
+    return parse_discovery_output(out.decode(errors="replace"), script)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -16,7 +16,7 @@ from launcher.config import LaunchConfig
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, redact
 from launcher.facts import Rendezvous
-from launcher.forward import job_env
+from launcher.forward import dropped_here, job_env
 from launcher.plan import Plan, make_plan, plural
 from launcher.startreq import start_requests
 
@@ -56,9 +56,15 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     ]
     if config.launcher != "ssh":
         lines.append(f"launcher: {config.launcher}")
+    if config.workdir is not None:
+        lines.append(f"workdir: {config.workdir}, copied to every host's cache; ranks run in the copy")
     lines.extend(placement_lines)
-    if jenv.unset:
-        lines.append(f"removed from every rank (left by another launcher): {' '.join(jenv.unset)}")
+    leftovers = dropped_here(environ, dict((*config.env_file, *config.exports)))
+    if leftovers:
+        lines.append(f"removed from every rank (left by another launcher): {' '.join(leftovers)}")
+    if not config.forward_env and any(local):
+        kept = " ".join(sorted(set(environ) - set(jenv.unset))) or "none"
+        lines.append(f"ranks on this machine keep only its login variables (--no-forward-env): {kept}")
     slots = {slot.rank: slot for slot in plan.slots}
     for spec in (spec for request in requests for spec in request.ranks):
         own, defaults = dict(spec.env), dict(spec.defaults)

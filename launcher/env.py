@@ -65,7 +65,7 @@ SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 SECRET_WORDS = frozenset({"PAT", "AUTH", "AUTHORIZATION", "PASS", "PW", "PWD"})
 REDACTED = "<redacted>"
 # The password in `scheme://user:password@host` (HTTPS_PROXY, database and git URLs), whatever the name.
-_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):[^/\s@]*@")
+_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):([^/\s@]*)@")
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RANK_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?\Z")
@@ -79,10 +79,21 @@ def is_owned(name: str) -> bool:
 def check_name(name: str, where: str) -> None:
     """Refuse a name `-x` or `--env-file` cannot set; `where` is `-x` or `FILE:LINE`."""
     if not _NAME_RE.match(name):
-        raise UsageError(f"{where}: {name!r} is not a valid environment variable name")
+        shown, hidden = _bad_name(name)
+        rest = "; the rest is not shown, it may be a value: write NAME=VALUE" if hidden else ""
+        raise UsageError(f"{where}: {shown!r} is not a valid environment variable name{rest}")
     if is_owned(name):
         hint = f"use {_OPTION_FOR[name]}" if name in _OPTION_FOR else "it is part of each rank's identity"
         raise UsageError(f"{where} {name}: distrun sets {name} for every rank; {hint}")
+
+
+def _bad_name(name: str) -> tuple[str, bool]:
+    """A bad name as messages may show it, and whether some was hidden: never past a blank or a colon, which
+    read as a mistyped `=` (`API_TOKEN: sk-live-...`), so what follows them may be a value."""
+    end = next((i for i, c in enumerate(name) if c.isspace() or c == ":"), len(name))
+    if end + 1 >= len(name):
+        return name, False
+    return name[: end + 1] + "...", True
 
 
 def is_secret(name: str, patterns: Sequence[str] = ()) -> bool:
@@ -96,6 +107,11 @@ def is_secret(name: str, patterns: Sequence[str] = ()) -> bool:
 def redact_value(value: str) -> str:
     """The value with passwords inside URLs replaced."""
     return _URL_PASSWORD_RE.sub(rf"\1:{REDACTED}@", value)
+
+
+def url_passwords(value: str) -> list[str]:
+    """The passwords inside URLs in `value` (what `redact_value` replaces)."""
+    return [match.group(2) for match in _URL_PASSWORD_RE.finditer(value)]
 
 
 def redact(env: Mapping[str, str], patterns: Sequence[str] = ()) -> dict[str, str]:
@@ -233,22 +249,32 @@ def own_part(env: Mapping[str, str], shared: Mapping[str, str]) -> dict[str, str
 
 
 def parse_exports(
-    values: Sequence[str], environ: Mapping[str, str], source: str = "-x"
+    values: Sequence[str], environ: Mapping[str, str], source: str = "-x", *, split_on_blanks: bool = False
 ) -> tuple[tuple[str, str], ...]:
     """Parse `-x VAR=VALUE` and `-x VAR` (VAR's value taken from `environ`) into (name, value) pairs.
 
-    `source` names the option in messages: `-x`, or `FILE:LINE: export` for a config file.
+    `source` names the option in messages: `-x`, `FILE:LINE: export` for a config file, or `DISTRUN_EXPORT`,
+    whose value was `split_on_blanks` (so a word may be the rest of a value: it is never shown).
     """
     exports: dict[str, str] = {}
+    previous = ""
     for item in values:
         name, equals, value = item.partition("=")
         # Messages name the variable, never its value: it may be a secret.
         check_name(name, source)
         if not equals:
+            if name not in environ and previous and split_on_blanks:
+                # Most likely the rest of the value before it, cut at a blank (DISTRUN_EXPORT is split on
+                # blanks): not shown, since that value may be a secret.
+                raise UsageError(
+                    f"{source}: the word after {previous}=... is neither NAME=VALUE nor a variable set here; "
+                    f"a value with blanks cannot go in {source} (use --env-file)"
+                )
             if name not in environ:
                 form = f"-x {name}=VALUE" if source == "-x" else f"{name}=VALUE"
                 raise UsageError(f"{source} {name}: {name} is not set here; give its value as {form}")
             value = environ[name]
+        previous = name if equals else ""
         if "\0" in value:
             raise UsageError(f"{source} {name}: the value contains a NUL byte")
         if name in exports:

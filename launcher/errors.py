@@ -66,6 +66,13 @@ class Interrupted(DistrunError):
         return cls(signum.name, 128 + signum)
 
 
+class DeadlineReached(DistrunError):
+    """`--timeout` expired while the job was between attempts or starting one (the supervisor handles it
+    while ranks run); the attempt loop turns it into the job's TimedOut outcome."""
+
+    exit_code = EXIT_TIMEOUT
+
+
 class HostError(DistrunError):
     """A host was unreachable, refused us, or failed preflight; the message names the host.
 

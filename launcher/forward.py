@@ -136,6 +136,17 @@ def dropped_here(environ: Mapping[str, str], explicit: Iterable[str] = ()) -> tu
     )
 
 
+# Besides the deny-list, what a login on a host sets for itself (a remote rank gets its login's), and so what
+# a rank on this machine keeps of this environment under --no-forward-env: the command search path and locale.
+LOGIN_NAMES = frozenset({"PATH", "LANG", "LANGUAGE", "TZ"})
+LOGIN_PREFIXES = ("LC_",)
+
+
+def login_variable(name: str) -> bool:
+    """True for what a login on a host sets itself: the deny-list, PATH and the locale."""
+    return denied_family(name) is not None or _matches(name, LOGIN_NAMES, LOGIN_PREFIXES)
+
+
 def travelling_env(
     environ: Mapping[str, str],
     *,
@@ -155,7 +166,8 @@ class JobEnv:
     """The environment side of a launch, computed once for every rank.
 
     `travelling`: what every rank starts from (StartRequest.env), the user's word (--env-file, then -x) last;
-    `unset`: removed from ranks on this machine (leftovers of another launcher).
+    `unset`: removed from ranks on this machine (leftovers of another launcher; with --no-forward-env, all
+    but its login variables).
     """
 
     travelling: dict[str, str]
@@ -170,9 +182,15 @@ def job_env(
     exports: Iterable[tuple[str, str]],
 ) -> JobEnv:
     env_file, exports = tuple(env_file), tuple(exports)
+    explicit = {**dict(env_file), **dict(exports)}
+    unset = dropped_here(environ, explicit)
+    if not forward:
+        # A rank on this machine would otherwise inherit all of it from the agent, a child of distrun: keep
+        # only what a login here would give it, as a remote rank gets its own login's.
+        unset = tuple(sorted({*unset, *(n for n in environ if n not in explicit and not login_variable(n))}))
     return JobEnv(
         travelling=travelling_env(environ, forward=forward, env_file=env_file, exports=exports),
-        unset=dropped_here(environ, {**dict(env_file), **dict(exports)}),
+        unset=unset,
     )
 
 

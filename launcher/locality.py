@@ -73,3 +73,20 @@ def refuse_this_machine_twice(hosts: Sequence[Host], local: Sequence[bool]) -> N
                 f"list it once with all its slots (e.g. {first.name}:{first.slots + host.slots})"
             )
         first = host
+
+
+def refuse_one_machine_twice(hosts: Sequence[Host], identities: Sequence[str]) -> None:
+    """The same refusal for any machine, by what its agent reported (`Facts.machine`): a name and an address
+    of one host (`-H h1:1,10.0.0.1:1`) would also share its GPUs and LOCAL_RANKs. An empty identity (an agent
+    that could not tell) is never a duplicate."""
+    seen: dict[str, Host] = {}
+    for host, identity in zip(hosts, identities, strict=True):
+        if not identity:
+            continue
+        first = seen.setdefault(identity, host)
+        if first is not host:
+            raise HostSpecError(
+                f"{first.origin or first.name} and {host.origin or host.name} are the same machine (their "
+                f"agents report one machine-id, boot and hostname); list it once with all its slots "
+                f"(e.g. {first.name}:{first.slots + host.slots})"
+            )

@@ -24,6 +24,7 @@ from typing import Literal
 from launcher.console import Console, same_terminal, write_all
 from launcher.errors import UsageError
 from launcher.redraws import RedrawDisplay, RedrawLines, StatusArea
+from launcher.scrub import SCRUBBER
 
 Stream = Literal["stdout", "stderr"]
 log = logging.getLogger(__name__)
@@ -34,6 +35,8 @@ LINE_LIMIT = 64 * 1024
 # On a terminal, a partial line with no redraw is shown once its rank has been quiet this long (it may be a
 # prompt, or `print(..., end="")` before a long step).
 QUIET_SECONDS = 0.05
+# A console write that blocks longer than this counts as time the relay was not reading (see `stalled`).
+STALL_SECONDS = 0.01
 _COLORS = (31, 32, 33, 34, 35, 36, 91, 92, 93, 94, 95, 96)
 
 
@@ -117,6 +120,13 @@ class LineBuffer:
             del pending[:end]
         return b"\n".join(pieces) + b"\n"
 
+    def take(self) -> bytes:
+        """The unfinished line as it stands, ended with a newline and gone from the buffer; what follows it
+        starts a line of its own. A last \r (maybe half of \r\n) and a cut character stay for later."""
+        text = self.text
+        del self.pending[: len(text)]
+        return text + b"\n" if text else b""
+
     @property
     def text(self) -> bytes:
         """The line as it stands, ending on a whole character: what a progress display shows."""
@@ -129,6 +139,19 @@ class LineBuffer:
         rest = bytes(self.pending)
         self.pending.clear()
         return rest + b"\n" if rest else b""
+
+
+def _other_ranks(output_dir: Path, ranks: Iterable[int]) -> list[int]:
+    """The `rank.N` directories in `output_dir` of ranks not in `ranks`, in order."""
+    mine = set(ranks)
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(output_dir):
+            number = entry.name.removeprefix("rank.")
+            stale = entry.name.startswith("rank.") and number.isdigit() and int(number) not in mine
+            if stale and entry.is_dir():
+                found.append(int(number))
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -159,7 +182,18 @@ class LogRelay:
         except OSError as exc:
             self._close_files()
             raise UsageError(f"--output-dir {options.output_dir}: {exc.strerror or exc}") from None
+        if options.output_dir is not None:
+            stale = _other_ranks(options.output_dir, hosts)
+            if stale:
+                # Left, not deleted: they are an earlier run's logs, which the user may still want.
+                log.warning(
+                    "--output-dir %s: %s from an earlier run (this job has %d ranks); left as they are",
+                    options.output_dir,
+                    ", ".join(f"rank.{r}" for r in stale),
+                    len(hosts),
+                )
         terminal = same_terminal(out_fd, err_fd) and os.environ.get("TERM") != "dumb"
+        self._terminal = terminal
         # Off a terminal a partial line, once written, stays: show it only if it stays unfinished a while.
         self._quiet_seconds = QUIET_SECONDS if terminal else max(QUIET_SECONDS, options.progress_interval)
         self._console = Console(out_fd, err_fd, merged=terminal)
@@ -285,10 +319,28 @@ class LogRelay:
                 break
             del quiet[key]
             buf = self._buffers[key]
-            if buf.pending:
-                self._show(key, buf, now)
+            if not buf.pending:
+                continue
+            if self._terminal:
+                self._show(key, buf, now)  # in the status area, which the whole line replaces later
+            else:
+                # Off a terminal what is written stays: the line so far goes out as a line, and the rest
+                # of it follows on a line of its own, so that no byte is ever written twice.
+                taken = buf.take()
+                if taken:
+                    self._lines(key, buf, taken)
         self._display.tick(now)
+        began = time.monotonic()
         self._console.flush()
+        blocked = time.monotonic() - began
+        if blocked > STALL_SECONDS:
+            self.stalled(blocked)
+
+    def stalled(self, seconds: float) -> None:
+        """The relay could not read for `seconds` (a console that did not take its output, distrun itself
+        stopped): quiet spells exclude that time, since the ranks' output may be waiting unread."""
+        for key in self._quiet:
+            self._quiet[key] += seconds
 
     def flush(self) -> None:
         self.tick(time.monotonic())
@@ -312,7 +364,8 @@ class LogRelay:
         """distrun's own words (stopping, the failure summary) on the console's stderr, below the job's."""
         if lines:
             self._display.before_lines()
-            self._console.write("stderr", "".join(f"distrun: {line}\n" for line in lines).encode())
+            said = "".join(f"distrun: {line}\n" for line in lines)
+            self._console.write("stderr", SCRUBBER(said).encode())
         self.flush()
 
     def finish(self) -> None:

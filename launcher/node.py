@@ -51,6 +51,9 @@ class Node:
         self.reader = FrameReader(after_magic=True)
         self.lost = False
         self.last_heard = time.monotonic()
+        # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
+        # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
+        self.beat_gap = 0.0
         # Frames must not interleave: the heartbeat thread and the main loop both send.
         self._send_lock = threading.Lock()
 
@@ -59,13 +62,12 @@ class Node:
         return self.host.name
 
     def send(self, kind: int, message: object = None) -> None:
-        """One frame to this node's agent: `message` is the kind's dataclass (launcher.protocol.MESSAGES), or
-        nothing for kinds without a body."""
-        frame = (
-            encode(kind, agent=self.agent_id)
-            if message is None
-            else encode_message(kind, message, agent=self.agent_id)
-        )
+        """One frame to this node's agent: `message` is the kind's dataclass (launcher.protocol.MESSAGES),
+        raw bytes for kinds whose body is bytes (BLOB), or nothing for kinds without a body."""
+        if message is None or isinstance(message, bytes):
+            frame = encode(kind, payload=message or b"", agent=self.agent_id)
+        else:
+            frame = encode_message(kind, message, agent=self.agent_id)
         with self._send_lock:
             if not self.lost:
                 self.link.send(frame)
@@ -183,6 +185,12 @@ class Heartbeat:
         self._done.set()
 
     def _run(self) -> None:
+        sent = time.monotonic()
         while not self._done.wait(self._every):
+            # From the end of the last beats (a slow send is not silence) to this wake-up: `every`, unless
+            # the whole process did not run meanwhile (SIGSTOP), when the agents heard nothing either.
+            gap = time.monotonic() - sent
             for node in self._nodes:
+                node.beat_gap = max(node.beat_gap, gap)
                 node.send(BEAT)
+            sent = time.monotonic()

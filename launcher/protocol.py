@@ -47,6 +47,10 @@ ORPHAN_GRACE_CAP = 2.0
 PROBE, START, STOP, KILL, SIGNAL = 1, 2, 3, 4, 5
 # agent -> launcher
 HELLO, FACTS, OUT, ERR, EXIT, DONE = 9, 10, 11, 12, 13, 14
+# --workdir: launcher SYNC -> agent WANT; then launcher BLOB (one per wanted object) or FETCH (get them from
+# a peer host) -> agent SYNCED
+SYNC, BLOB, FETCH = 6, 7, 8
+WANT, SYNCED = 15, 16
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
 BEAT = 20
 
@@ -82,6 +86,10 @@ class ProbeRequest:
     listen: bool = False
     connect_to: str | None = None
     connect_port: int = 0
+    # Report `stack` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
+    stack: bool = False
+    # `distrun check --workdir`: say whether this host's cache holds the copy of that manifest hash.
+    workdir_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,9 @@ class Facts:
     python_found: bool = True
     devices: dict[str, Any] = field(default_factory=dict)
     script_found: bool = True
+    # Which machine this is, as far as the agent can tell (machine-id, boot id, network namespace, hostname;
+    # "" where none is readable): two hosts that report the same are one machine under two names.
+    machine: str = ""
     # Only when the probe asked `check`: `time` is when the agent read the question (time.time()); `torch` is
     # {"version", "cuda", "gpus"} or {"error"} from the host's interpreter; `tcp_error` "" means connected.
     python_version: str = ""
@@ -114,6 +125,9 @@ class Facts:
     listen_port: int = 0
     tcp_port: int = 0
     tcp_error: str | None = None
+    # Only when the probe asked `stack`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
+    stack: dict[str, str] | None = None
+    workdir_cached: bool | None = None  # None: not asked
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,8 @@ class StartRequest:
     env: dict[str, str] = field(default_factory=dict)
     unset: list[str] = field(default_factory=list)
     unset_prefixes: list[str] = field(default_factory=list)
+    # --workdir: the synced copy; ranks run in it and find it first on PYTHONPATH.
+    workdir: str = ""
 
 
 @dataclass(frozen=True)
@@ -203,6 +219,58 @@ def rank_environment(shared: Mapping[str, str], rank: RankSpec) -> dict[str, str
     return env
 
 
+@dataclass(frozen=True)
+class SyncRequest:
+    """--workdir: build the copy `manifest_hash` of `entries` (see launcher.store), keeping `keep` per
+    `project` when pruning. The agent answers WANT with what it lacks, then SYNCED."""
+
+    project: str
+    entries: list[list[Any]]
+    manifest_hash: str
+    keep: int = 3
+    # Non-empty: serve the copy's objects to peer hosts that present this token, from now until START (each
+    # object once this host has it: a host feeds the next while it is still being fed).
+    serve_token: str = ""
+
+
+@dataclass(frozen=True)
+class Want:
+    """What the host lacks, and where it serves peers (0: it does not). Again after a FETCH that failed
+    (`error`): what it still lacks."""
+
+    digests: list[str]
+    error: str = ""
+    serve_port: int = 0
+
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """Get `digests` from the peer host serving at addr:port (see SyncRequest.serve_token)."""
+
+    addr: str
+    port: int
+    token: str
+    digests: list[str]
+
+
+@dataclass(frozen=True)
+class Synced:
+    """The copy is ready at `path` (or `error` says why not); `manifest_hash` is what the host computed.
+
+    `received`: bytes that came from the launcher, `from_peers`: from peers."""
+
+    path: str = ""
+    manifest_hash: str = ""
+    received: int = 0
+    error: str = ""
+    from_peers: int = 0
+
+
+# A BLOB's payload: flags (1: zlib-compressed), the object's sha256 (raw), then the content.
+BLOB_HEADER = struct.Struct("!B32s")
+BLOB_ZLIB = 1
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -253,6 +321,10 @@ MESSAGES: dict[int, type] = {
     HELLO: Hello,
     FACTS: Facts,
     EXIT: RankExited,
+    SYNC: SyncRequest,
+    FETCH: FetchRequest,
+    WANT: Want,
+    SYNCED: Synced,
 }
 # A side's handlers: kind -> a function of the side's context (the node a frame came from, say), the frame and
 # its message (see `decode_frame`).

@@ -46,6 +46,8 @@ class HostBook:
     def learn(self, outcome: Outcome, now: float, cooldown: float) -> str | None:
         """Record the outcome; returns the host it excludes, if any."""
         if isinstance(outcome, HostLost):
+            if outcome.ours:
+                return None  # distrun's own silence: the host did nothing wrong
             self.excluded_until[outcome.host] = now + cooldown
             return outcome.host
         if isinstance(outcome, RankFailed):
@@ -65,6 +67,8 @@ def cause(outcome: Outcome) -> str:
     if isinstance(outcome, RankFailed):
         return f"rank {outcome.failure.rank} (host {outcome.failure.host}) {describe_exit(outcome.failure)}"
     if isinstance(outcome, HostLost):
+        if outcome.ours:
+            return f"host {outcome.host} stopped its ranks ({outcome.detail})"
         return f"lost host {outcome.host} ({outcome.detail})"
     return outcome.name
 

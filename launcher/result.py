@@ -45,9 +45,13 @@ class RankFailed:
 
 @dataclass(frozen=True)
 class HostLost:
+    """`ours`: the host is not to blame; distrun itself did not run (stopped, say) for longer than its agents
+    wait for it, so they stopped their ranks."""
+
     host: str
     detail: str
     stopped: tuple[int, ...] = ()
+    ours: bool = False
     name: ClassVar[str] = "host-lost"
     retryable: ClassVar[bool] = True
     exit_code: ClassVar[int] = EXIT_HOST

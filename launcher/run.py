@@ -23,28 +23,43 @@ from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, 
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.errors import CommandNotFound, DistrunError, HostError
+from launcher.discovery import TIMEOUT, discover
+from launcher.errors import (
+    EXIT_INTERNAL,
+    EXIT_SIGINT,
+    CommandNotFound,
+    DeadlineReached,
+    DistrunError,
+    HostError,
+    Interrupted,
+)
 from launcher.facts import Rendezvous
 from launcher.forward import job_env
 from launcher.hosts import Host
+from launcher.locality import refuse_one_machine_twice
 from launcher.logs import LogOptions, LogRelay
 from launcher.node import Heartbeat, HostAttempt, Node, close_all, connect
 from launcher.plan import Plan, Slot, make_plan, plural
 from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
-from launcher.result import HostLost, Outcome, RankFailed, Signalled
+from launcher.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
+from launcher.samestack import differences, refuse
 from launcher.startreq import start_requests
+from launcher.store import KEEP
 from launcher.summary import summarize
 from launcher.supervise import (
     FORWARDED_SIGNALS,
     STOP_SIGNALS,
     Supervisor,
+    caught,
     probe,
     read_signals,
     signal_pipe,
     supervise,
 )
+from launcher.wdfiles import Workdir, missing_script, scan
+from launcher.wdsync import HostCopy, sync
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +85,55 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             progress_interval=config.progress_interval,
         ),
     )
+    # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
+    workdir = _scan_workdir(config)
     job: Job | None = None
+    exit_code = EXIT_INTERNAL
+    error: Failure | None = None  # what ended the run before (or instead of) an outcome
+    final: str | None = None  # the job's outcome
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
-        for signum in FORWARDED_SIGNALS:
+        for signum in caught(FORWARDED_SIGNALS):
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             nodes = connect(plan.nodes, config, line)
         with signal_pipe() as wake_fd:
-            job = Job(config, relay, wake_fd, nodes)
+            job = Job(config, relay, wake_fd, nodes, workdir)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)
             finally:
-                # Whatever ended the job, once ranks ran: the account, as a table and as --report.
-                if job.accounts:
-                    _account(config, job, relay)
+                # Whatever ended the job, once ranks ran: the account as a table.
+                if job.accounts and len(job.accounts[-1].ranks) > 1:
+                    relay.note(format_account(job.accounts[-1].ranks).splitlines())
             relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
-            return outcome.exit_code
+            exit_code, final = outcome.exit_code, outcome.name
+            return exit_code
+    except DistrunError as err:
+        exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
+        raise
+    except KeyboardInterrupt:
+        exit_code, error = EXIT_SIGINT, Failure(None, None, str(Interrupted("SIGINT", EXIT_SIGINT)))
+        raise
     finally:
         # Links first: whatever happens to the console or the log files, the agents must hear EOF.
         try:
             if job is not None:
                 close_all(list(job.nodes.values()))
+        except KeyboardInterrupt:
+            # Ctrl-C while the agents end (they heard EOF already): no more waiting, and the job's own exit
+            # code and report stand; the agents stop whatever is left when this process is gone.
+            if error is None and final is None:
+                raise
         finally:
             relay.close()
+            if config.report is not None:
+                # Every run given --report writes it, whatever ended it: no earlier run's report stays.
+                _write_report(config, job, exit_code, error, final)
 
 
 @dataclass(frozen=True)
@@ -117,8 +152,19 @@ class Job:
     Each step is a method, so a test can replace one (say `run_attempt`) and check the loop around it.
     """
 
-    def __init__(self, config: LaunchConfig, relay: LogRelay, wake_fd: int, nodes: Sequence[Node]) -> None:
+    def __init__(
+        self,
+        config: LaunchConfig,
+        relay: LogRelay,
+        wake_fd: int,
+        nodes: Sequence[Node],
+        workdir: Workdir | None = None,
+    ) -> None:
         self.config = config
+        self.workdir = workdir
+        # --workdir: each host's copy (this attempt's), and every sync's, for --report.
+        self.copies: dict[str, HostCopy] = {}
+        self.synced: dict[str, list[HostCopy]] = {}
         self.backend = backend.get(config.launcher)
         self.relay = relay
         self.wake_fd = wake_fd
@@ -133,6 +179,8 @@ class Job:
         self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
         self.heartbeat = Heartbeat(nodes, self.check_every)
         self.started = time.monotonic()
+        # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
+        self.deadline = self.started + config.timeout if config.timeout else None
         self.attempts: list[AttemptRecord] = []
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
@@ -173,6 +221,7 @@ class Job:
             )
             interrupted = self.pause(options.delay)
             if interrupted is not None:
+                self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
                 return interrupted
             plan = make_plan(decision.hosts, decision.num_proc)
 
@@ -196,26 +245,44 @@ class Job:
         script = self.config.restart.discovery_script
         if script is None:
             return ()
-        from launcher.discovery import discover  # runs a program: only elastic jobs that name one need it
-
+        left = TIMEOUT if self.deadline is None else min(TIMEOUT, self.deadline - time.monotonic())
+        if left <= 0:
+            return ()  # --timeout has expired: the job ends before any restart
         try:
-            return discover(script)
+            return discover(script, left)
         except DistrunError as err:
             # A flaky discovery script must not end a job that could go on with the hosts it has.
             log.warning("%s; going on with the hosts already known", err)
             return ()
 
     def pause(self, seconds: float) -> Outcome | None:
-        """Wait before a restart; a signal meanwhile ends the job (None: the pause ran out)."""
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
+        """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
+        end = time.monotonic() + seconds
+        while True:
+            now = time.monotonic()
+            if self.deadline is not None and now >= self.deadline:
+                return self.timed_out()
+            left = end - now if self.deadline is None else min(end, self.deadline) - now
+            if end <= now:
+                return None
             readable, _, _ = select.select([self.wake_fd], [], [], left)
             if readable:
                 received = read_signals(self.wake_fd)
                 stop = [s for s in received if s in STOP_SIGNALS]
                 if stop:
                     return Signalled(stop[0])
-        return None
+
+    def timed_out(self) -> TimedOut:
+        return TimedOut(self.config.timeout or 0.0)
+
+    def time_left(self) -> float | None:
+        """Seconds until --timeout expires (None: no --timeout); DeadlineReached once it has."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineReached("--timeout expired")
+        return left
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
@@ -235,7 +302,11 @@ class Job:
     def attempt(self, index: int, plan: Plan) -> Outcome:
         """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
         try:
-            return self.run_attempt(index, plan, self.nodes_for(plan))
+            nodes = self.nodes_for(plan)
+            self.time_left()  # reconnecting took that long
+            return self.run_attempt(index, plan, nodes)
+        except DeadlineReached:
+            return self.timed_out()
         except HostError as err:
             if index == 0 or err.host is None:
                 raise
@@ -251,6 +322,9 @@ class Job:
         self.relay.set_hosts(_rank_hosts(plan))
         master_addr = self.master_addr(nodes)
         self.probe(hosts, master_addr)
+        if self.workdir is not None:
+            self.copies = self.sync(nodes, self.workdir)
+        self.same_stack(hosts)
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
@@ -295,6 +369,7 @@ class Job:
         )
         lines = summarize(outcome, self.relay.stderr_tail)
         failed = outcome.failure if isinstance(outcome, RankFailed) else None
+        self.failure = None  # the last attempt's, if any: a job that succeeded after restarts has none
         if lines:
             self.failure = Failure(
                 failed.rank if failed else None,
@@ -321,17 +396,20 @@ class Job:
         """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
         heartbeat = self.check_every
         python = self.config.python or sys.executable
+        synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = [
             ProbeRequest(
                 # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
                 ports=len(host.slots) + (2 if i == 0 else 0),
-                cwd=self.cwd,
+                cwd="" if synced else self.cwd,
                 route_to=master_addr,
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if host.link.heartbeat else 0.0,
                 dead_after=self.dead_after if host.link.heartbeat else 0.0,
-                script=_script(self.config.command),
+                script=None if synced else _script(self.config.command),
+                # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
+                stack=len(hosts) > 1,
             )
             for i, host in enumerate(hosts)
         ]
@@ -339,11 +417,15 @@ class Job:
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
-            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, line if remote else None)
+            shown = line if remote else None
+            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+        if self.backend.one_machine_per_host:
+            # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
+            refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
-            if not facts.cwd_exists:
+            if not facts.cwd_exists and not synced:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
                 )
@@ -356,6 +438,65 @@ class Job:
                     f"host {node.name}: interpreter {self.config.python} not found there (see --python)",
                     host=node.name,
                 )
+
+    def sync(self, nodes: Sequence[Node], workdir: Workdir) -> dict[str, HostCopy]:
+        """Every host's copy of the workdir, each sent only what it lacks (restarts: usually nothing)."""
+        remote = any(not n.local for n in nodes)
+        with progress_line(sys.stderr) as line:
+            copies = sync(
+                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
+                keep=KEEP, relay=self.config.workdir_relay, progress=line if remote else None,
+            )  # fmt: skip
+        for name, copy in copies.items():
+            self.synced.setdefault(name, []).append(copy)
+        direct = [c for c in copies.values() if c.files_sent and c.fed_by is None]
+        relayed = [c for c in copies.values() if c.fed_by is not None]
+        log.info(
+            "workdir %s (%s, %s): sent %s to %s%s", workdir.manifest_hash[:12],
+            plural(len(workdir.files), "file", "files"), _size(workdir.total),
+            _size(sum(c.bytes_sent for c in copies.values())), plural(len(direct), "host", "hosts"),
+            f"; {plural(len(relayed), 'host', 'hosts')} fed by peers "
+            f"({_size(sum(c.bytes_from_peers for c in relayed))})" if relayed else "",
+        )  # fmt: skip
+        return copies
+
+    def workdir_report(self) -> dict[str, object] | None:
+        if self.workdir is None:
+            return None
+        hosts = {
+            name: {
+                "files_sent": sum(c.files_sent for c in copies),
+                "bytes_sent": sum(c.bytes_sent for c in copies),
+                "bytes_from_peers": sum(c.bytes_from_peers for c in copies),
+                "fed_by": sorted({c.fed_by for c in copies if c.fed_by is not None}),
+            }
+            for name, copies in self.synced.items()
+        }
+        return {
+            "root": str(self.workdir.root),
+            "manifest_hash": self.workdir.manifest_hash,
+            "files": len(self.workdir.files),
+            "bytes": self.workdir.total,
+            "bytes_sent": sum(c.bytes_sent for copies in self.synced.values() for c in copies),
+            "hosts": hosts,
+        }
+
+    def same_stack(self, hosts: Sequence[HostAttempt]) -> None:
+        """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
+        reports = []
+        for host in hosts:
+            values = dict(_facts(host).stack or {})
+            if host.name in self.copies:
+                values["workdir"] = self.copies[host.name].manifest_hash[:12]
+            reports.append((host.name, values))
+        lines = differences(reports)
+        for line in lines:
+            if self.config.allow_mismatch:
+                log.warning("%s (--allow-mismatch: running anyway)", line)
+            else:
+                log.error("%s", line)
+        if lines and not self.config.allow_mismatch:
+            raise refuse(lines)
 
     def place(self, plan: Plan, hosts: Sequence[HostAttempt]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
@@ -410,7 +551,7 @@ class Job:
             requests = start_requests(
                 self.config, plan, rdzv, self.env, local=[h.node.local for h in hosts],
                 facts=[h.facts for h in hosts], placed=placed, attempt=attempt, run_id=self.run_id,
-                cwd=self.cwd,
+                cwd=self.cwd, workdirs=[self.copies[h.name].path for h in hosts] if self.copies else None,
             )  # fmt: skip
         except ValueError:
             # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
@@ -424,6 +565,24 @@ class Job:
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
+
+
+def _scan_workdir(config: LaunchConfig) -> Workdir | None:
+    if config.workdir is None:
+        return None
+    workdir = scan(config.workdir, config.workdir_limit)
+    for line in workdir.skipped:
+        log.warning("--workdir %s", line)
+    script = _script(config.command)
+    if missing_script(workdir, script):
+        raise CommandNotFound(f"{script} is not among the files of --workdir {workdir.root}")
+    return workdir
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.1f} KiB"
 
 
 def _facts(host: HostAttempt) -> Facts:
@@ -448,19 +607,22 @@ def _script(command: Sequence[str]) -> str | None:
     return command[0] if command and command[0].endswith(".py") else None
 
 
-def _account(config: LaunchConfig, job: Job, relay: LogRelay) -> None:
-    last = job.accounts[-1]
-    if len(last.ranks) > 1:
-        relay.note(format_account(last.ranks).splitlines())
-    if config.report is not None:
-        report = build_report(
-            run_id=job.run_id,
-            command=config.command,
-            exit_code=last.exit_code,
-            attempts=job.accounts,
-            failure=job.failure,
-        )
-        try:
-            write_report(config.report, report)
-        except OSError as err:
-            log.error("cannot write the report %s: %s", config.report, err.strerror or err)
+def _write_report(
+    config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None, outcome: str | None
+) -> None:
+    assert config.report is not None
+    attempts = job.accounts if job is not None else []
+    failure = (job.failure if job is not None else None) or error
+    report = build_report(
+        run_id=job.run_id if job is not None else os.urandom(6).hex(),
+        command=config.command,
+        exit_code=exit_code,
+        attempts=attempts,
+        failure=failure,
+        outcome=outcome,
+        workdir=job.workdir_report() if job is not None else None,
+    )
+    try:
+        write_report(config.report, report)
+    except (OSError, DistrunError) as err:
+        log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)

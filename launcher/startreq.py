@@ -33,12 +33,14 @@ def start_requests(
     run_id: str,
     cwd: str,
     workers: Sequence[str] | None = None,
+    workdirs: Sequence[str] | None = None,
 ) -> list[StartRequest]:
     """One StartRequest per node of `plan`, in node-rank order.
 
     `local[i]`: node i is this machine (its ranks lose `jenv.unset`, leftovers of another launcher here);
     `facts[i]`: what its agent reported, None where it was not asked (the dry run: --network-interface and
     this interpreter stand in). `workers`: TF_CONFIG's workers, when not `tf_workers(plan, rdzv)`.
+    `workdirs[i]`: node i's --workdir copy, where its ranks run (None: no --workdir, or the dry run).
     ValueError when two nodes drew the same port (only two "hosts" that are this one machine can).
     """
     travelling = jenv.travelling
@@ -69,6 +71,7 @@ def start_requests(
                 env=travelling,
                 unset=list(jenv.unset) if local[node_rank] else [],
                 unset_prefixes=list(LEFTOVER_PREFIXES),
+                workdir=workdirs[node_rank] if workdirs else "",
             )
         )
     return requests

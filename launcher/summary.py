@@ -57,5 +57,7 @@ def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list
     if isinstance(outcome, Signalled):
         return [f"stopped by {outcome.signal_name}; ranks stopped: {format_ranks(outcome.stopped) or 'none'}"]
     if isinstance(outcome, HostLost):
+        if outcome.ours:
+            return [f"host {outcome.host} stopped its ranks: {outcome.detail}"]
         return [f"lost host {outcome.host} ({outcome.detail}); stopped every other host"]
     return []

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
-from launcher.errors import HostError, Interrupted
+from launcher.errors import DeadlineReached, HostError, Interrupted
 from launcher.logs import LogRelay
 from launcher.node import HostAttempt, Node
 from launcher.progress import Progress, ProgressFn, StallDeadline
@@ -61,7 +61,7 @@ def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
     for fd in (read_fd, write_fd):
         os.set_blocking(fd, False)
     old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    previous = {signum: signal.signal(signum, lambda *_: None) for signum in signums}
+    previous = {signum: signal.signal(signum, lambda *_: None) for signum in caught(signums)}
     try:
         yield read_fd
     finally:
@@ -70,6 +70,12 @@ def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
         signal.set_wakeup_fd(old_wakeup)
         os.close(read_fd)
         os.close(write_fd)
+
+
+def caught(signums: Sequence[int]) -> list[int]:
+    """The signals distrun may catch: not those it inherited ignored. `nohup distrun` must survive SIGHUP,
+    and a background job of a non-interactive shell ignores SIGINT and SIGQUIT, as users of both expect."""
+    return [signum for signum in signums if signal.getsignal(signum) is not signal.SIG_IGN]
 
 
 def read_signals(wake_fd: int) -> bytes:
@@ -97,6 +103,8 @@ def probe(
     stall: float,
     wake_fd: int,
     progress: ProgressFn | None = None,
+    *,
+    deadline_at: float | None = None,
 ) -> list[Facts]:
     """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
 
@@ -104,6 +112,7 @@ def probe(
     hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
+    `deadline_at` (time.monotonic()): --timeout's end, which raises DeadlineReached.
     """
     for node, request in zip(nodes, requests, strict=True):
         node.send(PROBE, request)
@@ -126,7 +135,10 @@ def probe(
         if progress is not None:
             progress(Progress("waiting for agents", len(nodes)))
         while len(answers) < len(nodes):
-            remaining = deadline.remaining(time.monotonic())
+            now = time.monotonic()
+            if deadline_at is not None and now >= deadline_at:
+                raise DeadlineReached("--timeout expired while the agents were being probed")
+            remaining = deadline.remaining(now)
             if remaining <= 0:
                 missing = next(n for n in nodes if id(n) not in answers)
                 answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
@@ -134,6 +146,8 @@ def probe(
                     f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
                     host=missing.name,
                 )
+            if deadline_at is not None:
+                remaining = min(remaining, deadline_at - now)
             for key, _ in sel.select(remaining):
                 node = key.data
                 if node is None:
@@ -182,6 +196,8 @@ class Supervisor:
         self.deadline = now + timeout if timeout else None
         self.grace = grace
         self.dead_after = dead_after
+        for host in self.hosts:
+            host.node.beat_gap = 0.0
         self.exits: dict[int, RankExit] = {}
         self.measured: dict[int, RankExited] = {}  # what each rank's agent measured (pid, times, memory)
         self.cause: Outcome | None = None  # why the attempt is stopping; None while it runs
@@ -278,7 +294,22 @@ class Supervisor:
 
     def _lose(self, host: HostAttempt, detail: str, now: float) -> None:
         host.drop()
-        self._stop(lambda stopped: HostLost(host.name, detail, stopped), now)
+        node = host.node
+        # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
+        ours = node.link.heartbeat and node.beat_gap > self.dead_after
+        if ours:
+            detail = (
+                f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
+                f"{self.dead_after:g}s its agents wait for it (--ssh-keepalive x 5)"
+            )
+        self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
+
+    def on_stall(self, seconds: float, now: float) -> None:
+        """distrun did not run for `seconds` (stopped, or starved): nobody could be heard meanwhile, so that
+        silence is not the hosts'; and the rank output waiting unread was not quiet either."""
+        for host in self.hosts:
+            host.node.last_heard = max(host.node.last_heard, now)
+        self.relay.stalled(seconds)
 
     def on_tick(self, now: float) -> None:
         if self.deadline is not None and now >= self.deadline and self.cause is None:
@@ -321,8 +352,13 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
             relay_due = sup.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
             if relay_due is not None:
                 wait = min(wait, relay_due - now)
+            before = time.monotonic()
             events = sel.select(max(0.0, wait))
             selected = time.monotonic()
+            overslept = selected - before - max(0.0, wait)
+            if overslept > check_every:
+                # Our clock jumped past the wait: this process was stopped (SIGSTOP) or starved meanwhile.
+                sup.on_stall(overslept, selected)
             for key, _ in events:
                 host = key.data
                 if host is None:
@@ -344,7 +380,8 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
                 suspend_self()
             now = time.monotonic()
             if now - selected > check_every:
-                # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
+                # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile. (The
+                # heartbeat thread went on, so the agents heard us; the relay counts its own wait.)
                 for host in sup.hosts:
                     host.node.last_heard = max(host.node.last_heard, now)
             if now >= next_check or (sup.deadline is not None and now >= sup.deadline):

@@ -24,6 +24,7 @@ OPENED: list[str] = []
 class FakeBackend(Backend):
     name = "fake"
     takes_allocation = False
+    one_machine_per_host = False  # every "host" is this machine, on purpose
 
     def open(
         self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None

@@ -12,7 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 _LAUNCHER = Path(__file__).resolve().parents[1]
-SHIPPED = ("launcher.protocol", "launcher.agent")
+# What a host without any of the interpreters tried says (`distrun check` tells it from SSH trouble).
+NO_PYTHON = "distrun: no Python interpreter found here"
+SHIPPED = ("launcher.protocol", "launcher.store", "launcher.receive", "launcher.reaper", "launcher.agent")
 # The agent that dials home over TCP (launcher.homing) instead of using its stdin/stdout.
 SHIPPED_HOMING = (*SHIPPED, "launcher.homing")
 
@@ -71,7 +73,7 @@ def remote_command(pythons: Sequence[str], sources: Sequence[bytes], shipped: Se
     """
     tail = shlex.join(bootstrap_args(sources, shipped))
     tries = " ".join(shlex.quote(p) for p in pythons)
-    missing = shlex.quote(f"distrun: no Python interpreter found here (tried {', '.join(pythons)})")
+    missing = shlex.quote(f"{NO_PYTHON} (tried {', '.join(pythons)})")
     return (
         f'for p in {tries}; do command -v "$p" >/dev/null 2>&1 && exec "$p" {tail}; done; '
         f"echo {missing} >&2; exit 127"

@@ -90,7 +90,14 @@ class SshLink:
         self._client.close()
 
     def abort(self) -> None:
-        self._channel.close()
+        # The socket goes first: a host that vanished mid-transfer leaves its send buffer full, and closing
+        # the channel would wait for room to send its CLOSE message (minutes, until TCP gives up).
+        sock = self._channel.get_transport().sock if self._channel.get_transport() else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError, EOFError):
+            self._channel.close()
         self._client.close()
 
 

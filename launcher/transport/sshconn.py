@@ -464,6 +464,7 @@ def _connect_once(
     key_files, use_defaults = _key_candidates(target) if password is None else ([], False)
     sock = _open_socket(target, timeout, via)
     client = SshClient()
+    started = time.monotonic()
     try:
         if target.host_key_policy != "ignore":
             # Into the client's own key set, which paramiko checks but never writes back to any file.
@@ -495,7 +496,15 @@ def _connect_once(
         with contextlib.suppress(Exception):
             sock.close()
         if isinstance(exc, Exception):
-            raise _classify(target, exc, key_files, by_password=password is not None) from exc
+            classified = _classify(target, exc, key_files, by_password=password is not None)
+            if isinstance(classified, _Transient) and time.monotonic() - started >= timeout * 0.9:
+                # It waited out the whole timeout (no banner, say): no burst sshd dropped, which is quick to
+                # say so, but a peer that does not speak SSH. Retrying would only wait as long again.
+                classified = _Refused(
+                    f"unreachable: no SSH answer from {target.hostname}:{target.port} within {timeout:g}s "
+                    "(is an SSH server listening there?)"
+                )
+            raise classified from exc
         raise
     transport = client.get_transport()
     if transport is not None and options.keepalive_interval > 0:

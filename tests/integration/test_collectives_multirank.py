@@ -113,6 +113,24 @@ def test_ranks_using_different_parameters_get_identical_correct_gradients(job: A
         )
 
 
+def test_training_matches_ddp_with_the_same_buckets(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["ddp"]["dist"], res["ddp"]["ddp"])
+        # With fp16 on the wire, against DDP's fp16_compress_hook: the same rounding, so nearly the same.
+        assert_all_close(res["ddp_fp16"]["dist"], res["ddp_fp16"]["ddp"], atol=1e-4, rtol=1e-3)
+    exact, rounded = results[0]["ddp"]["dist"], results[0]["ddp_fp16"]["dist"]
+    assert not all(torch.equal(a, b) for a, b in zip(exact, rounded, strict=True)), "fp16 must round"
+
+
+def test_parameters_without_gradients_neither_hang_nor_skew_the_average(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["unused"]["dist"], res["unused"]["ref"])
+        # Unused on every rank: a zero gradient (Horovod's behaviour), not None.
+        assert all(torch.equal(g, torch.zeros_like(g)) for g in res["unused"]["idle_grads"])
+
+
 def test_wrapping_a_model_twice_reduces_with_the_new_optimizer_only(job: Any) -> None:
     _, results, _ = job
     for res in results:

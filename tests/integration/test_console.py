@@ -204,3 +204,31 @@ def test_a_negative_progress_interval_is_bad_input() -> None:
         result.stderr
         == b"distrun: error: --progress-interval must be zero or a positive number of seconds, got -1\n"
     )
+
+
+def test_a_slow_console_gets_every_byte_exactly_once() -> None:
+    """`distrun -np 2 flood | (sleep; cat)`: two ranks flood 80-byte lines into a pipe nobody reads for
+    longer than the progress interval; every byte arrives once, no line cut or repeated."""
+    flood = "import sys\nline = b'%s' * 79 + b'\\n'\nfor _ in range(40_000): sys.stdout.buffer.write(line)\n"
+    cmd = ("-np", "2", "--progress-interval", "1", "python", "-c")
+    proc = start_distrun(*cmd, flood % "x")
+    assert proc.stdout is not None and proc.stderr is not None
+    time.sleep(3)  # the console is full long before: distrun waits on it, as under `(sleep 3; cat)`
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    lines = out.split(b"\n")
+    assert len(out) == 2 * 40_000 * 84, f"{len(out)} bytes instead of {2 * 40_000 * 84}"
+    assert set(lines[:-1]) == {b"[0] " + b"x" * 79, b"[1] " + b"x" * 79} and lines[-1] == b""
+
+
+def test_a_reused_output_dir_names_an_earlier_runs_ranks(tmp_path: Path) -> None:
+    result = run_distrun("-np", "4", "--output-dir", tmp_path, "python", "-c", "print('first')")
+    assert result.returncode == 0, result.stderr.decode()
+    result = run_distrun("-np", "2", "--output-dir", tmp_path, "python", "-c", "print('second')")
+    assert result.returncode == 0, result.stderr.decode()
+    assert (
+        f"distrun: --output-dir {tmp_path}: rank.2, rank.3 from an earlier run (this job has 2 ranks); "
+        "left as they are\n"
+    ) in result.stderr.decode()
+    assert (tmp_path / "rank.1" / "stdout").read_bytes() == b"second\n"
+    assert (tmp_path / "rank.3" / "stdout").read_bytes() == b"first\n", "an earlier run's logs are kept"

@@ -34,8 +34,10 @@ def test_three_ranks_that_just_return_exit_zero(run: int) -> None:
 
 @pytest.mark.parametrize(("how", "code"), [("raise", 1), ("exit3", 3)])
 def test_a_failing_rank_is_reported_not_held_at_exit(how: str, code: int) -> None:
-    # Its peers wait in a barrier for it: waiting for them at exit would hang both sides until gloo's timeout.
+    # Its peers wait in a barrier for it: a rank that waited for them at exit would hang the job until gloo's
+    # timeout (30 min), far beyond this test's. Leaving, it closes its connections, and which failure distrun
+    # hears first (its own, or a peer's "Connection closed by peer") is a race, as without collectives.
     proc = run_distrun("-np", "3", SCRIPT, how, timeout=120)
     err = proc.stderr.decode()
-    assert proc.returncode == code, err[-3000:]
-    assert "rank 1 (host" in err
+    assert proc.returncode != 0, err[-3000:]
+    assert proc.returncode == code or "Connection closed by peer" in err, err[-3000:]

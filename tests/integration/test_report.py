@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pytest
 
-from tests.support import REPO, SCRIPTS, clean_env, run_distrun
+from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun
 
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 # A rank that holds ~40 MB and burns a little CPU, so the measured figures have something to show.
@@ -121,3 +127,88 @@ def test_another_user_on_this_machine_is_not_run_as_me(tmp_path: Path) -> None:
     assert not marker.exists()
     # Here no sshd listens on localhost; with one, SSH would refuse nobody's login: exit 3 either way.
     assert result.stderr.decode().startswith("distrun: error: localhost: ")
+
+
+STALE = '{"outcome": "succeeded", "exit_code": 0}\n'
+
+
+def test_every_run_given_report_writes_it_whatever_ends_it(tmp_path: Path) -> None:
+    """An earlier run's report never survives a later run that ended early (issue 19, defect 2)."""
+    cases = {
+        # A missing script: refused on the host before anything starts (127).
+        "missing-script": (("no_such_script.py",), 127, "no_such_script.py not found"),
+        # A host that cannot be reached (no sshd answers as nobody on this machine: exit 3).
+        "unreachable": (("-H", "nobody@localhost", "--ssh-connect-timeout", "5", "true"), 3, "localhost"),
+    }
+    env = {**clean_env(), "HOME": str(tmp_path)}  # no SSH keys: the login can only fail
+    for name, (args, code, said) in cases.items():
+        report = tmp_path / f"{name}.json"
+        report.write_text(STALE)
+        result = run_distrun("--report", report, *args, env=env, cwd=tmp_path)
+        assert result.returncode == code, (name, result.stderr.decode())
+        doc = report_of(report)
+        assert (doc["outcome"], doc["exit_code"], doc["attempts"], doc["ranks"]) == (
+            "not-started",
+            code,
+            [],
+            [],
+        )
+        assert said in doc["failure"]["detail"]
+        assert doc["failure"]["detail"] in result.stderr.decode(), "the report says what the console said"
+
+
+def test_success_after_a_restart_has_no_failure(tmp_path: Path) -> None:
+    report = tmp_path / "run.json"
+    out = tmp_path / "out"
+    out.mkdir()
+    result = run_distrun(
+        "-np", "2", "--max-restarts", "1", "--restart-delay", "0", "--report", report,
+        SCRIPTS / "restartable.py", "--out", out, "--fail", "0:1:4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    doc = report_of(report)
+    assert (doc["outcome"], doc["restarts"], doc["failure"]) == ("succeeded", 1, None)
+    assert [a["outcome"] for a in doc["attempts"]] == ["rank-failed", "succeeded"]
+
+
+def test_report_through_a_symlink_and_refusal_of_a_fifo(tmp_path: Path) -> None:
+    """End to end: a symlink stays and its target gets the report; a FIFO is refused before the run."""
+    (tmp_path / "real.json").write_text(STALE)
+    (tmp_path / "link.json").symlink_to("real.json")
+    result = run_distrun("--report", tmp_path / "link.json", "true")
+    assert result.returncode == 0, result.stderr.decode()
+    assert (tmp_path / "link.json").is_symlink()
+    assert report_of(tmp_path / "real.json")["outcome"] == "succeeded"
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result = run_distrun("--report", fifo, "true")
+    assert result.returncode == 2
+    assert (
+        result.stderr.decode()
+        == f"distrun: error: --report {fifo}: is a FIFO, not a regular file; give a file name\n"
+    )
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_report_that_does_not_fit_leaves_the_old_one_and_no_temporary_file(tmp_path: Path) -> None:
+    """On a real full file system (a 64 KiB tmpfs in a mount namespace of the test's own): the write fails
+    with one line, the earlier report is untouched, and no .NAME.PID.tmp is left (issue 19, defect 1)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to mount a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    argv = " ".join(shlex.quote(a) for a in distrun_argv("--report", disk / "r.json", "-np", "2", "true"))
+    script = (
+        f"mount -t tmpfs -o size=64k tmpfs {disk} && printf old > {disk}/r.json && "
+        f"(head -c 1000000 /dev/zero > {disk}/filler 2>/dev/null; true) && {argv}; "
+        f"echo rc=$?; ls -A {disk}; cat {disk}/r.json"
+    )
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        capture_output=True, env=clean_env(), cwd=REPO, timeout=120,
+    )  # fmt: skip
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert "rc=0" in out, err
+    assert f"distrun: cannot write the report {disk}/r.json: No space left on device" in err
+    assert out.splitlines()[1:] == ["filler", "r.json", "old"], out

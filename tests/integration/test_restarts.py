@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 import psutil
@@ -94,3 +95,37 @@ def test_the_example_training_killed_mid_run_resumes_from_its_checkpoint(tmp_pat
     assert "rank 1 (host localhost) was killed by SIGKILL" in err.decode()
     result = json.loads(metrics.read_text())
     assert result["start_epoch"] >= 1 and result["epoch"] == 3
+
+
+def test_timeout_holds_during_a_restart_delay(tmp_path: Path) -> None:
+    """--timeout 2 with a 30 s restart delay: exit 124 at the deadline, and no new attempt."""
+    report = tmp_path / "r.json"
+    started = time.monotonic()
+    result = run_distrun(
+        "-np", "1", "--timeout", "2", "--max-restarts", "5", "--restart-delay", "30", "--report", report,
+        RESTARTABLE, "--out", tmp_path, "--fail", "0:0:3",
+    )  # fmt: skip
+    took = time.monotonic() - started
+    err = result.stderr.decode()
+    assert result.returncode == 124, err
+    assert took < 25, f"took {took:.1f}s: the restart delay outlived --timeout"
+    assert not (tmp_path / "a1.r0.json").exists(), "no attempt started after the deadline"
+    assert "timed out after 2s" in err
+    doc = json.loads(report.read_text())
+    assert (doc["outcome"], doc["exit_code"]) == ("timed-out", 124)
+    assert doc["failure"]["detail"].startswith("timed out after 2s")
+
+
+def test_timeout_holds_during_a_slow_discovery_script(tmp_path: Path) -> None:
+    """The deadline also bounds the host discovery between attempts (it would otherwise wait 30 s)."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\nsleep 60\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    result = run_distrun(
+        "-np", "1", "--min-np", "1", "--timeout", "2", "--restart-delay", "0",
+        "--host-discovery-script", script, RESTARTABLE, "--out", tmp_path, "--fail", "0:0:3",
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 124, result.stderr.decode()
+    assert took < 25, f"took {took:.1f}s: discovery outlived --timeout"

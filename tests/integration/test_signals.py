@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.support import (
+    REPO,
     SCRIPTS,
     assert_all_gone,
+    clean_env,
+    distrun_argv,
     read_until,
     recorded_pids,
     start_distrun,
@@ -100,3 +106,83 @@ def test_ctrl_z_stops_every_rank_and_sigcont_resumes_them(pid_dir: Path) -> None
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err.decode()
     assert_all_gone(ranks)
+
+
+# Starts distrun with one signal ignored, as `nohup` (SIGHUP) or `cmd &` in a script (SIGINT, SIGQUIT) do.
+_IGNORING = "import os, signal, sys; signal.signal(int(sys.argv[1]), signal.SIG_IGN); os.execv(sys.executable, [sys.executable, *sys.argv[2:]])"  # noqa: E501
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1],
+    ids=lambda s: s.name,
+)
+def test_a_signal_ignored_at_start_stays_ignored(pid_dir: Path, sig: signal.Signals) -> None:
+    """`nohup distrun ...` survives the logout's SIGHUP: no inherited SIG_IGN is undone."""
+    argv = distrun_argv("-np", "2", SCRIPTS / "signals.py", pid_dir, "--wait-for", pid_dir / "go")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _IGNORING, str(int(sig)), *argv[1:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(),
+        cwd=REPO,
+    )
+    read_until(proc, b"ready", 2)
+    proc.send_signal(sig)  # an ignored signal is discarded when sent: nothing can be on its way after this
+    (pid_dir / "go").touch()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    assert b"got" not in out, "no rank heard of the signal"
+    assert b"stopped" not in err and b"Traceback" not in err, err.decode()
+
+
+def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_130(tmp_path: Path) -> None:
+    """From distrun's first instruction on (issue 19, defect 12): Ctrl-C at moments spread over its start-up
+    and the first moments of the job never shows a traceback; before any rank started it is one line.
+
+    A sitecustomize says when the interpreter's own start-up is over: an interrupt before that is Python's.
+    """
+    # runpy too: `python -m` imports it after site, still the interpreter's part of the start-up.
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, runpy\nos.write(int(os.environ['READY_FD']), b'R')\n"
+    )
+    for step in range(16):
+        ready_r, ready_w = os.pipe()
+        env = clean_env(READY_FD=str(ready_w))
+        env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+        proc = subprocess.Popen(
+            distrun_argv("-np", "2", "sleep", "30"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=REPO,
+            pass_fds=(ready_w,),
+        )
+        os.close(ready_w)
+        assert os.read(ready_r, 1) == b"R"
+        os.close(ready_r)
+        time.sleep(0.005 + step * 0.02)  # 5 ms to 0.3 s after the interpreter's own start-up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        said = err.decode()
+        # Dying of SIGINT is what a shell reports as 130 too (and Python's own way at interpreter exit).
+        assert proc.returncode in (130, -signal.SIGINT), (step, said)
+        assert "Traceback" not in said, (step, said)
+        assert all(line.startswith("distrun: ") for line in said.splitlines()), (step, said)
+        if "error: interrupted by SIGINT" in said:
+            assert said == "distrun: error: interrupted by SIGINT before any rank started\n", (step, said)
+
+
+def test_distrun_stopped_and_continued_loses_no_line() -> None:
+    """kill -STOP / -CONT of distrun itself (not Ctrl-Z): the job goes on and every line arrives once."""
+    counter = "import time\nfor i in range(300):\n    print(f'line {i}', flush=True)\n    time.sleep(0.01)\n"
+    proc = start_distrun("-np", "2", "python", "-c", counter)
+    before = read_until(proc, b"line 10\n", 2)
+    proc.send_signal(signal.SIGSTOP)
+    time.sleep(2.5)  # the point: distrun does not run meanwhile, longer than its 1 s checks
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()
+    for rank in (0, 1):
+        lines = [line for line in (before + out).splitlines() if line.startswith(b"[%d] " % rank)]
+        assert lines == [b"[%d] line %d" % (rank, i) for i in range(300)], f"rank {rank}"

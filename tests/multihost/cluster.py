@@ -540,6 +540,27 @@ class Cluster:
             capture_output=True,
         )
 
+    def bind(self, host: str, source: Path, target: Path) -> None:
+        """Show `source` (a file or directory) at `target` on `host` only, as `hide_path` hides a path: a
+        host with a package version or a disk of its own."""
+        pid = self.sshd_pid(host)
+        if pid is None:
+            raise ClusterError(f"{host}: sshd is not running")
+        subprocess.run(
+            ["nsenter", "-t", str(pid), "-m", "--", "mount", "--bind", str(source), str(target)],
+            check=True,
+            capture_output=True,
+        )
+
+    def own_dir(self, host: str, path: Path) -> Path:
+        """Give `host` a directory of its own at `path` (created here if missing, left empty); returns where
+        its content lies on this machine, for tests to look at."""
+        path.mkdir(parents=True, exist_ok=True)
+        backing = Path(self._host(host).dir) / "own" / str(path).strip("/").replace("/", "_")
+        backing.mkdir(parents=True, exist_ok=True)
+        self.bind(host, backing, path)
+        return backing
+
     def block_tcp(self, host: str, to_addr: str) -> None:
         """A firewall rule inside `host`'s namespace: TCP from it to `to_addr` is dropped (not refused),
         except SSH. Other hosts and this machine are unaffected; the rule goes away with the namespace."""

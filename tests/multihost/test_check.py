@@ -92,16 +92,25 @@ def test_key_refused_points_at_ssh_setup(make_cluster: Callable[..., Cluster], t
     home = tmp_path / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "config").write_text(f"Host h1\n    HostName {cluster.addr('h1')}\n")
-    result = subprocess.run(
-        distrun_argv("check", "-H", "h1"),
-        capture_output=True,
-        text=True,
-        env={**cluster.env(PYTHONPATH=str(REPO)), "HOME": str(home)},
-        cwd=REPO,
-        timeout=120,
-    )
-    assert result.returncode == 3
-    assert "fix: distrun ssh-setup -H h1" in result.stdout
+    for login in ("h1", "root@h1"):  # the fix names the login as given
+        result = subprocess.run(
+            distrun_argv("check", "-H", login),
+            capture_output=True,
+            text=True,
+            env={**cluster.env(PYTHONPATH=str(REPO)), "HOME": str(home)},
+            cwd=REPO,
+            timeout=120,
+        )
+        assert result.returncode == 3
+        assert f"fix: distrun ssh-setup -H {login}" in result.stdout
+
+
+def test_missing_interpreter_is_not_blamed_on_ssh(cluster: Cluster) -> None:
+    result = check(cluster, "-H", "h1", "--python", "/nonexistent/python")
+    assert result.returncode == 3, result.stdout + result.stderr
+    problem = next(line for line in result.stdout.splitlines() if line.startswith("h1: problem:"))
+    assert "no Python interpreter found here (tried /nonexistent/python)" in problem
+    assert problem.endswith("fix: give --python the path of a Python 3.7 or newer on h1"), problem
 
 
 def test_terminal_gets_progress_and_colours(cluster: Cluster) -> None:
@@ -118,3 +127,12 @@ def test_terminal_gets_progress_and_colours(cluster: Cluster) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, text
     assert "checking 0/2 hosts" in text and "checking 2/2 hosts" in text
     assert "\x1b[32m" in text, "rows of healthy hosts are green on a terminal"
+
+
+def test_one_host_under_a_name_and_an_address_is_a_problem(cluster: Cluster) -> None:
+    result = check(cluster, "-H", f"h1:1,{cluster.addr('h1')}:1")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert (
+        f"{cluster.addr('h1')}: problem: the same machine as h1 (one machine-id, boot and hostname); "
+        "fix: list it once with both entries' slots (h1:2)"
+    ) in result.stdout.splitlines()

@@ -95,3 +95,17 @@ def test_secrets_never_in_dry_run_or_verbose_output(cluster: Cluster, tmp_path: 
         "DB_URL='postgres://app:<redacted>@db/x'"
         in launch(cluster, "--dry-run", "-H", "h1:1", "x", **secrets).stdout.decode()
     )
+
+
+def test_no_forward_env_is_the_same_for_local_and_remote_ranks(cluster: Cluster, tmp_path: Path) -> None:
+    """One job, a rank here and one on h1: neither gets this shell's variables (issue 19, defect 7)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    result = launch(
+        cluster, "-H", "localhost:1,h1:1", "--no-forward-env", "-x", "FROM_X=x", SCRIPTS / "envdump.py", out,
+        ONLY_SHELL="1", API_TOKEN=SECRET,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr.decode()
+    for env, where in zip(dumps(out, 2), ("local", "h1"), strict=True):
+        assert "ONLY_SHELL" not in env and "API_TOKEN" not in env, f"{where}: this shell's variables arrived"
+        assert env["FROM_X"] == "x" and "PATH" in env and "HOME" in env, where

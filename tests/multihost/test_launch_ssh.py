@@ -241,3 +241,18 @@ def test_a_console_that_stops_reading_does_not_lose_remote_hosts(cluster: Cluste
     assert proc.returncode == 0, err.decode()
     assert out.count(b"finished") == 2
     assert_clean(cluster)
+
+
+def test_one_host_under_a_name_and_an_address_is_refused(cluster: Cluster, tmp_path: Path) -> None:
+    """`-H h1:1,<h1's address>:1` would run two LOCAL_RANK 0 on one machine (issue 19, defect 11)."""
+    marker = tmp_path / "ran"
+    result = run_distrun(
+        "-H", f"h1:1,{cluster.addr('h1')}:1", "touch", marker, env=cluster.env(PYTHONPATH=str(REPO))
+    )
+    assert result.returncode == 2, result.stderr.decode()
+    assert result.stderr.decode() == (
+        f"distrun: error: -H 'h1:1' and -H '{cluster.addr('h1')}:1' are the same machine (their agents "
+        "report one machine-id, boot and hostname); list it once with all its slots (e.g. h1:2)\n"
+    )
+    assert not marker.exists()
+    assert cluster.wait_clean(timeout=10.0) == {}

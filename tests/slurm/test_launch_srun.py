@@ -18,7 +18,15 @@ import psutil
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
-from tests.support import REPO, SCRIPTS, attempt_envs, distrun_argv, wait_until
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    assert_all_gone,
+    attempt_envs,
+    distrun_argv,
+    recorded_pids,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -71,6 +79,17 @@ def test_ranks_see_the_job_not_the_agents_step(slurm: SlurmCluster, tmp_path: Pa
         assert env["SLURM_JOB_NODELIST"] == "node[01-02]"
         assert env["SLURM_JOB_ID"] == envs[0]["SLURM_JOB_ID"]
         assert not {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_LOCALID"} & set(env)
+    assert_clean(slurm)
+
+
+def test_detached_descendants_end_with_the_job_on_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """New sessions, process groups and setsid daemons of ranks in srun steps end with the job (issue 19)."""
+    args = ("--grace-period", "1", SCRIPTS / "detach.py", tmp_path)
+    result = salloc(slurm, "-N2", *distrun_argv(*args))
+    assert result.returncode == 0, result.stderr
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 2 * 4
+    assert_all_gone(pids, within=2.0)
     assert_clean(slurm)
 
 
@@ -285,6 +304,27 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
     finally:
         slurm.network.link_up("node03")
     assert_clean(slurm, within=60.0)
+
+
+def test_workdir_under_slurm_runs_every_rank_in_the_copy(slurm: SlurmCluster, tmp_path: Path) -> None:
+    """The nodes share this machine's disk, so both agents build the same copy at once in one cache: the
+    concurrent case of two jobs, which must leave one complete copy that both use."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("import os, mod; print(os.environ['RANK'], os.getcwd(), mod.VALUE)\n")
+    (project / "mod.py").write_text("VALUE = 7\n")
+    cache = tmp_path / "cache"
+    env = {**slurm_env(slurm), "DISTRUN_CACHE_DIR": str(cache)}
+    argv = ["salloc", "-N2", *distrun_argv("--workdir", project, "train.py")]
+    result = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    (copy,) = [p for p in (cache / "workdir" / "trees").iterdir() if p.is_dir()]
+    assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
+        f"[{rank}] {rank} {copy} 7" for rank in range(2)
+    ]
+    assert sorted(os.listdir(copy)) == ["mod.py", "train.py"]
+    assert os.listdir(cache / "workdir" / "tmp") == []
+    assert_clean(slurm)
 
 
 def test_check_inside_an_allocation_reaches_every_node_through_srun(slurm: SlurmCluster) -> None:

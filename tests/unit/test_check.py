@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from launcher.check import HostCheck, findings, row, table, verdict
+from launcher.check import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
 
 GOOD: dict[str, Any] = {
     "hostname": "h1",
@@ -54,6 +54,27 @@ def test_healthy_host_has_no_findings_and_a_full_row() -> None:
             "check that h2 is up and sshd listens there (ssh h2 true)",
         ),
         (
+            HostCheck("h2", 1, error="h2: authentication refused", error_kind="auth", user="alice"),
+            "authentication refused",
+            "distrun ssh-setup -H alice@h2",
+        ),
+        (
+            HostCheck("h2", 1, error="h2: refused", error_kind="unreachable", user="alice"),
+            "refused",
+            "(ssh alice@h2 true)",
+        ),
+        (
+            HostCheck(
+                "h2",
+                1,
+                error="host h2: the distrun agent exited before answering: distrun: no Python interpreter "
+                "found here (tried /nonexistent/python)",
+                error_kind="python",
+            ),
+            "no Python interpreter found here (tried /nonexistent/python)",
+            "install Python 3.7 or newer on h2 as python3, or give --python PATH",
+        ),
+        (
             HostCheck("h2", 1, probe={**GOOD, "cwd_exists": False}),
             "launch directory /work/job is missing",
             "create or mount /work/job on h2",
@@ -99,3 +120,47 @@ def test_verdict_names_failing_hosts_and_table_aligns() -> None:
     assert lines[0].startswith("host  ssh   login")
     assert lines[2].startswith("h10   FAIL")
     assert lines[1].index("ok") == lines[2].index("FAIL") == lines[0].index("ssh"), "columns line up"
+
+
+def test_one_machine_under_two_names_is_a_problem_of_the_second() -> None:
+    from launcher.check import same_machines
+
+    checks = [
+        HostCheck("h1", 2, probe={**GOOD, "machine": "m/b/n/h1"}),
+        HostCheck("h2", 1, probe={**GOOD, "machine": "m/b/n/h2"}),
+        HostCheck("10.0.0.1", 1, probe={**GOOD, "machine": "m/b/n/h1"}),
+        HostCheck("old-agent", 1, probe=GOOD),  # an agent that reports no identity is never a duplicate
+    ]
+    (found,) = same_machines(checks)
+    assert (found.host, found.fatal) == ("10.0.0.1", True)
+    assert found.what == "the same machine as h1 (one machine-id, boot and hostname)"
+    assert found.fix == "list it once with both entries' slots (h1:3)"
+
+
+def test_a_host_with_another_stack_is_a_problem_unless_allowed() -> None:
+    stack = {"python": "3.11.7", "torch": "2.13.0", "cuda": "", "nccl": ""}
+    checks = [
+        HostCheck("h1", 1, probe={**GOOD, "stack": stack}),
+        HostCheck("h2", 1, probe={**GOOD, "stack": {**stack, "torch": "2.12.0"}}),
+        HostCheck("h3", 1, probe={**GOOD, "stack": stack}),
+        HostCheck("h4", 1, error="unreachable"),
+    ]
+    (found,) = stack_findings(checks, allow_mismatch=False)
+    assert (found.host, found.what, found.fatal) == (
+        "h2",
+        "a different stack: torch 2.12.0, others 2.13.0",
+        True,
+    )
+    assert [f.fatal for f in stack_findings(checks, allow_mismatch=True)] == [False]
+
+
+def test_workdir_line_names_the_hosts_that_hold_the_copy() -> None:
+    checks = [
+        HostCheck("h1", 1, probe={**GOOD, "workdir_cached": True}),
+        HostCheck("h2", 1, probe={**GOOD, "workdir_cached": False}),
+        HostCheck("h3", 1, error="unreachable"),
+    ]
+    assert workdir_line("ab" * 32, 3, 2 << 20, checks) == (
+        "workdir abababababab (3 files, 2.0 MiB): cached on h1; to send to h2"
+    )
+    assert workdir_line("ab" * 32, 1, 0, checks[2:]).endswith(": no host answered")

@@ -15,6 +15,7 @@ from launcher.cli import main
 from launcher.command import resolve_command
 from launcher.config import LaunchConfig
 from launcher.errors import HostError
+from tests.support import clean_env, run_distrun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -208,7 +209,7 @@ def test_launch_errors_become_one_line(
     assert run(capsys, "x") == (3, "", "distrun: error: node9: ssh: connection refused\n")
 
 
-def test_interrupt_before_launch_is_quiet(
+def test_interrupt_before_launch_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake = types.ModuleType("launcher.run")
@@ -218,7 +219,8 @@ def test_interrupt_before_launch_is_quiet(
 
     fake.launch = launch  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "launcher.run", fake)
-    assert run(capsys, "x") == (130, "", "")
+    said = "distrun: error: interrupted by SIGINT before any rank started\n"
+    assert run(capsys, "x") == (130, "", said)
 
 
 @pytest.mark.parametrize(
@@ -650,3 +652,29 @@ def test_dry_run_shows_the_slurm_hosts(capsys: pytest.CaptureFixture[str]) -> No
         "rank 4: host=cpu-a1 local_rank=0 node_rank=2",
     ]
     assert "    MASTER_ADDR=gpu01" in lines
+
+
+def test_distrun_variables_that_name_no_option_are_warned_about() -> None:
+    from launcher.cli import cli, unknown_settings
+
+    environ = {
+        "DISTRUN_NUMPROC": "4",  # a typo of DISTRUN_NUM_PROC
+        "DISTRUN_NUM_PROC": "2",
+        "DISTRUN_WHATEVER": "x",
+        "DISTRUN_RUN_ID": "abc",  # what distrun gives its ranks: a distrun started in a rank sees it
+        "DISTRUN_OWN_GPUS": "1",
+        "OTHER": "y",
+    }
+    assert unknown_settings(environ, cli.params) == [
+        "DISTRUN_NUMPROC names no option of distrun and is ignored (did you mean DISTRUN_NUM_PROC?)",
+        "DISTRUN_WHATEVER names no option of distrun and is ignored",
+    ]
+
+
+def test_an_unknown_distrun_variable_is_one_warning_line() -> None:
+    result = run_distrun("--dry-run", "true", env=clean_env(DISTRUN_TIMEOUTS="5"))
+    assert result.returncode == 0
+    assert result.stderr.decode() == (
+        "distrun: DISTRUN_TIMEOUTS names no option of distrun and is ignored "
+        "(did you mean DISTRUN_TIMEOUT?)\n"
+    )

@@ -258,3 +258,79 @@ def test_checkpoint_round_trip(tmp_path: Path) -> None:
     assert raised.value.__cause__ is not None
     assert [p.name for p in path.parent.iterdir()] == ["ckpt.pt"]
     assert hvd.load_checkpoint(path) is not None  # the previous checkpoint survived
+
+
+@pytest.fixture
+def events(single: None, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What happens, in order: every allreduce (with its size) and what the test adds."""
+    happened: list[str] = []
+    real_all_reduce = torch.distributed.all_reduce
+
+    def spy(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        happened.append(f"allreduce {tensor.numel()}")
+        return real_all_reduce(tensor, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", spy)
+    return happened
+
+
+def test_buckets_start_during_backward_as_soon_as_they_fill(events: list[str]) -> None:
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16, bias=False), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Linear(16, 2)
+    )
+    # Registered before the optimizer's hook, so it runs first: the moment the last gradient is ready.
+    first_weight = model[0].weight
+    first_weight.register_post_accumulate_grad_hook(lambda _: events.append("first layer ready"))
+    # A tiny cap: one bucket per parameter, in reverse registration order.
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), bucket_cap_mb=1e-6
+    )
+    model(torch.ones(3, 4)).sum().backward()
+    events.append("backward done")
+    local = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    opt.step()
+    assert events == [
+        "allreduce 2",
+        "allreduce 32",
+        "allreduce 16",
+        "allreduce 256",
+        "first layer ready",
+        "allreduce 64",
+        "backward done",
+    ]
+    # A world of one: the average is the local gradient, written back into every .grad.
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), local, strict=True))
+
+
+class HeadFirst(torch.nn.Module):
+    """Registers its head before its body, so reverse registration order is not the backward order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(16, 2)
+        self.body = torch.nn.Linear(4, 16, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(torch.tanh(self.body(x)))
+        return out
+
+
+def test_buckets_follow_the_gradient_order_from_the_second_step(events: list[str]) -> None:
+    model = HeadFirst()
+    model.body.weight.register_post_accumulate_grad_hook(lambda _: events.append("body ready"))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(), bucket_cap_mb=1e-6
+    )
+    per_step = []
+    for _ in range(3):
+        events.clear()
+        opt.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        opt.step()
+        per_step.append(list(events))
+    # First step: the body's weight, registered last, is the first bucket, ready last: nothing overlaps.
+    assert per_step[0] == ["body ready", "allreduce 64", "allreduce 2", "allreduce 32"]
+    # Rebuilt in the order the gradients came: the head's buckets start while the body is still computing.
+    assert per_step[1] == per_step[2]
+    assert sorted(per_step[1][:2]) == ["allreduce 2", "allreduce 32"]
+    assert per_step[1][2:] == ["body ready", "allreduce 64"]

@@ -135,7 +135,7 @@ def test_a_partial_line_waits_for_the_interval_off_a_terminal(pipe: tuple[int, i
     assert _drain(read_fd) == b"[0] Loading... \n"
     relay.feed(0, "stdout", b"done\n")
     relay.finish()
-    assert _drain(read_fd) == b"[0] Loading... done\n"
+    assert _drain(read_fd) == b"[0] done\n", "the rest of the line, not the line again"
     assert relay.next_deadline() is None
 
 

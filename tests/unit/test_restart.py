@@ -15,6 +15,7 @@ from launcher.plan import Plan, make_plan
 from launcher.restart import GiveUp, HostBook, Restart, decide
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.run import Job
+from launcher.summary import summarize
 from launcher.supervise import signal_pipe
 from tests.fakes import memory_relay
 
@@ -60,6 +61,17 @@ def test_without_restarts_a_failure_simply_ends_the_job() -> None:
 def test_elastic_goes_on_without_a_lost_host() -> None:
     again = _decide(LOST_B, ELASTIC)
     assert isinstance(again, Restart) and (again.hosts, again.num_proc) == ((A,), 2)
+
+
+def test_elastic_keeps_a_host_whose_agent_only_outwaited_a_stopped_distrun() -> None:
+    """distrun's own silence (it was stopped) is no fault of the host: it is not left out, nor blamed."""
+    ours = HostLost("b", "distrun itself did not run for 15s", ours=True)
+    again = _decide(ours, ELASTIC)
+    assert isinstance(again, Restart) and (again.hosts, again.num_proc) == ((A, B), 4)
+    assert again.reason == "host b stopped its ranks (distrun itself did not run for 15s)"
+    assert summarize(ours, lambda rank: []) == [
+        "host b stopped its ranks: distrun itself did not run for 15s"
+    ]
 
 
 def test_elastic_below_min_np_gives_up_naming_what_is_left() -> None:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
 
 import collectives as hvd
 
@@ -234,6 +236,88 @@ def scenario_different_parameters(rank: int, size: int) -> dict[str, Any]:
     return {"dist": dist_grads, "ref": expected}
 
 
+def scenario_ddp(rank: int, size: int, compression: hvd.Compressor, steps: int = 5) -> dict[str, Any]:
+    """DistributedOptimizer and DDP with the same (small, so several) buckets train two copies side by side.
+
+    With compression, DDP gets torch's fp16_compress_hook, which divides, casts and sums as ours does.
+    """
+    model, twin = make_model(0), make_model(0)
+    cap_mb = 0.002
+
+    def sgd(m: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+
+    opt = hvd.DistributedOptimizer(
+        sgd(model), model.named_parameters(), compression=compression, bucket_cap_mb=cap_mb
+    )
+    ddp = DistributedDataParallel(
+        twin, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None, bucket_cap_mb=cap_mb
+    )
+    if compression is hvd.Compression.fp16:
+        ddp.register_comm_hook(state=None, hook=default_hooks.fp16_compress_hook)
+    ddp_opt = sgd(twin)
+    for step in range(steps):
+        x, y = make_data(size * BATCH, seed=400 + step)
+        opt.zero_grad()
+        loss_fn(model, shard(x, rank, BATCH), shard(y, rank, BATCH)).backward()
+        opt.step()
+        ddp_opt.zero_grad()
+        loss_fn(ddp, shard(x, rank, BATCH), shard(y, rank, BATCH)).backward()
+        ddp_opt.step()
+    opt.remove_hooks()
+    return {"dist": params_of(model), "ddp": params_of(twin)}
+
+
+def scenario_unused(rank: int, size: int, passes: int = 2, steps: int = 2) -> dict[str, Any]:
+    """Parameters without a gradient: `idle` on every rank; `b` on rank 0 in the second of two passes only.
+
+    The bucket cap puts every parameter in its own bucket, so a bucket whose gradient never comes sits
+    between buckets that fill during backward: those must not wait for it, nor the job hang.
+    """
+
+    def build() -> tuple[list[tuple[str, nn.Parameter]], dict[str, nn.Module]]:
+        torch.manual_seed(0)
+        layers = {
+            "a": nn.Linear(3, 3).to(DEVICE),
+            "b": nn.Linear(3, 3).to(DEVICE),
+            "idle": nn.Linear(3, 3).to(DEVICE),
+            "c": nn.Linear(3, 1).to(DEVICE),
+        }
+        named = [item for prefix, layer in layers.items() for item in layer.named_parameters(prefix=prefix)]
+        return named, layers
+
+    def local_loss(r: int, micro: int, step: int, layers: dict[str, nn.Module]) -> torch.Tensor:
+        x = full((2, 3), r + 1.0 + micro + 10 * step)
+        hidden = layers["a"](x) if r == 0 and micro == 0 else layers["a"](layers["b"](x))
+        loss: torch.Tensor = layers["c"](torch.tanh(hidden)).sum()
+        return loss
+
+    named, layers = build()
+    sgd = torch.optim.SGD([p for _, p in named], lr=0.1)
+    opt = hvd.DistributedOptimizer(sgd, named, backward_passes_per_step=passes, bucket_cap_mb=1e-5)
+    ref_named, ref_layers = build()
+    ref_opt = torch.optim.SGD([p for _, p in ref_named], lr=0.1)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(passes):
+            local_loss(rank, micro, step, layers).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        for r in range(size):
+            for micro in range(passes):
+                (local_loss(r, micro, step, ref_layers) / (size * passes)).backward()
+        for _, p in ref_named:
+            if p.grad is None:  # unused everywhere: a zero gradient, as in Horovod
+                p.grad = torch.zeros_like(p)
+        ref_opt.step()
+    opt.remove_hooks()
+    return {
+        "dist": [p.detach().clone() for _, p in named],
+        "ref": [p.detach().clone() for _, p in ref_named],
+        "idle_grads": [layers["idle"].weight.grad.clone(), layers["idle"].bias.grad.clone()],
+    }
+
+
 def scenario_rewrap(rank: int, size: int, steps: int = 3) -> dict[str, Any]:
     """Wrapping the same model twice (the old optimizer still alive): only the new one may reduce."""
     model, reference = make_model(0), make_model(0)
@@ -421,6 +505,9 @@ def main() -> None:
         "sum_op": scenario_sum_op(rank, size),
         "compressed_accumulation": scenario_compressed_accumulation(rank, size),
         "different_parameters": scenario_different_parameters(rank, size),
+        "ddp": scenario_ddp(rank, size, hvd.Compression.none),
+        "ddp_fp16": scenario_ddp(rank, size, hvd.Compression.fp16),
+        "unused": scenario_unused(rank, size),
         "rewrap": scenario_rewrap(rank, size),
         "broadcast_state": scenario_broadcast_state(rank, size),
         "ops": scenario_ops(rank, size, outdir),
