@@ -575,7 +575,13 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
     lines = []
     for name in sorted(environ):
         if name.startswith(f"{ENV_PREFIX}_") and name not in options and name not in RANK_VARIABLES:
-            import difflib  # only when there is a stray variable: it costs start-up time
+            # Only when there is a stray variable: these imports cost start-up time.
+            import difflib
+
+            from launcher.store import CACHE_DIR_VAR
+
+            if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (README, --workdir)
+                continue
 
             close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)
             hint = f" (did you mean {close[0]}?)" if close else ""
