@@ -21,13 +21,23 @@ def env_with_repo(**extra: str) -> dict[str, str]:
     return env
 
 
-def distrun(*args: str | os.PathLike[str]) -> list[str]:
-    return [sys.executable, "-m", "launcher", *map(str, args)]
+def distrun(*args: str | os.PathLike[str], tree: Path | None = None) -> list[str]:
+    """The distrun command line; with `tree`, the distrun of that checkout (e.g. `git archive main`).
+
+    Not `-m launcher` with PYTHONPATH=tree: `-m` puts the working directory first on sys.path, and run from
+    this checkout that would import this tree's launcher whatever PYTHONPATH says.
+    """
+    if tree is None:
+        return [sys.executable, "-m", "launcher", *map(str, args)]
+    run = (
+        f"import runpy,sys;sys.path.insert(0,{str(tree)!r});runpy.run_module('launcher',run_name='__main__')"
+    )
+    return [sys.executable, "-c", run, *map(str, args)]
 
 
-def timed_run(argv: Sequence[str], **kwargs: object) -> float:
+def timed_run(argv: Sequence[str], env: dict[str, str] | None = None, **kwargs: object) -> float:
     start = time.perf_counter()
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env_with_repo(), **kwargs)  # type: ignore[call-overload]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env or env_with_repo(), **kwargs)  # type: ignore[call-overload]
     return time.perf_counter() - start
 
 

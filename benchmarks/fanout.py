@@ -1,6 +1,6 @@
 """SSH fan-out: start something on every simulated host, distrun against parallel OpenSSH clients.
 
-    sudo python benchmarks/fanout.py [--hosts 32 128 256] [--repeat 1]
+    sudo python benchmarks/fanout.py [--hosts 32 128 256] [--repeat 1] [--no-login-rc] [--baseline DIR]
 
 Needs root, iproute2 and openssh-server (it builds the simulated cluster of tests/multihost/cluster.py).
 Cases, run side by side on the same cluster, interleaved when repeated:
@@ -9,6 +9,10 @@ Cases, run side by side on the same cluster, interleaved when repeated:
   ssh python   the same clients running `python3 -c pass`: the fair comparison, since distrun starts a Python
                agent on every host
   distrun      `distrun -H h1:1,...,hN:1 true`: connect, start the agent, probe, run `true`, collect exits
+  baseline     the same through another checkout of distrun (`--baseline DIR`, e.g. `git archive main`)
+
+The hosts' login shells read root's ~/.bashrc as a real cluster's do (here it runs `pyenv init`, which takes
+one global lock per login); `--no-login-rc` hides it, which flatters every launcher.
 
 Besides wall time it reports the CPU time and peak RSS of the client side only (the `ssh` processes together,
 or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": every
@@ -108,11 +112,11 @@ def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
     return Sample(wall, cpu, 0.0, rss, len(procs), error)
 
 
-def distrun_all(cluster: Cluster, extra: Sequence[str]) -> Sample:
+def distrun_all(cluster: Cluster, extra: Sequence[str], tree: Path | None = None) -> Sample:
     hosts = ",".join(f"{h}:1" for h in cluster.hosts)
     start = time.perf_counter()
     proc = subprocess.Popen(
-        distrun("-H", hosts, *extra, "true"),
+        distrun("-H", hosts, *extra, "true", tree=tree),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -142,6 +146,18 @@ def median(samples: Sequence[Sample]) -> Sample:
     )
 
 
+def run_cases(
+    hosts: int, cases: dict[str, Callable[[Cluster], Sample]], repeat: int, login_rc: bool
+) -> dict[str, Sample]:
+    """Every case on one cluster of `hosts` hosts, interleaved `repeat` times; the median sample of each."""
+    samples: dict[str, list[Sample]] = {name: [] for name in cases}
+    with Cluster(hosts, login_rc=login_rc) as cluster:
+        for _ in range(repeat):
+            for name, case in cases.items():
+                samples[name].append(measured(cluster, case))
+    return {name: median(s) for name, s in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -150,10 +166,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
         "--login-rc",
-        action="store_true",
-        help="let the hosts' login shells read root's ~/.bashrc (see Cluster's login_rc)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the hosts' login shells read root's ~/.bashrc, as a real cluster's do (Cluster's login_rc)",
     )
     parser.add_argument("--distrun-arg", action="append", default=[], help="extra distrun option")
+    parser.add_argument("--baseline", type=Path, help="another distrun checkout to run alongside")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
@@ -163,17 +181,14 @@ def main() -> None:
         "ssh python": lambda c: openssh_all(c, ["python3", "-c", "pass"]),
         "distrun": lambda c: distrun_all(c, args.distrun_arg),
     }
+    if args.baseline:
+        cases["baseline"] = lambda c: distrun_all(c, args.distrun_arg, args.baseline.resolve())
     print(
         f"{'hosts':>5}  {'case':<11}{'wall':>9}{'vs ssh python':>15}{'cpu/host':>10}{'RSS/host':>10}"
         f"{'peak RSS':>10}{'host cpu/host':>15}  result"
     )
     for n in args.hosts:
-        samples: dict[str, list[Sample]] = {name: [] for name in cases}
-        with Cluster(n, login_rc=args.login_rc) as cluster:
-            for _ in range(args.repeat):
-                for name, case in cases.items():
-                    samples[name].append(measured(cluster, case))
-        results = {name: median(s) for name, s in samples.items()}
+        results = run_cases(n, cases, args.repeat, args.login_rc)
         ref = results["ssh python"].wall
         for name, r in results.items():
             print(

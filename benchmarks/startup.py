@@ -30,6 +30,10 @@ def by_hand(script: Path, n: int = 2) -> float:
     procs = [
         subprocess.Popen(
             [sys.executable, str(script)],
+            # Each in a session of its own, as distrun starts ranks (and as two terminals would): with the
+            # kernel's autogroup scheduling a session is one share of a loaded machine's CPU, so workers
+            # sharing ours would run slower than distrun's for that reason alone.
+            start_new_session=True,
             stdout=subprocess.DEVNULL,
             # What distrun sets that matters for speed: without the interface, gloo resolves the hostname.
             env=env_with_repo(

@@ -460,6 +460,7 @@ class Agent:
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
         self.dump_dir: DumpDir | None = None  # made at the first START: the ranks' stack hook and dumps
         self.gatherings: list[Gathering] = []
+        self._die_with_agent: Any = None
         self.agent_id = 0
         # What the launcher may ask, by frame kind; other kinds are ignored (a newer launcher's requests).
         self.handlers: Handlers = {
@@ -522,6 +523,13 @@ class Agent:
         if request.listen and self.listener is None:
             self.listener = listen()
         self.send_message(FACTS, host_facts(request, self.listener))
+        # While the launcher turns the facts into the ranks' environments: what START needs (ctypes).
+        self.die_with_agent()
+
+    def die_with_agent(self) -> Any:
+        if self._die_with_agent is None:
+            self._die_with_agent = _die_with_agent() or False
+        return self._die_with_agent or None
 
     def start(self, spec: StartRequest) -> None:
         self.receiver.stop_serving()  # no thread may run while ranks are forked
@@ -533,7 +541,7 @@ class Agent:
         cwd = spec.workdir or spec.cwd or None
         if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
             shared["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, shared.get("PYTHONPATH")) if p)
-        die_with_agent = _die_with_agent()
+        die_with_agent = self.die_with_agent()
         if self.dump_dir is None:
             self.dump_dir = DumpDir()
         for r in spec.ranks:
@@ -794,17 +802,22 @@ class Agent:
                 return 0
 
 
-def main() -> int:
-    # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
-    out_fd = os.dup(1)
-    os.dup2(2, 1)
+def serve(in_fd: int, out_fd: int) -> int:
+    """Be the agent on this channel (a pipe pair, an SSH channel's stdio, a socket) until it closes."""
     write_all(out_fd, encode_hello(Hello(VERSION, os.getpid())))
-    agent = Agent(0, out_fd)
+    agent = Agent(in_fd, out_fd)
     try:
         return agent.run()
     finally:
         if agent.dump_dir is not None:
             agent.dump_dir.remove()
+
+
+def main() -> int:
+    # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    return serve(0, out_fd)
 
 
 if __name__ == "__main__":

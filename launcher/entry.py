@@ -8,9 +8,9 @@ from __future__ import annotations
 
 
 def main() -> None:
-    from launcher.cli import main as cli_main
+    from launcher.cli import entry
 
-    cli_main()
+    entry()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
-from collectives.placement import OWN_GPUS_VAR
 from launcher.devices import RankDevices
 from launcher.errors import UsageError
 from launcher.facts import Rendezvous
@@ -211,6 +210,8 @@ def rank_env(
     }
     if devices is not None and devices.gpus is not None:
         # The rank's own devices, whatever the host or -x said: those only chose which devices to hand out.
+        from collectives.placement import OWN_GPUS_VAR  # only --gpus-per-rank jobs load the worker library
+
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(devices.gpus)
         contract[OWN_GPUS_VAR] = str(len(devices.gpus))
     return contract, defaults

@@ -200,28 +200,32 @@ STEP_VARIABLES = (
 )
 
 
-def srun_argv(node: str, command: Sequence[str]) -> list[str]:
-    """`srun` running `command` as the single task of a new step on `node` of the current allocation.
+def srun_step_argv(nodes: Sequence[str], command: Sequence[str]) -> list[str]:
+    """One `srun` step of the current allocation running `command` once on each of `nodes`: every agent of
+    the job in one step.
 
     `--overlap` lets the step share the CPUs the job's own steps hold (and gives it every non-GRES resource of
     the node, so a cgroup cpuset does not squeeze all ranks onto one core); `--unbuffered` keeps slurmstepd
-    from holding output until a newline, which a binary channel would not survive; the explicit task counts
-    win over `SLURM_NTASKS*` that salloc/sbatch put in our environment; `--mpi=none`: the agent is no MPI
-    program, so no PMI server is set up for it. `env -u` drops the step's description (`STEP_VARIABLES`)
-    before the agent, and so every rank, inherits it.
+    from holding output until a newline; the explicit task counts win over `SLURM_NTASKS*` that salloc/sbatch
+    put in our environment; `--mpi=none`: the agent is no MPI program, so no PMI server is set up for it;
+    `--input=all`: every task reads the same bootstrap on stdin; `--kill-on-bad-exit=0` and `--wait=0`: one
+    task ending, even badly, ends no other, as a job that loses a node may go on without it. `env -u` drops
+    the step's description (`STEP_VARIABLES`) before the agent, and so every rank, inherits it.
     """
     return [
         "srun",
         "--overlap",
-        "--kill-on-bad-exit=1",
+        "--kill-on-bad-exit=0",
+        "--wait=0",
+        "--input=all",
         "--cpu-bind=none",
         "--unbuffered",
         "--quiet",
         "--mpi=none",
-        "--nodes=1",
-        "--ntasks=1",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
         "--ntasks-per-node=1",
-        f"--nodelist={node}",
+        f"--nodelist={','.join(nodes)}",
         "env",
         *(arg for name in STEP_VARIABLES for arg in ("-u", name)),
         *command,

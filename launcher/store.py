@@ -47,9 +47,12 @@ def digests(entries: list[list[Any]]) -> dict[str, int]:
     return {e[2]: int(e[3]) for e in entries if e[1] == FILE}
 
 
+CACHE_DIR_VAR = "DISTRUN_CACHE_DIR"
+
+
 def default_root() -> str:
     """$DISTRUN_CACHE_DIR, else $XDG_CACHE_HOME/distrun, else ~/.cache/distrun: per user, per host."""
-    given = os.environ.get("DISTRUN_CACHE_DIR")
+    given = os.environ.get(CACHE_DIR_VAR)
     if given:
         return given
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

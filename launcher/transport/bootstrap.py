@@ -22,33 +22,40 @@ SHIPPED = (
     "launcher.stackdump",
     "launcher.agent",
 )
-
-# argv[1:] holds each shipped module's source length, in SHIPPED order. The modules are registered under their
-# real names, so `from launcher.protocol import ...` in the agent works as it does when imported here.
-BOOTSTRAP = (
-    "import os,sys,types\n"
-    "def r(n):\n"
-    " b=b''\n"
-    " while len(b)<n:\n"
-    "  c=os.read(0,n-len(b))\n"
-    "  if not c:sys.exit(3)\n"
-    "  b+=c\n"
-    " return b\n"
-    "p=types.ModuleType('launcher');p.__path__=[];sys.modules['launcher']=p\n"
-    f"for q,n in zip({SHIPPED!r},sys.argv[1:]):\n"
-    " m=types.ModuleType(q);sys.modules[q]=m;setattr(p,q[9:],m)\n"
-    " exec(compile(r(int(n)),'distrun-'+q[9:],'exec'),m.__dict__)\n"
-    "sys.exit(m.main())\n"
-)
+# The agent that dials home over TCP (launcher.homing) instead of using its stdin/stdout.
+SHIPPED_HOMING = (*SHIPPED, "launcher.homing")
 
 
-def shipped_sources() -> list[bytes]:
-    return [(_LAUNCHER / f"{name.split('.')[1]}.py").read_bytes() for name in SHIPPED]
+def bootstrap(shipped: Sequence[str] = SHIPPED) -> str:
+    """argv[1:] holds each shipped module's source length, in `shipped` order; the last one's main() runs.
+
+    The modules are registered under their real names, so `from launcher.protocol import ...` in the agent
+    works as it does when imported here.
+    """
+    return (
+        "import os,sys,types\n"
+        "def r(n):\n"
+        " b=b''\n"
+        " while len(b)<n:\n"
+        "  c=os.read(0,n-len(b))\n"
+        "  if not c:sys.exit(3)\n"
+        "  b+=c\n"
+        " return b\n"
+        "p=types.ModuleType('launcher');p.__path__=[];sys.modules['launcher']=p\n"
+        f"for q,n in zip({tuple(shipped)!r},sys.argv[1:]):\n"
+        " m=types.ModuleType(q);sys.modules[q]=m;setattr(p,q[9:],m)\n"
+        " exec(compile(r(int(n)),'distrun-'+q[9:],'exec'),m.__dict__)\n"
+        "sys.exit(m.main())\n"
+    )
 
 
-def bootstrap_args(sources: Sequence[bytes]) -> list[str]:
+def shipped_sources(shipped: Sequence[str] = SHIPPED) -> list[bytes]:
+    return [(_LAUNCHER / f"{name.split('.')[1]}.py").read_bytes() for name in shipped]
+
+
+def bootstrap_args(sources: Sequence[bytes], shipped: Sequence[str] = SHIPPED) -> list[str]:
     """The interpreter's arguments (after its path) that run the shipped agent."""
-    return ["-S", "-u", "-c", BOOTSTRAP, *(str(len(s)) for s in sources)]
+    return ["-S", "-u", "-c", bootstrap(shipped), *(str(len(s)) for s in sources)]
 
 
 def local_argv(python: str) -> list[str]:
@@ -66,12 +73,12 @@ def agent_pythons(python: str | None) -> list[str]:
     return [python] if python else [sys.executable, "python3"]
 
 
-def remote_command(pythons: Sequence[str], sources: Sequence[bytes]) -> str:
+def remote_command(pythons: Sequence[str], sources: Sequence[bytes], shipped: Sequence[str] = SHIPPED) -> str:
     """A POSIX shell command running the agent with the first of `pythons` that exists on the host.
 
     Everything in it is ours (interpreter paths and the bootstrap), quoted; user data never passes a shell.
     """
-    tail = shlex.join(bootstrap_args(sources))
+    tail = shlex.join(bootstrap_args(sources, shipped))
     tries = " ".join(shlex.quote(p) for p in pythons)
     missing = shlex.quote(f"{NO_PYTHON} (tried {', '.join(pythons)})")
     return (

@@ -15,6 +15,7 @@ from launcher.hosts import Host
 from launcher.locality import refuse_this_machine_twice
 from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE, write_all
 from launcher.transport.bootstrap import local_argv
+from launcher.transport.forked import ForkedAgent, fork_safe
 from launcher.transport.link import Link
 
 if TYPE_CHECKING:
@@ -33,18 +34,22 @@ class ProcessLink:
     close_wait = ORPHAN_GRACE_CAP + 1.0
 
     def __init__(self, host: str, argv: Sequence[str]) -> None:
-        self.host = host
         # Own session: the terminal's Ctrl-C reaches only distrun, which then stops the job in order.
-        self._proc = subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._in = self._proc.stdin.fileno()
-        self._out = self._proc.stdout.fileno()
+        self._attach(host, proc)
+
+    def _attach(self, host: str, proc: subprocess.Popen[bytes] | ForkedAgent) -> None:
+        self.host = host
+        self._proc = proc
+        assert proc.stdin is not None and proc.stdout is not None
+        self._in = proc.stdin.fileno()
+        self._out = proc.stdout.fileno()
 
     def fileno(self) -> int:
         return self._out
@@ -98,7 +103,10 @@ class LocalLink(ProcessLink):
     """The agent for a host that is this machine: no SSH, the same protocol over pipes."""
 
     def __init__(self, host: str, python: str = sys.executable) -> None:
-        super().__init__(host, local_argv(python))
+        if python == sys.executable and fork_safe():
+            self._attach(host, ForkedAgent())
+        else:
+            super().__init__(host, local_argv(python))
 
 
 class LocalTransport:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from launcher.backend import Backend, CheckedLink
@@ -101,40 +101,26 @@ class SshLink:
         self._client.close()
 
 
-def open_links(
-    clients: Mapping[str, paramiko.SSHClient],
-    pythons: Sequence[str],
-    *,
-    limit: int,
-    progress: ProgressFn | None = None,
-) -> dict[str, SshLink]:
-    """Start the agent on every connected host, at most `limit` session starts at once: each makes sshd fork
-    a session and a login shell on the host, the costliest part of a start on the host's side.
+def start_agent(
+    name: str, client: paramiko.SSHClient, pythons: Sequence[str], sources: Sequence[bytes]
+) -> SshLink:
+    """The agent on a connected host: one session channel, whose login shell runs on the host meanwhile.
 
-    All or nothing: if any host refuses, the links already made are dropped and HostError names that host.
+    Raises HostError naming the host if the session is refused.
     """
-    from launcher.transport.sshconn import Aborted, Window, fan_out
-
-    sources = shipped_sources()
-
-    def start(name: str, window: Window) -> SshLink:
-        try:
-            with window.slot():
-                return SshLink(name, clients[name], pythons, sources)
-        except Aborted:
-            raise
-        except Exception as exc:  # paramiko raises several unrelated types; each becomes one line here
-            raise HostError(
-                f"host {name}: cannot start the distrun agent: {exc or 'channel refused'}", host=name
-            ) from exc
-
-    names = list(clients)
-    return fan_out(names, start, SshLink.abort, limit=limit, phase="starting agents", progress=progress)
+    try:
+        return SshLink(name, client, pythons, sources)
+    except Exception as exc:  # paramiko raises several unrelated types; each becomes one line here
+        raise HostError(
+            f"host {name}: cannot start the distrun agent: {exc or 'channel refused'}", host=name
+        ) from exc
 
 
 class SshTransport:
-    """Remote hosts over SSH: connect to all in parallel, then one agent channel each, both within a window
-    of `options.max_parallel` hosts at a time.
+    """Remote hosts over SSH: at most `options.max_parallel` handshakes at a time, and each host's agent
+    channel opened as soon as that host's own handshake is done, outside the window: a host's login shell
+    (conda, pyenv, modules: often the slowest part of a start) runs while other hosts still shake hands, and
+    never holds a slot.
 
     `pythons`: the interpreters to try for the agent, in order (see `remote_command`). `progress` hears how
     far connecting and starting agents got, after every host.
@@ -148,17 +134,17 @@ class SshTransport:
         self._progress = progress
 
     def open(self, hosts: Sequence[Host]) -> dict[str, Link]:
-        from launcher.transport.sshconn import connect_all  # paramiko is slow to import: only when needed
+        from launcher.transport.sshconn import open_all  # paramiko is slow to import: only when needed
 
-        clients = connect_all(hosts, self._options, self._progress)
-        try:
-            links = open_links(
-                clients, self._pythons, limit=self._options.max_parallel, progress=self._progress
-            )
-        except BaseException:
-            for client in clients.values():
-                client.close()
-            raise
+        sources = shipped_sources()
+        links = open_all(
+            hosts,
+            self._options,
+            lambda name, client: start_agent(name, client, self._pythons, sources),
+            SshLink.abort,
+            self._progress,
+            phase="starting agents",
+        )
         return dict(links)
 
 
@@ -237,7 +223,7 @@ class SshBackend(Backend):
         login = time.monotonic() - started
         key = "unchecked" if target.host_key_policy == "ignore" else ("known" if known else "recorded")
         try:
-            link = open_links({host.name: client}, agent_pythons(config.python), limit=1)[host.name]
+            link = start_agent(host.name, client, agent_pythons(config.python), shipped_sources())
         except HostError as err:
             client.close()
             return CheckedLink(None, login_s=login, host_key=key, error=str(err), error_kind="other")

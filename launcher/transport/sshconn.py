@@ -731,6 +731,22 @@ def connect_all(
     Raises HostError (exit 3) for the first failing host in the order given, after closing every connection
     already opened; UsageError for a bad ssh config or a missing identity file.
     """
+    return open_all(hosts, options, lambda _, client: client, lambda client: client.close(), progress)
+
+
+def open_all(
+    hosts: Sequence[Host],
+    options: SshOptions,
+    then: Callable[[str, paramiko.SSHClient], T],
+    close: Callable[[T], None],
+    progress: ProgressFn | None = None,
+    *,
+    phase: str = "connecting",
+) -> dict[str, T]:
+    """`connect_all`, with `then(name, client)` run on each host as soon as its own connection is up, outside
+    the handshake window (which bounds handshakes only): one host's session starts while others are still
+    shaking hands. On any failure every result is closed with `close` (and a client `then` failed on, too).
+    """
     for path in options.identity_files:
         if not path.expanduser().is_file():
             raise UsageError(f"identity file {path} does not exist")
@@ -742,17 +758,24 @@ def connect_all(
         target = resolve_target(host, options, ssh_config)
         routes[host.name] = (target, jump_targets(target, options, ssh_config))
 
-    def connect(name: str, window: Window) -> paramiko.SSHClient:
+    def connect(name: str, window: Window) -> T:
         target, jumps = routes[name]
-        return connect_target(target, options, jumps, window)
+        client = connect_target(target, options, jumps, window)
+        try:
+            return then(name, client)
+        except BaseException:
+            client.close()
+            raise
 
     return fan_out(
         [h.name for h in unique],
         connect,
-        lambda client: client.close(),
+        close,
         limit=options.max_parallel,
-        phase="connecting",
+        phase=phase,
         progress=progress,
+        # Threads busy with `then` hold no handshake slot: twice as many keep the window full meanwhile.
+        threads=2 * options.max_parallel,
     )
 
 
@@ -764,8 +787,11 @@ def fan_out(
     limit: int,
     phase: str,
     progress: ProgressFn | None = None,
+    threads: int | None = None,
 ) -> dict[str, T]:
-    """`work(name, window)` for every name, at most `limit` at once; all or nothing, results in `names` order.
+    """`work(name, window)` for every name, at most `limit` at once (`threads` workers, `limit` by default:
+    more where `work` holds a window slot for only part of its time); all or nothing, results in `names`
+    order.
 
     After the first failure no new host starts, in-flight retries give up, and every result already made is
     closed; the first failing host in `names` order is raised, with how many more failed.
@@ -794,7 +820,7 @@ def fan_out(
                 outcomes.put((name, None, exc))
 
     # Daemon threads, so Ctrl-C need not wait for a handshake with a dead host to time out.
-    for i in range(max(1, min(limit, len(names)))):
+    for i in range(max(1, min(threads or limit, len(names)))):
         threading.Thread(target=worker, name=f"{phase}-{i}", daemon=True).start()
     results: dict[str, T] = {}
     errors: dict[str, BaseException] = {}

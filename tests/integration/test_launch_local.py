@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import re
+import select
 import signal
 import subprocess
 import time
@@ -327,3 +328,34 @@ def test_an_agent_killed_outright_takes_its_ranks_with_it(pid_dir: Path) -> None
     assert "lost host localhost" in err.decode()
     ranks = [int((pid_dir / f"rank{r}.pid").read_text()) for r in range(2)]
     assert_all_gone(ranks, within=2.0)
+
+
+def test_the_local_agent_has_its_own_session_and_none_of_the_launchers_descriptors(pid_dir: Path) -> None:
+    """The local agent is a fork of distrun: it must still lead its own session, and hold no descriptor
+    distrun had besides its own three pipes (one kept open would delay or hide another process's EOF)."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            distrun_argv("-np", "2", SCRIPTS / "behave.py", "--pid-dir", pid_dir),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=clean_env(),
+            cwd=REPO,
+            pass_fds=[write_end],
+        )
+        os.close(write_end)
+        wait_for_files(pid_dir, "rank*.pid", 2)
+        agent = psutil.Process(proc.pid).children()[0]
+        assert os.getsid(agent.pid) == agent.pid != os.getsid(proc.pid)
+        launcher_pipe = os.readlink(f"/proc/{proc.pid}/fd/{write_end}")
+        assert launcher_pipe not in [
+            os.readlink(f"/proc/{agent.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{agent.pid}/fd")
+        ]
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        assert_all_gone([agent.pid, *recorded_pids(pid_dir)], within=5.0)
+        # Nobody holds the pipe's write end any more: its reader sees EOF.
+        assert select.select([read_end], [], [], 10)[0]
+        assert os.read(read_end, 1) == b""
+    finally:
+        os.close(read_end)

@@ -663,6 +663,7 @@ def test_distrun_variables_that_name_no_option_are_warned_about() -> None:
         "DISTRUN_WHATEVER": "x",
         "DISTRUN_RUN_ID": "abc",  # what distrun gives its ranks: a distrun started in a rank sees it
         "DISTRUN_OWN_GPUS": "1",
+        "DISTRUN_CACHE_DIR": "/scratch/cache",  # no option, but read on every host (--workdir's cache)
         "OTHER": "y",
     }
     assert unknown_settings(environ, cli.params) == [

@@ -6,7 +6,7 @@ import pytest
 
 from launcher.errors import EXIT_USAGE, SlurmEnvError
 from launcher.hosts import Host
-from launcher.slurm import Allocation, allocation_from_env, expand_counts, expand_hostlist, srun_argv
+from launcher.slurm import Allocation, allocation_from_env, expand_counts, expand_hostlist, srun_step_argv
 
 
 @pytest.mark.parametrize(
@@ -152,12 +152,14 @@ def test_bad_allocation_names_the_variable(env: dict[str, str], message: str) ->
     assert info.value.exit_code == EXIT_USAGE
 
 
-def test_srun_argv_runs_one_unbuffered_overlapping_task_on_the_node() -> None:
-    argv = srun_argv("node02", ["python3", "-c", "pass"])
+def test_srun_step_runs_one_unbuffered_overlapping_task_on_each_node() -> None:
+    argv = srun_step_argv(["node02", "node03"], ["python3", "-c", "pass"])
     assert argv[0] == "srun"
     assert argv[-3:] == ["python3", "-c", "pass"]
     options = argv[: argv.index("env")]
-    assert "--nodelist=node02" in options
-    for option in ("--overlap", "--kill-on-bad-exit=1", "--cpu-bind=none", "--unbuffered", "--ntasks=1"):
+    assert "--nodelist=node02,node03" in options
+    for option in ("--overlap", "--cpu-bind=none", "--unbuffered", "--nodes=2", "--ntasks=2", "--input=all"):
         assert option in options
+    # A task that ends badly (a node lost mid-job) must not end the other nodes' agents.
+    assert "--kill-on-bad-exit=0" in options
     assert argv.index("SLURM_PROCID") == argv.index("-u", argv.index("env")) + 1
