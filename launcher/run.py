@@ -112,9 +112,11 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
         connected = time.monotonic()
         watch.timeline.order(node.name for node in nodes)
-        for node in nodes:  # local hosts: connected and their agent started when connect() returned
-            watch.timeline.mark(node.name, "connected", connected)
-            watch.timeline.mark(node.name, "agent", connected)
+        for node in nodes:
+            # Hosts the fan-out did not report (this machine's): connected and agent up as connect() returned.
+            if "agent" not in watch.timeline.marks(node.name):
+                watch.timeline.mark(node.name, "connected", connected)
+                watch.timeline.mark(node.name, "agent", connected)
         with signal_pipe() as wake_fd:
             job = Job(config, relay, wake_fd, nodes, workdir, watch=watch)
             try:

@@ -13,7 +13,8 @@ from typing import Any
 
 from launcher.progress import Progress, ProgressFn
 
-# Phases in order; "connected" and "agent" come from the SSH fan-out (a local host has both at once).
+# Phases in order; "connected" and "agent" come from the SSH fan-out where it reports them apart (where it
+# starts each host's agent as soon as its connection is up, "agent" alone); a local host has both at once.
 PHASES = ("connected", "agent", "probed", "started")
 _FAN_OUT_PHASES = {"connecting": "connected", "starting agents": "agent"}
 
@@ -43,6 +44,9 @@ class Timeline:
 
     def _host(self, host: str) -> HostTimes:
         return self.hosts.setdefault(host, HostTimes(host))
+
+    def marks(self, host: str) -> dict[str, float]:
+        return self._host(host).marks
 
     def mark(self, host: str, phase: str, now: float) -> None:
         self._host(host).marks.setdefault(phase, now - self.start)
