@@ -51,6 +51,9 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         f"dry run: {plural(plan.world_size, 'process', 'processes')} on "
         f"{plural(plan.node_count, 'host', 'hosts')}; nothing is started",
         f"command: {shlex.join(resolve_command(config.command, python))}",
+        # The agent adds these, as only it knows its directory (launcher.stackdump).
+        "each rank also gets the stack hook of `distrun stacks`: its agent's directory after PYTHONPATH, a "
+        "warning filter that imports the hook after PYTHONWARNINGS, DISTRUN_STACK_DIR, DISTRUN_STACK_SIGNAL",
         f"every rank gets, from {source}:",
         *_assignments(redact(travelling, config.redact)),
     ]

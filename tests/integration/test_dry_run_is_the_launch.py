@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 from tests.support import SCRIPTS, clean_env, run_distrun
 
 SECRET = "tok-4f1d9a"
+# What each host's agent appends for `distrun stacks` (launcher.stackdump.DumpDir.rank_env).
+HOOKED = {"PYTHONPATH": f"{re.escape(os.pathsep)}.+", "PYTHONWARNINGS": ",.+"}
 
 
 def dry_run_env(out: str) -> dict[int, dict[str, str]]:
@@ -50,4 +53,6 @@ def test_every_rank_receives_what_the_dry_run_shows(tmp_path: Path) -> None:
                 continue
             # What only the hosts decide (ports, the run id) shows as "auto".
             pattern = re.escape(value).replace("auto", "[0-9a-f]+")
+            if name in HOOKED:  # the agent appends the stack hook, as the dry run says in its own line
+                pattern += HOOKED[name]
             assert name in received and re.fullmatch(pattern, received[name]), (rank, name, value)

@@ -43,9 +43,11 @@ def test_no_forward_env_keeps_this_shell_from_local_ranks(tmp_path: Path) -> Non
             name for name in env
             if not (login_variable(name) or is_owned(name) or name in ("FROM_FILE", "FROM_X", "ONLY_SHELL"))
             and name not in ("PYTHONUNBUFFERED", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
+            and name not in ("PYTHONPATH", "PYTHONWARNINGS")  # only the stack hook: checked below
             and not name.startswith(("DISTRUN_", "TORCHELASTIC_", "GLOO_", "NCCL_"))
         ]  # fmt: skip
         assert strays == [], f"inherited from this shell: {strays}"
+        assert env["PYTHONPATH"] == env["DISTRUN_STACK_DIR"], "this shell's PYTHONPATH reached a local rank"
 
 
 def test_dry_run_shows_what_local_ranks_keep(tmp_path: Path) -> None:
