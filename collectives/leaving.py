@@ -36,11 +36,11 @@ _exit_status: str | int | None = None
 _sys_exit = sys.exit
 
 
-def together(rank: int, size: int, wait_s: float | None) -> bool:
+def together(rank: int, size: int, wait_s: float | None) -> None:
     """Return once every rank has reached this call and, on rank 0, once every other rank is past it.
 
-    Destroy the process group right after. ``wait_s`` bounds each wait (None: the store's own timeout); False
-    means some rank did not come in time, and nothing more waits for it.
+    Destroy the process group right after. ``wait_s`` bounds each wait (None: the store's own timeout); a rank
+    that does not come in time is logged, and nothing more waits for it.
     """
     import torch.distributed.distributed_c10d as c10d
 
@@ -56,8 +56,6 @@ def together(rank: int, size: int, wait_s: float | None) -> bool:
             _wait(store, [f"{_LEFT}{r}" for r in range(1, size)], wait_s)
     except RuntimeError as error:  # DistStoreError: a timeout, or rank 0 (the store) already gone
         _log.warning("rank %d leaves without every rank: %s", rank, str(error).splitlines()[0])
-        return False
-    return True
 
 
 def _wait(store: object, keys: list[str], wait_s: float | None) -> None:
