@@ -12,8 +12,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.store import CACHE_DIR_VAR
-
 _LAUNCHER = Path(__file__).resolve().parents[1]
 # What a host without any of the interpreters tried says (`distrun check` tells it from SSH trouble).
 NO_PYTHON = "distrun: no Python interpreter found here"
@@ -41,6 +39,8 @@ def bootstrap(shipped: Sequence[str] = SHIPPED) -> str:
     source or interpreter is simply another name); every failure there falls back to compiling. Files unused
     for CODE_CACHE_DAYS go when a new one is written.
     """
+    from launcher.store import CACHE_DIR_VAR  # the agent's cache root; not on a local job's path
+
     return (
         "import os,sys,time,types,marshal\n"
         "def r(n):\n"
