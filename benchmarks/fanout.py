@@ -14,6 +14,12 @@ Cases, run side by side on the same cluster, interleaved when repeated:
 The hosts' login shells read root's ~/.bashrc as a real cluster's do (here it runs `pyenv init`, which takes
 one global lock per login); `--no-login-rc` hides it, which flatters every launcher.
 
+`--rc-lock` says whose lock that is. `shared` (the default): one ~/.pyenv for every host, as with a home on
+NFS; the logins then run one at a time, and here the others' polling of the lock (`sleep 0.1` in a loop)
+shares the 2 cores with the one holding it, so the more logins wait at once, the slower each goes: a launcher
+that starts the logins sooner loses, which no real cluster's hosts (each polling on its own cores) would show.
+`per-host`: every host has its own pyenv shims directory, hence its own lock, as with local homes.
+
 Besides wall time it reports the CPU time and peak RSS of the client side only (the `ssh` processes together,
 or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": every
 process that sshd forked for the session, i.e. sshd's own session processes, the login shell and what it ran,
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,12 +153,29 @@ def median(samples: Sequence[Sample]) -> Sample:
     )
 
 
+PYENV_SHIMS = Path("~root/.pyenv/shims").expanduser()
+
+
+def own_pyenv_locks(cluster: Cluster) -> None:
+    """Every host gets a copy of pyenv's shims directory, where `pyenv rehash` takes its lock."""
+    if not PYENV_SHIMS.is_dir():
+        return
+    for host in cluster.hosts:
+        shutil.copytree(PYENV_SHIMS, cluster.own_dir(host, PYENV_SHIMS), symlinks=True, dirs_exist_ok=True)
+
+
 def run_cases(
-    hosts: int, cases: dict[str, Callable[[Cluster], Sample]], repeat: int, login_rc: bool
+    hosts: int,
+    cases: dict[str, Callable[[Cluster], Sample]],
+    repeat: int,
+    login_rc: bool,
+    rc_lock: str = "shared",
 ) -> dict[str, Sample]:
     """Every case on one cluster of `hosts` hosts, interleaved `repeat` times; the median sample of each."""
     samples: dict[str, list[Sample]] = {name: [] for name in cases}
     with Cluster(hosts, login_rc=login_rc) as cluster:
+        if rc_lock == "per-host":
+            own_pyenv_locks(cluster)
         for _ in range(repeat):
             for name, case in cases.items():
                 samples[name].append(measured(cluster, case))
@@ -169,6 +193,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the hosts' login shells read root's ~/.bashrc, as a real cluster's do (Cluster's login_rc)",
+    )
+    parser.add_argument(
+        "--rc-lock",
+        choices=("shared", "per-host"),
+        default="shared",
+        help="one pyenv lock for every host's login (a shared home) or one per host (local homes)",
     )
     parser.add_argument("--distrun-arg", action="append", default=[], help="extra distrun option")
     parser.add_argument("--baseline", type=Path, help="another distrun checkout to run alongside")
@@ -188,7 +218,7 @@ def main() -> None:
         f"{'peak RSS':>10}{'host cpu/host':>15}  result"
     )
     for n in args.hosts:
-        results = run_cases(n, cases, args.repeat, args.login_rc)
+        results = run_cases(n, cases, args.repeat, args.login_rc, args.rc_lock)
         ref = results["ssh python"].wall
         for name, r in results.items():
             print(
