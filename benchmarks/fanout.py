@@ -21,10 +21,11 @@ that starts the logins sooner loses, which no real cluster's hosts (each polling
 `per-host`: every host has its own pyenv shims directory, hence its own lock, as with local homes.
 
 Besides wall time it reports the CPU time and peak RSS of the client side only (the `ssh` processes together,
-or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": every
-process that sshd forked for the session, i.e. sshd's own session processes, the login shell and what it ran,
-as the hosts' listening sshds account for their reaped children). Every simulated host runs on this same
-machine, so on a small machine the wall time grows with the host count for reasons that are not the client's.
+or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": how
+long this machine's cores were busy during the case beyond the client's own CPU: sshd's sessions, the login
+shells, the agents or interpreters, and whatever else runs here meanwhile, so measure on a quiet machine).
+Every simulated host runs on this same machine, so on a small machine the wall time grows with the host
+count for reasons that are not the client's.
 A failing case is reported with its first error line instead of a time.
 """
 
@@ -41,8 +42,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import REPO, distrun
@@ -54,7 +53,7 @@ from tests.multihost.cluster import Cluster, unavailable_reason
 class Sample:
     wall: float
     cpu: float  # seconds, user + system, of the client processes and their descendants
-    host_cpu: float  # seconds, user + system, of everything the hosts' sshds ran for the sessions
+    host_cpu: float  # seconds the machine's cores were busy beyond the client's own (the hosts' side)
     peak_rss_kib: int  # of the largest single client process
     processes: int  # client processes: one per host for OpenSSH, one in all for distrun
     error: str | None = None
@@ -75,22 +74,25 @@ def _reap(procs: Sequence[subprocess.Popen[bytes]]) -> tuple[float, int, list[in
     return cpu, rss, codes
 
 
-def hosts_cpu(cluster: Cluster) -> float:
-    """CPU time of the sessions the hosts' listening sshds have reaped so far, all hosts together."""
-    cluster.wait_clean()  # session processes exit a moment after the client disconnects
-    total = 0.0
-    for host in cluster.hosts:
-        pid = cluster.sshd_pid(host)
-        if pid is not None:
-            times = psutil.Process(pid).cpu_times()
-            total += times.children_user + times.children_system
-    return total
+def machine_cpu() -> float:
+    """CPU seconds this machine's cores have been busy (every process: the hosts', the client's, others')."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system, irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def measured(cluster: Cluster, case: Callable[[Cluster], Sample]) -> Sample:
-    before = hosts_cpu(cluster)
+    """A case's sample with the hosts' CPU: what the machine spent meanwhile beyond the client's own.
+
+    Not what the hosts' sshds reaped: an agent still ending when its session closes is re-parented and never
+    counted there, which once showed distrun's hosts at a tenth of their real CPU.
+    """
+    cluster.wait_clean()
+    before = machine_cpu()
     sample = case(cluster)
-    return replace(sample, host_cpu=hosts_cpu(cluster) - before)
+    cluster.wait_clean()  # the sessions' processes end a moment after the client
+    return replace(sample, host_cpu=max(0.0, machine_cpu() - before - sample.cpu))
 
 
 def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
