@@ -37,7 +37,8 @@ from launcher.plan import make_plan
 from launcher.progress import Progress, progress_line
 from launcher.protocol import ProbeRequest
 from launcher.scrub import SCRUBBER
-from launcher.supervise import probe, signal_pipe
+from launcher.signals import signal_pipe
+from launcher.supervise import probe
 from launcher.transport.bootstrap import NO_PYTHON
 from launcher.transport.local import LocalLink
 from launcher.wdfiles import scan

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import select
 import signal
 import sys
 import time
@@ -45,19 +44,11 @@ from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
 from launcher.samestack import differences, refuse
+from launcher.signals import FORWARDED_SIGNALS, Waiter, caught, signal_pipe, stopping
 from launcher.startreq import start_requests
 from launcher.store import KEEP
 from launcher.summary import summarize
-from launcher.supervise import (
-    FORWARDED_SIGNALS,
-    STOP_SIGNALS,
-    Supervisor,
-    caught,
-    probe,
-    read_signals,
-    signal_pipe,
-    supervise,
-)
+from launcher.supervise import Supervisor, probe, supervise
 from launcher.watch import JobWatch, WatchOptions, open_control
 from launcher.wdfiles import Workdir, missing_script, scan
 from launcher.wdsync import HostCopy, sync
@@ -280,19 +271,17 @@ class Job:
     def pause(self, seconds: float) -> Outcome | None:
         """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
         end = time.monotonic() + seconds
-        while True:
-            now = time.monotonic()
-            if self.deadline is not None and now >= self.deadline:
-                return self.timed_out()
-            left = end - now if self.deadline is None else min(end, self.deadline) - now
-            if end <= now:
-                return None
-            readable, _, _ = select.select([self.wake_fd], [], [], left)
-            if readable:
-                received = read_signals(self.wake_fd)
-                stop = [s for s in received if s in STOP_SIGNALS]
-                if stop:
-                    return Signalled(stop[0])
+        with Waiter[None](self.wake_fd) as waiter:
+            while True:
+                now = time.monotonic()
+                if self.deadline is not None and now >= self.deadline:
+                    return self.timed_out()
+                left = end - now if self.deadline is None else min(end, self.deadline) - now
+                if end <= now:
+                    return None
+                received, _ = waiter.wait(left)
+                if stops := stopping(received):
+                    return Signalled(stops[0])
 
     def timed_out(self) -> TimedOut:
         return TimedOut(self.config.timeout or 0.0)
