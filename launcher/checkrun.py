@@ -28,6 +28,7 @@ from launcher.check import (
     verdict,
     workdir_line,
 )
+from launcher.command import interpreter
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
@@ -95,7 +96,7 @@ def check_hosts(
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
-    python = config.python or sys.executable
+    python = interpreter(config.python)
     done = 0
 
     def step() -> None:

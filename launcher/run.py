@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from launcher import backend
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
+from launcher.command import interpreter
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
@@ -413,7 +414,7 @@ class Job:
     def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
         """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
         heartbeat = self.check_every
-        python = self.config.python or sys.executable
+        python = interpreter(self.config.python)
         synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = [
             ProbeRequest(
