@@ -78,6 +78,13 @@ def start_distrun(
     )
 
 
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    """Files under `root` by relative path, with their text; directories made as needed."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def wait_until(condition: Callable[[], T], timeout: float = 30.0, what: str = "the condition") -> T:
     """`condition()`'s first truthy value, polled every 50 ms; AssertionError naming `what` at `timeout`."""
     deadline = time.monotonic() + timeout

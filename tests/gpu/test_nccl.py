@@ -41,6 +41,7 @@ from tests.integration.test_collectives_multirank import (  # noqa: E402, F401
     test_uneven_allgather_concatenates_in_rank_order,
     test_wrapping_a_model_twice_reduces_with_the_new_optimizer_only,
 )
+from tests.support import REPO  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,7 +50,6 @@ pytestmark = [
     ),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "integration" / "workers" / "collectives_worker.py"
 
 SINGLE_RANK_SCRIPT = textwrap.dedent(
