@@ -8,7 +8,6 @@ import itertools
 import os
 import pty
 import re
-import signal
 import struct
 import subprocess
 import termios
@@ -19,7 +18,16 @@ from pathlib import Path
 import psutil
 import pyte
 
-from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun, start_distrun, wait_until
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    clean_env,
+    distrun_argv,
+    never_left_running,
+    run_distrun,
+    start_distrun,
+    wait_until,
+)
 
 SHAPES = REPO / "benchmarks" / "workers" / "shapes.py"
 # The target for distrun's own memory, whatever the ranks write.
@@ -181,12 +189,11 @@ def test_a_partial_line_on_a_terminal_shows_before_the_line_ends() -> None:
     stop = threading.Timer(60, proc.kill)
     stop.start()
     try:
-        while b"Loading... " not in seen:
-            seen += os.read(parent, 4096)
+        with never_left_running(proc):
+            while b"Loading... " not in seen:
+                seen += os.read(parent, 4096)
     finally:
         stop.cancel()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
         os.close(parent)
     assert b"[0] Loading... " in seen
 
