@@ -258,6 +258,13 @@ def hang_stacks_then_timeout(
     return text
 
 
+def open_terminal(cols: int = 80, rows: int = 24) -> tuple[int, int]:
+    """A pseudo-terminal of `cols` x `rows`: its master and slave descriptors, the caller's to close."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return master, slave
+
+
 class Terminal:
     """A pseudo-terminal of `cols` x `rows` whose output pyte renders as a terminal would show it.
 
@@ -267,9 +274,8 @@ class Terminal:
     def __init__(self, cols: int = 60, rows: int = 10) -> None:
         import pyte  # only the terminal tests need it
 
-        self.master, self.slave = pty.openpty()
+        self.master, self.slave = open_terminal(cols, rows)
         os.set_blocking(self.master, False)
-        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.stream = open(self.slave, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - see close()
         self.raw = b""
         self.screen = pyte.Screen(cols, rows)

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
-import pty
 import re
-import struct
 import subprocess
-import termios
 import threading
 import time
 from pathlib import Path
@@ -24,6 +20,7 @@ from tests.support import (
     clean_env,
     distrun_argv,
     never_left_running,
+    open_terminal,
     run_distrun,
     start_distrun,
     wait_until,
@@ -84,14 +81,8 @@ def test_memory_stays_bounded_for_a_million_redraws(tmp_path: Path) -> None:
     assert console.endswith(b"[0]  999999/1000000 |####      |\n")
 
 
-def _terminal(cols: int, rows: int) -> tuple[int, int]:
-    parent, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    return parent, child
-
-
 def test_status_area_on_a_real_terminal() -> None:
-    parent, child = _terminal(80, 24)
+    parent, child = open_terminal(80, 24)
     proc = subprocess.Popen(
         distrun_argv("-np", "2", SCRIPTS / "bar.py", "30", "0.05"),
         stdout=child,
@@ -175,7 +166,7 @@ def test_closed_stderr_keeps_the_exit_code() -> None:
 
 
 def test_a_partial_line_on_a_terminal_shows_before_the_line_ends() -> None:
-    parent, child = _terminal(80, 24)
+    parent, child = open_terminal(80, 24)
     script = "import sys, time; sys.stdout.write('Loading... '); sys.stdout.flush(); time.sleep(600)"
     proc = subprocess.Popen(
         distrun_argv("-np", "1", "python", "-c", script),
