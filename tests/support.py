@@ -131,6 +131,14 @@ def attempt_envs(out: Path, attempt: int) -> dict[int, dict[str, str]]:
     return {int(env["RANK"]): env for env in envs}
 
 
+def attempt_world(out: Path, attempt: int, *names: str) -> dict[int, tuple[str, ...]]:
+    """rank -> (its host, WORLD_SIZE, then the values of `names`) as the ranks of that attempt saw them."""
+    return {
+        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], *(env[name] for name in names))
+        for rank, env in attempt_envs(out, attempt).items()
+    }
+
+
 def recorded_pids(directory: Path) -> list[int]:
     return [int(p.read_text()) for p in directory.glob("*.pid") if p.read_text().strip()]
 
