@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import select
 import selectors
@@ -33,6 +32,7 @@ import sys
 import time
 from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
+from launcher.interp import TORCH_PROBE, ask, stack
 from launcher.protocol import (
     BEAT,
     BLOB,
@@ -225,76 +225,7 @@ def _which(program: str) -> bool:
     )
 
 
-# Run by the host's interpreter for `distrun check`: torch's version and CUDA as that interpreter sees them.
-_TORCH_PROBE = """
-import json
-try:
-    import torch
-except Exception as exc:
-    print(json.dumps({"error": type(exc).__name__ + ": " + str(exc)[:200]}))
-else:
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    print(json.dumps({"version": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus}))
-"""
-TORCH_PROBE_TIMEOUT = 90.0
-
-# Run by the ranks' interpreter at every launch: its Python, and torch's version and CUDA/NCCL build, read
-# from files without importing torch (which takes seconds).
-_STACK_PROBE = r"""
-import importlib.util, json, os, re, sys
-out = {"python": "%d.%d.%d" % sys.version_info[:3], "torch": "", "cuda": "", "nccl": ""}
-spec = importlib.util.find_spec("torch")
-for where in (spec.submodule_search_locations or []) if spec else []:
-    try:
-        text = open(os.path.join(where, "version.py")).read()
-    except OSError:
-        continue
-    for key, name in (("torch", "__version__"), ("cuda", "cuda")):
-        m = re.search(r"^" + name + r"\s*(?::[^=]*)?=\s*[\x27\x22]([^\x27\x22]*)", text, re.M)
-        out[key] = m.group(1) if m else ""
-    break
-for d in sys.path:
-    try:
-        names = os.listdir(d or ".")
-    except OSError:
-        continue
-    found = [re.match(r"nvidia_nccl_cu\d+-([^-]+)\.dist-info$", n) for n in names]
-    m = next((f for f in found if f), None)
-    if m:
-        out["nccl"] = m.group(1)
-        break
-print(json.dumps(out))
-"""
 TCP_PROBE_TIMEOUT = 5.0
-
-
-def _ask(python: str, code: str) -> Any:
-    """The JSON that `python -c code` printed last, or {"error": why there is none}."""
-    try:
-        done = subprocess.run(
-            [python, "-c", code],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=TORCH_PROBE_TIMEOUT,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": str(exc)}
-    try:
-        return json.loads(done.stdout.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = done.stderr.decode(errors="replace").strip().splitlines()
-        return {"error": tail[-1] if tail else "exit " + str(done.returncode)}
-
-
-def _torch(python: str) -> Any:
-    return _ask(python, _TORCH_PROBE)
-
-
-def _stack(python: str) -> dict[str, str]:
-    found = _ask(python, _STACK_PROBE)
-    if "error" in found:
-        return {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
-    return {k: str(v) for k, v in found.items()}
 
 
 def _disk_free(path: str) -> Any:
@@ -342,7 +273,7 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
     if request.stack:
-        extra["stack"] = _stack(request.python or sys.executable)
+        extra["stack"] = stack(request.python or sys.executable)
     if request.workdir_hash:
         extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:
@@ -350,7 +281,7 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
             python_version=".".join(str(part) for part in sys.version_info[:3]),
             disk_free=_disk_free(cwd),
             time=received,
-            torch=_torch(request.python or sys.executable),
+            torch=ask(request.python or sys.executable, TORCH_PROBE),
         )
         if request.connect_to and request.connect_port:
             extra["tcp_port"] = request.connect_port

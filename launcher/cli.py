@@ -28,6 +28,7 @@ from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOpti
 from launcher.configfile import ENV_LEVEL, Sources, merge_config_file
 from launcher.console import guard_std_fds
 from launcher.devices import Placement
+from launcher.entry import without_gc
 from launcher.env import CONTRACT_NAMES, parse_exports, parse_rank_filter
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
 from launcher.forward import parse_env_file
@@ -608,7 +609,8 @@ def _run(argv: Sequence[str]) -> int:
 
             click.echo(format_dry_run(request.config, os.environ))
             return EXIT_OK
-        from launcher.run import launch  # the runtime (and paramiko) load only when something starts
+        with without_gc():
+            from launcher.run import launch  # the runtime (and paramiko) load only when something starts
 
         return launch(request.config)
     except DistrunError as err:

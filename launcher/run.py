@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from launcher import backend
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
@@ -44,15 +45,15 @@ from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
-from launcher.samestack import differences, refuse
 from launcher.signals import FORWARDED_SIGNALS, Waiter, caught, signal_pipe, stopping
 from launcher.startreq import start_requests
-from launcher.store import KEEP
 from launcher.summary import summarize
 from launcher.supervise import Supervisor, probe, supervise
 from launcher.watch import JobWatch, WatchOptions, open_control
-from launcher.wdfiles import Workdir, missing_script, scan
-from launcher.wdsync import HostCopy, sync
+
+if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
+    from launcher.wdfiles import Workdir
+    from launcher.wdsync import HostCopy
 
 log = logging.getLogger(__name__)
 
@@ -462,6 +463,9 @@ class Job:
 
     def sync(self, nodes: Sequence[Node], workdir: Workdir) -> dict[str, HostCopy]:
         """Every host's copy of the workdir, each sent only what it lacks (restarts: usually nothing)."""
+        from launcher.store import KEEP
+        from launcher.wdsync import sync
+
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             copies = sync(
@@ -504,6 +508,10 @@ class Job:
 
     def same_stack(self, hosts: Sequence[HostAttempt]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
+        if len(hosts) < 2:
+            return
+        from launcher.samestack import differences, refuse
+
         reports = []
         for host in hosts:
             values = dict(_facts(host).stack or {})
@@ -593,6 +601,8 @@ class Job:
 def _scan_workdir(config: LaunchConfig) -> Workdir | None:
     if config.workdir is None:
         return None
+    from launcher.wdfiles import missing_script, scan
+
     workdir = scan(config.workdir, config.workdir_limit)
     for line in workdir.skipped:
         log.warning("--workdir %s", line)

@@ -7,7 +7,6 @@ whose rate stays more than a quarter below the median rate of the ranks for `win
 from __future__ import annotations
 
 import re
-import statistics
 from dataclasses import dataclass
 
 _COUNT = re.compile(rb"(\d+)/(\d+)")
@@ -71,6 +70,8 @@ def slow_ranks(rates: dict[int, float], below: float = SLOW_BELOW) -> dict[int, 
     """Ranks whose rate is under `below` times the median of all, with their ratio to the median."""
     if len(rates) < 2:
         return {}
+    import statistics  # not on start-up's path: only once ranks have written for a while
+
     median = statistics.median(rates.values())
     if median <= 0:
         return {}

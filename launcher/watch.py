@@ -13,15 +13,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from launcher.control import ControlError, ControlServer, answer
 from launcher.logs import LogRelay
 from launcher.node import HostAttempt
 from launcher.plan import plural
 from launcher.protocol import STACKS, StackReply, StacksRequest
-from launcher.stacks import RankStacks, StackDump
 from launcher.stragglers import Straggler, StragglerWatch
 from launcher.timeline import Timeline, slowest
+
+if TYPE_CHECKING:  # stack dumps load at the first gathering, not on every job's start-up
+    from launcher.stacks import RankStacks, StackDump
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,8 @@ class JobWatch:
         pending = self._pending
         if pending is None or reply.request_id != pending.request_id or host.name not in pending.waiting:
             return
+        from launcher.stacks import RankStacks
+
         pending.waiting.discard(host.name)
         answered = {int(r["rank"]) for r in reply.ranks}
         pending.stacks.extend(RankStacks.from_json(host.name, r) for r in reply.ranks)
@@ -195,6 +200,8 @@ class JobWatch:
         return self._pending is not None and self._pending.reason == reason
 
     def _finish(self, now: float) -> None:
+        from launcher.stacks import RankStacks, StackDump
+
         pending, self._pending = self._pending, None
         assert pending is not None
         for host in pending.hosts:

@@ -1,0 +1,102 @@
+"""What an agent keeps between launches on its host: the compiled agent code and the ranks' stack."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import interp
+from launcher.transport.bootstrap import SHIPPED, bootstrap_args, shipped_sources
+
+
+@pytest.fixture
+def python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An interpreter that counts its starts, with a fake torch first on its path."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch" / "version.py").write_text("__version__ = '9.9.0'\ncuda = None\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\necho x >> {tmp_path / "starts"}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    return wrapper
+
+
+def starts(python: Path) -> int:
+    counted = python.parent / "starts"
+    return len(counted.read_text().splitlines()) if counted.exists() else 0
+
+
+def test_stack_is_asked_once_then_kept_while_nothing_changed(python: Path, tmp_path: Path) -> None:
+    root = str(tmp_path / "cache")
+    first = interp.stack(str(python), root)
+    assert first["torch"] == "9.9.0" and first["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert interp.stack(str(python), root) == first
+    assert starts(python) == 1
+
+
+def test_stack_is_asked_again_after_an_upgrade(python: Path, tmp_path: Path) -> None:
+    root = str(tmp_path / "cache")
+    assert interp.stack(str(python), root)["torch"] == "9.9.0"
+    version = tmp_path / "site" / "torch" / "version.py"
+    version.write_text("__version__ = '9.10.0'\ncuda = None\n")  # size differs whatever the clock says
+    assert interp.stack(str(python), root)["torch"] == "9.10.0"
+    assert starts(python) == 2
+
+
+def test_stack_is_asked_again_when_a_package_appears_on_the_path(python: Path, tmp_path: Path) -> None:
+    root = str(tmp_path / "cache")
+    assert interp.stack(str(python), root)["nccl"] == ""
+    (tmp_path / "site" / "nvidia_nccl_cu12-2.27.3.dist-info").mkdir()
+    os.utime(tmp_path / "site", ns=(1, 1))  # a new entry, even within the clock's resolution
+    assert interp.stack(str(python), root)["nccl"] == "2.27.3"
+
+
+def test_a_damaged_stack_cache_is_asked_again(python: Path, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    interp.stack(str(python), str(root))
+    for kept in (root / "stack").iterdir():
+        kept.write_text("{not json")
+    assert interp.stack(str(python), str(root))["torch"] == "9.9.0"
+    assert starts(python) == 2
+
+
+def test_stack_without_a_cache_directory_still_answers(python: Path, tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    assert interp.stack(str(python), str(blocked / "cache"))["torch"] == "9.9.0"
+
+
+def run_bootstrap(cache: Path, sources: list[bytes]) -> subprocess.CompletedProcess[bytes]:
+    """The shipped modules loaded as on a remote host; the agent's main() replaced by a print."""
+    args = bootstrap_args(sources)
+    shown = "print(m.__name__, m.main.__code__.co_filename, getattr(m, 'CHANGED', 0))"
+    args[3] = args[3].replace("sys.exit(m.main())", shown)
+    env = {**os.environ, "DISTRUN_CACHE_DIR": str(cache)}
+    return subprocess.run(
+        [sys.executable, *args], input=b"".join(sources), capture_output=True, env=env, timeout=60
+    )
+
+
+def test_agent_code_is_compiled_once_per_source(tmp_path: Path) -> None:
+    sources = shipped_sources()
+    first = run_bootstrap(tmp_path, sources)
+    assert first.returncode == 0, first.stderr.decode()
+    assert first.stdout.decode().split() == ["launcher.agent", "distrun-agent", "0"]
+    kept = sorted(p.name.split("-")[0] for p in (tmp_path / "code").iterdir())
+    assert kept == sorted(name.split(".")[1] for name in SHIPPED)
+    # A kept file is what runs: damage one and the host falls back to the source it was sent.
+    agent_code = next((tmp_path / "code").glob("agent-*"))
+    agent_code.write_bytes(b"garbage")
+    again = run_bootstrap(tmp_path, sources)
+    assert again.returncode == 0, again.stderr.decode()
+    # A changed source is another name: the old code is never run for it.
+    changed = [*sources[:-1], sources[-1] + b"\nCHANGED = 1\n"]
+    third = run_bootstrap(tmp_path, changed)
+    assert third.stdout.decode().split() == ["launcher.agent", "distrun-agent", "1"], third.stderr.decode()
+    assert len(list((tmp_path / "code").glob("agent-*"))) == 2
