@@ -47,6 +47,11 @@ class Link(Protocol):
         ...
 
 
+def abort(link: Link) -> None:
+    """`link.abort()`, as a callback: `Link.abort` itself is the protocol's empty stub, not the link's own."""
+    link.abort()
+
+
 class Transport(Protocol):
     """Starts one agent per host (local pipe, SSH, srun, ...)."""
 
