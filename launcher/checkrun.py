@@ -38,7 +38,7 @@ from launcher.protocol import ProbeRequest
 from launcher.scrub import SCRUBBER
 from launcher.supervise import probe, signal_pipe
 from launcher.transport.bootstrap import NO_PYTHON
-from launcher.transport.fanout import keep_going
+from launcher.transport.fanout import KEEP_GOING, fan_out
 from launcher.transport.local import LocalLink
 from launcher.transport.window import Window
 from launcher.wdfiles import scan
@@ -118,7 +118,7 @@ def check_hosts(
     def reach(name: str, _: Window) -> Reached:
         return _connect(hosts[index[name]], local[index[name]], config)
 
-    reached = keep_going(names, reach, _drop, limit=MAX_PARALLEL, phase="connecting")
+    reached = fan_out(names, reach, _drop, policy=KEEP_GOING, limit=MAX_PARALLEL, phase="connecting")
     connected = [_own(reached[h.name], h) for h in hosts]
     nodes = [node for node, _ in connected]
     try:
@@ -155,8 +155,14 @@ def check_hosts(
             )
             return _probe_one(node, request, wake_fd, check)
 
-        checked = keep_going(
-            names, check_one, lambda _: None, limit=MAX_PARALLEL, phase="checking", progress=progress
+        checked = fan_out(
+            names,
+            check_one,
+            lambda _: None,
+            policy=KEEP_GOING,
+            limit=MAX_PARALLEL,
+            phase="checking",
+            progress=progress,
         )
         return [
             _failed(results[i], str(outcome), "other") if isinstance(outcome, BaseException) else outcome

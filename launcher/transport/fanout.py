@@ -1,12 +1,12 @@
 """One piece of work per host, run on threads within a `Window`, and every host's outcome collected.
 
 `fan_out` returns a `GroupResult`, as fabric's Group does: host -> value or error, in the order the hosts were
-given. Two policies on top of it:
-  all_or_nothing  a launch: the first failure stops hosts not started yet and the retries in flight, every
-                  value already made is closed, and one error is raised, the first failing host's in the
-                  order given (a HostError says how many more failed)
-  keep_going      `distrun check`: a host's own failure (HostError) is its outcome and the others go on;
-                  anything else (bad input, a bug) is no one host's and ends it as all_or_nothing would
+given. Its `Policy` says which failures end the whole fan-out; those abort the window (hosts not started yet
+are skipped, retries in flight give up), every value already made is closed, and one error is raised, the
+first such host's in the order given (a HostError says how many more failed):
+  ALL_OR_NOTHING  a launch: every failure ends it, so what comes back holds a value for every host
+  KEEP_GOING      `distrun check`: a host's own failure (HostError) is its outcome and the others go on;
+                  anything else (bad input, a bug) is no one host's, and ends it
 `opening` keeps the all-or-nothing promise for values made one at a time on the calling thread (local agents:
 forking from a thread is not safe).
 """
@@ -18,8 +18,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NoReturn, TypeVar
+from typing import TypeVar
 
 from launcher.errors import HostError
 from launcher.progress import Progress, ProgressFn
@@ -71,26 +72,39 @@ class GroupResult(Mapping[str, T | BaseException]):
         return tuple(h for h, v in self._outcomes.items() if isinstance(v, Aborted))
 
 
+@dataclass(frozen=True)
+class Policy:
+    """Which failures end a fan-out (see the module's docstring)."""
+
+    name: str
+    ends: Callable[[BaseException], bool]
+
+
+ALL_OR_NOTHING = Policy("all or nothing", lambda exc: True)
+KEEP_GOING = Policy("keep going", lambda exc: not isinstance(exc, HostError))
+
+
 def fan_out(
     names: Sequence[str],
     work: Callable[[str, Window], T],
     close: Callable[[T], None],
     *,
+    policy: Policy,
     limit: int,
     phase: str,
-    stop_on: Callable[[BaseException], bool],
     progress: ProgressFn | None = None,
     threads: int | None = None,
 ) -> GroupResult[T]:
     """`work(name, window)` for every (distinct) name, at most `limit` at once (`threads` workers, `limit` by
-    default: more where `work` holds a window slot for only part of its time).
+    default: more where `work` holds a window slot for only part of its time); `progress` hears how far it
+    got after every host.
 
-    A failure that `stop_on` says ends the fan-out aborts the window: hosts not started yet are skipped and
-    retries in flight give up. `progress` hears how far it got after every host. Interrupted while waiting
-    (Ctrl-C), it closes every value made so far with `close` before raising.
+    Values are the caller's to close once returned; on a failure that `policy` says ends the fan-out, or
+    when interrupted while waiting (Ctrl-C), every value made is closed with `close` before raising.
     """
     import queue  # only where threads fan out: a launch on this machine never needs it
 
+    started = time.monotonic()
     window = Window(limit)
     todo: queue.SimpleQueue[str] = queue.SimpleQueue()
     for name in names:
@@ -110,7 +124,7 @@ def fan_out(
             except Aborted as exc:
                 outcomes.put((name, exc))  # another host failed first: never finished
             except BaseException as exc:
-                if stop_on(exc):
+                if policy.ends(exc):
                     window.abort()
                 outcomes.put((name, exc))
 
@@ -134,74 +148,17 @@ def fan_out(
         except BaseException:
             window.abort()
             raise
-    return GroupResult((name, values[name] if name in values else errors[name]) for name in names)
-
-
-def all_or_nothing(
-    names: Sequence[str],
-    work: Callable[[str, Window], T],
-    close: Callable[[T], None],
-    *,
-    limit: int,
-    phase: str,
-    progress: ProgressFn | None = None,
-    threads: int | None = None,
-) -> dict[str, T]:
-    """Every name's value in `names` order; else every value made is closed and the first failure raised."""
-    started = time.monotonic()
-    group = fan_out(
-        names,
-        work,
-        close,
-        limit=limit,
-        phase=phase,
-        stop_on=_always,
-        progress=progress,
-        threads=threads,
-    )
-    if group.failed:
-        _close_and_raise(group, group.failed, close)
-    log.debug("%s: %d host(s) in %.2fs", phase, len(group), time.monotonic() - started)
-    return dict(group.succeeded)
-
-
-def keep_going(
-    names: Sequence[str],
-    work: Callable[[str, Window], T],
-    close: Callable[[T], None],
-    *,
-    limit: int,
-    phase: str,
-    progress: ProgressFn | None = None,
-    threads: int | None = None,
-) -> GroupResult[T]:
-    """Every host's outcome, its own failures (HostError) included; anything else is raised (see above)."""
-
-    def fatal(exc: BaseException) -> bool:
-        return not isinstance(exc, HostError)
-
-    group = fan_out(
-        names, work, close, limit=limit, phase=phase, stop_on=fatal, progress=progress, threads=threads
-    )
-    worst = {name: exc for name, exc in group.failed.items() if fatal(exc)}
-    if worst:
-        _close_and_raise(group, worst, close)
+        group = GroupResult((name, values[name] if name in values else errors[name]) for name in names)
+        ending = [exc for exc in group.failed.values() if policy.ends(exc)]
+        if ending:
+            first = ending[0]
+            if isinstance(first, HostError) and len(ending) > 1:
+                raise HostError(
+                    f"{first} (and {len(ending) - 1} more host(s) failed)", host=first.host
+                ) from first
+            raise first
+    log.debug("%s: %d host(s) in %.2fs (%s)", phase, len(group), time.monotonic() - started, policy.name)
     return group
-
-
-def _always(exc: BaseException) -> bool:
-    return True
-
-
-def _close_and_raise(
-    group: GroupResult[T], failed: Mapping[str, BaseException], close: Callable[[T], None]
-) -> NoReturn:
-    for value in group.succeeded.values():
-        close(value)
-    exc = next(iter(failed.values()))
-    if isinstance(exc, HostError) and len(failed) > 1:
-        raise HostError(f"{exc} (and {len(failed) - 1} more host(s) failed)", host=exc.host) from exc
-    raise exc
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from launcher.config import SshOptions
 from launcher.errors import HostError, UsageError
 from launcher.hosts import Host
 from launcher.progress import ProgressFn
-from launcher.transport.fanout import all_or_nothing
+from launcher.transport.fanout import ALL_OR_NOTHING, fan_out
 from launcher.transport.hostkeys import HostKeyPolicy, UnknownHostKey, changed_key_reason, trust_known_keys
 from launcher.transport.sshconfig import SshTarget, routes
 from launcher.transport.window import Aborted, Window
@@ -369,13 +369,15 @@ def open_all(
             client.close()
             raise
 
-    return all_or_nothing(
+    group = fan_out(
         list(found),
         connect,
         close,
+        policy=ALL_OR_NOTHING,
         limit=options.max_parallel,
         phase=phase,
         progress=progress,
         # Threads busy with `then` hold no handshake slot: twice as many keep the window full meanwhile.
         threads=2 * options.max_parallel,
     )
+    return dict(group.succeeded)

@@ -1,4 +1,4 @@
-"""The fan-out (launcher.transport.fanout) in-process: GroupResult, all-or-nothing, keep-going, `opening`.
+"""The fan-out (launcher.transport.fanout) in-process: GroupResult, both policies, `opening`.
 
 Work functions are fakes that return `FakeLink`s or raise, on the fan-out's own threads; no processes.
 """
@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
 from launcher.errors import HostError, UsageError
 from launcher.progress import Progress
-from launcher.transport.fanout import GroupResult, all_or_nothing, keep_going, opening
+from launcher.transport.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out, opening
 from launcher.transport.window import Aborted, Window
 
 
@@ -108,19 +108,19 @@ def test_all_or_nothing_returns_every_link_or_one_error(
     connect = Fake(failing, together=4)
     names = ["a", "b", "c", "d"]
     if message is None:
-        links = all_or_nothing(names, connect, FakeLink.close, limit=4, phase="connecting")
-        assert list(links) == names and [link.name for link in links.values()] == names
+        links = fan_out(names, connect, FakeLink.close, policy=ALL_OR_NOTHING, limit=4, phase="connecting")
+        assert list(links) == names and [link.name for link in links.succeeded.values()] == names
         assert connect.closed() == []
         return
     with pytest.raises(type(next(iter(failing.values()))), match=message):
-        all_or_nothing(names, connect, FakeLink.close, limit=4, phase="connecting")
+        fan_out(names, connect, FakeLink.close, policy=ALL_OR_NOTHING, limit=4, phase="connecting")
     assert connect.closed() == sorted(set(names) - set(failing))  # every link already made is closed
 
 
 def test_all_or_nothing_skips_hosts_not_started_yet() -> None:
     connect = Fake({"a": HostError("a: connection refused", host="a")})
     with pytest.raises(HostError, match=r"^a: connection refused$"):
-        all_or_nothing([*"abcdefghij"], connect, FakeLink.close, limit=1, phase="connecting")
+        fan_out([*"abcdefghij"], connect, FakeLink.close, policy=ALL_OR_NOTHING, limit=1, phase="connecting")
     assert len(connect.started) < 10
 
 
@@ -143,7 +143,15 @@ def test_all_or_nothing_keeps_to_its_window_and_reports_progress() -> None:
         return FakeLink(name)
 
     names = [f"h{i}" for i in range(40)]
-    links = all_or_nothing(names, connect, FakeLink.close, limit=5, phase="connecting", progress=seen.append)
+    links = fan_out(
+        names,
+        connect,
+        FakeLink.close,
+        policy=ALL_OR_NOTHING,
+        limit=5,
+        phase="connecting",
+        progress=seen.append,
+    )
     assert len(links) == 40
     assert 1 <= peak <= 5
     assert seen[0] == Progress("connecting", 40) and seen[-1] == Progress("connecting", 40, 40)
@@ -151,7 +159,15 @@ def test_all_or_nothing_keeps_to_its_window_and_reports_progress() -> None:
 
     seen.clear()
     with pytest.raises(HostError, match=r"^x: connection refused"):
-        all_or_nothing(["a", "x"], connect, FakeLink.close, limit=1, phase="connecting", progress=seen.append)
+        fan_out(
+            ["a", "x"],
+            connect,
+            FakeLink.close,
+            policy=ALL_OR_NOTHING,
+            limit=1,
+            phase="connecting",
+            progress=seen.append,
+        )
     assert seen[-1].failed == 1
     assert str(seen[-1]) in ("connecting 1/2 hosts, 1 failed", "connecting 0/2 hosts, 1 failed")
 
@@ -167,7 +183,7 @@ def test_all_or_nothing_keeps_to_its_window_and_reports_progress() -> None:
 def test_keep_going_reports_every_hosts_own_outcome(failing: dict[str, Exception], failed: list[str]) -> None:
     connect = Fake(failing)
     names = ["a", "b", "c", "d"]
-    group = keep_going(names, connect, FakeLink.close, limit=1, phase="checking")
+    group = fan_out(names, connect, FakeLink.close, policy=KEEP_GOING, limit=1, phase="checking")
     assert list(group) == names
     assert list(group.failed) == failed and all(group[n] is failing[n] for n in failed)
     assert list(group.succeeded) == [n for n in names if n not in failing]
@@ -178,13 +194,13 @@ def test_keep_going_reports_every_hosts_own_outcome(failing: dict[str, Exception
 def test_keep_going_stops_at_what_is_no_hosts_own_failure() -> None:
     connect = Fake({"b": BAD_CONFIG})
     with pytest.raises(UsageError, match=r"^cannot read ssh config"):
-        keep_going([*"abcdefghij"], connect, FakeLink.close, limit=1, phase="checking")
+        fan_out([*"abcdefghij"], connect, FakeLink.close, policy=KEEP_GOING, limit=1, phase="checking")
     assert connect.started[:2] == ["a", "b"] and len(connect.started) < 10
     assert connect.closed() == ["a"]
 
 
-@pytest.mark.parametrize("policy", [all_or_nothing, keep_going])
-def test_an_interrupted_wait_closes_what_was_made(policy: Callable[..., Any]) -> None:
+@pytest.mark.parametrize("policy", [ALL_OR_NOTHING, KEEP_GOING])
+def test_an_interrupted_wait_closes_what_was_made(policy: Policy) -> None:
     connect = Fake()
 
     def interrupt(progress: Progress) -> None:
@@ -192,7 +208,9 @@ def test_an_interrupted_wait_closes_what_was_made(policy: Callable[..., Any]) ->
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        policy([*"abcd"], connect, FakeLink.close, limit=1, phase="connecting", progress=interrupt)
+        fan_out(
+            [*"abcd"], connect, FakeLink.close, policy=policy, limit=1, phase="connecting", progress=interrupt
+        )
     assert connect.closed()[:2] == ["a", "b"]
 
 
