@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytest
 
 from launcher.errors import HostError, UsageError
-from launcher.progress import Progress
+from launcher.progress import Progress, ProgressFn
 from launcher.transport.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out, opening
 from launcher.transport.window import Aborted, Window
 
@@ -52,6 +52,18 @@ class Fake:
 
     def closed(self) -> list[str]:
         return sorted(link.name for link in self.made if link.closed)
+
+
+def run(
+    names: list[str],
+    work: Fake | Callable[[str, Window], FakeLink],
+    policy: Policy,
+    limit: int,
+    progress: ProgressFn | None = None,
+) -> GroupResult[FakeLink]:
+    return fan_out(
+        names, work, FakeLink.close, policy=policy, limit=limit, phase="connecting", progress=progress
+    )
 
 
 REFUSED = HostError("b: connection refused", host="b")
@@ -108,19 +120,19 @@ def test_all_or_nothing_returns_every_link_or_one_error(
     connect = Fake(failing, together=4)
     names = ["a", "b", "c", "d"]
     if message is None:
-        links = fan_out(names, connect, FakeLink.close, policy=ALL_OR_NOTHING, limit=4, phase="connecting")
+        links = run(names, connect, ALL_OR_NOTHING, 4)
         assert list(links) == names and [link.name for link in links.succeeded.values()] == names
         assert connect.closed() == []
         return
     with pytest.raises(type(next(iter(failing.values()))), match=message):
-        fan_out(names, connect, FakeLink.close, policy=ALL_OR_NOTHING, limit=4, phase="connecting")
+        run(names, connect, ALL_OR_NOTHING, 4)
     assert connect.closed() == sorted(set(names) - set(failing))  # every link already made is closed
 
 
 def test_all_or_nothing_skips_hosts_not_started_yet() -> None:
     connect = Fake({"a": HostError("a: connection refused", host="a")})
     with pytest.raises(HostError, match=r"^a: connection refused$"):
-        fan_out([*"abcdefghij"], connect, FakeLink.close, policy=ALL_OR_NOTHING, limit=1, phase="connecting")
+        run([*"abcdefghij"], connect, ALL_OR_NOTHING, 1)
     assert len(connect.started) < 10
 
 
@@ -143,15 +155,7 @@ def test_all_or_nothing_keeps_to_its_window_and_reports_progress() -> None:
         return FakeLink(name)
 
     names = [f"h{i}" for i in range(40)]
-    links = fan_out(
-        names,
-        connect,
-        FakeLink.close,
-        policy=ALL_OR_NOTHING,
-        limit=5,
-        phase="connecting",
-        progress=seen.append,
-    )
+    links = run(names, connect, ALL_OR_NOTHING, 5, seen.append)
     assert len(links) == 40
     assert 1 <= peak <= 5
     assert seen[0] == Progress("connecting", 40) and seen[-1] == Progress("connecting", 40, 40)
@@ -159,15 +163,7 @@ def test_all_or_nothing_keeps_to_its_window_and_reports_progress() -> None:
 
     seen.clear()
     with pytest.raises(HostError, match=r"^x: connection refused"):
-        fan_out(
-            ["a", "x"],
-            connect,
-            FakeLink.close,
-            policy=ALL_OR_NOTHING,
-            limit=1,
-            phase="connecting",
-            progress=seen.append,
-        )
+        run(["a", "x"], connect, ALL_OR_NOTHING, 1, seen.append)
     assert seen[-1].failed == 1
     assert str(seen[-1]) in ("connecting 1/2 hosts, 1 failed", "connecting 0/2 hosts, 1 failed")
 
@@ -183,7 +179,7 @@ def test_all_or_nothing_keeps_to_its_window_and_reports_progress() -> None:
 def test_keep_going_reports_every_hosts_own_outcome(failing: dict[str, Exception], failed: list[str]) -> None:
     connect = Fake(failing)
     names = ["a", "b", "c", "d"]
-    group = fan_out(names, connect, FakeLink.close, policy=KEEP_GOING, limit=1, phase="checking")
+    group = run(names, connect, KEEP_GOING, 1)
     assert list(group) == names
     assert list(group.failed) == failed and all(group[n] is failing[n] for n in failed)
     assert list(group.succeeded) == [n for n in names if n not in failing]
@@ -194,7 +190,7 @@ def test_keep_going_reports_every_hosts_own_outcome(failing: dict[str, Exception
 def test_keep_going_stops_at_what_is_no_hosts_own_failure() -> None:
     connect = Fake({"b": BAD_CONFIG})
     with pytest.raises(UsageError, match=r"^cannot read ssh config"):
-        fan_out([*"abcdefghij"], connect, FakeLink.close, policy=KEEP_GOING, limit=1, phase="checking")
+        run([*"abcdefghij"], connect, KEEP_GOING, 1)
     assert connect.started[:2] == ["a", "b"] and len(connect.started) < 10
     assert connect.closed() == ["a"]
 
