@@ -29,8 +29,7 @@ from launcher.protocol import (
     encode,
     encode_message,
 )
-from launcher.transport.fanout import opening
-from launcher.transport.link import Link, abort
+from launcher.transport.link import Link, abort, opening
 from launcher.transport.local import LocalTransport
 
 log = logging.getLogger(__name__)

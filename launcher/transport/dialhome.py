@@ -22,7 +22,7 @@ from launcher.errors import HostError
 from launcher.homing import GREETING, LINE_MAX, nonce, proof
 from launcher.progress import Progress, ProgressFn, StallDeadline
 from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE
-from launcher.transport.fanout import opening
+from launcher.transport.link import opening
 
 log = logging.getLogger(__name__)
 

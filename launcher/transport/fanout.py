@@ -7,13 +7,12 @@ first such host's in the order given (a HostError says how many more failed):
   ALL_OR_NOTHING  a launch: every failure ends it, so what comes back holds a value for every host
   KEEP_GOING      `distrun check`: a host's own failure (HostError) is its outcome and the others go on;
                   anything else (bad input, a bug) is no one host's, and ends it
-`opening` keeps the all-or-nothing promise for values made one at a time on the calling thread (local agents:
-forking from a thread is not safe).
+Values made one at a time on the calling thread keep the all-or-nothing promise with
+`launcher.transport.link.opening`, which this module uses too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import TypeVar
 
 from launcher.errors import HostError
 from launcher.progress import Progress, ProgressFn
+from launcher.transport.link import opening
 from launcher.transport.window import Aborted, Window
 
 log = logging.getLogger(__name__)
@@ -159,15 +159,3 @@ def fan_out(
             raise first
     log.debug("%s: %d host(s) in %.2fs (%s)", phase, len(group), time.monotonic() - started, policy.name)
     return group
-
-
-@contextlib.contextmanager
-def opening(close: Callable[[T], None]) -> Iterator[dict[str, T]]:
-    """A dict to put each host's value in as it is made; if the block raises, every value in it is closed."""
-    made: dict[str, T] = {}
-    try:
-        yield made
-    except BaseException:
-        for value in made.values():
-            close(value)
-        raise

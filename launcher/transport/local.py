@@ -15,9 +15,8 @@ from launcher.hosts import Host
 from launcher.locality import refuse_this_machine_twice
 from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE, write_all
 from launcher.transport.bootstrap import local_argv
-from launcher.transport.fanout import opening
 from launcher.transport.forked import ForkedAgent, fork_safe
-from launcher.transport.link import Link, abort
+from launcher.transport.link import Link, abort, opening
 
 if TYPE_CHECKING:
     from launcher.config import LaunchConfig

@@ -14,7 +14,8 @@ import pytest
 
 from launcher.errors import HostError, UsageError
 from launcher.progress import Progress, ProgressFn
-from launcher.transport.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out, opening
+from launcher.transport.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out
+from launcher.transport.link import opening
 from launcher.transport.window import Aborted, Window
 
 
