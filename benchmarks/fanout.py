@@ -14,11 +14,18 @@ Cases, run side by side on the same cluster, interleaved when repeated:
 The hosts' login shells read root's ~/.bashrc as a real cluster's do (here it runs `pyenv init`, which takes
 one global lock per login); `--no-login-rc` hides it, which flatters every launcher.
 
+`--rc-lock` says whose lock that is. `shared` (the default): one ~/.pyenv for every host, as with a home on
+NFS; the logins then run one at a time, and here the others' polling of the lock (`sleep 0.1` in a loop)
+shares the 2 cores with the one holding it, so the more logins wait at once, the slower each goes: a launcher
+that starts the logins sooner loses, which no real cluster's hosts (each polling on its own cores) would show.
+`per-host`: every host has its own pyenv shims directory, hence its own lock, as with local homes.
+
 Besides wall time it reports the CPU time and peak RSS of the client side only (the `ssh` processes together,
-or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": every
-process that sshd forked for the session, i.e. sshd's own session processes, the login shell and what it ran,
-as the hosts' listening sshds account for their reaped children). Every simulated host runs on this same
-machine, so on a small machine the wall time grows with the host count for reasons that are not the client's.
+or the one distrun process), per host, and the CPU time spent on the hosts' side per host ("host cpu": how
+long this machine's cores were busy during the case beyond the client's own CPU: sshd's sessions, the login
+shells, the agents or interpreters, and whatever else runs here meanwhile, so measure on a quiet machine).
+Every simulated host runs on this same machine, so on a small machine the wall time grows with the host
+count for reasons that are not the client's.
 A failing case is reported with its first error line instead of a time.
 """
 
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,8 +41,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,7 +53,7 @@ from tests.multihost.cluster import Cluster, unavailable_reason
 class Sample:
     wall: float
     cpu: float  # seconds, user + system, of the client processes and their descendants
-    host_cpu: float  # seconds, user + system, of everything the hosts' sshds ran for the sessions
+    host_cpu: float  # seconds the machine's cores were busy beyond the client's own (the hosts' side)
     peak_rss_kib: int  # of the largest single client process
     processes: int  # client processes: one per host for OpenSSH, one in all for distrun
     error: str | None = None
@@ -68,22 +74,25 @@ def _reap(procs: Sequence[subprocess.Popen[bytes]]) -> tuple[float, int, list[in
     return cpu, rss, codes
 
 
-def hosts_cpu(cluster: Cluster) -> float:
-    """CPU time of the sessions the hosts' listening sshds have reaped so far, all hosts together."""
-    cluster.wait_clean()  # session processes exit a moment after the client disconnects
-    total = 0.0
-    for host in cluster.hosts:
-        pid = cluster.sshd_pid(host)
-        if pid is not None:
-            times = psutil.Process(pid).cpu_times()
-            total += times.children_user + times.children_system
-    return total
+def machine_cpu() -> float:
+    """CPU seconds this machine's cores have been busy (every process: the hosts', the client's, others')."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(fields[:3]) + sum(fields[5:8])  # user nice system, irq softirq steal
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def measured(cluster: Cluster, case: Callable[[Cluster], Sample]) -> Sample:
-    before = hosts_cpu(cluster)
+    """A case's sample with the hosts' CPU: what the machine spent meanwhile beyond the client's own.
+
+    Not what the hosts' sshds reaped: an agent still ending when its session closes is re-parented and never
+    counted there, which once showed distrun's hosts at a tenth of their real CPU.
+    """
+    cluster.wait_clean()
+    before = machine_cpu()
     sample = case(cluster)
-    return replace(sample, host_cpu=hosts_cpu(cluster) - before)
+    cluster.wait_clean()  # the sessions' processes end a moment after the client
+    return replace(sample, host_cpu=max(0.0, machine_cpu() - before - sample.cpu))
 
 
 def openssh_all(cluster: Cluster, command: Sequence[str]) -> Sample:
@@ -146,12 +155,29 @@ def median(samples: Sequence[Sample]) -> Sample:
     )
 
 
+PYENV_SHIMS = Path("~root/.pyenv/shims").expanduser()
+
+
+def own_pyenv_locks(cluster: Cluster) -> None:
+    """Every host gets a copy of pyenv's shims directory, where `pyenv rehash` takes its lock."""
+    if not PYENV_SHIMS.is_dir():
+        return
+    for host in cluster.hosts:
+        shutil.copytree(PYENV_SHIMS, cluster.own_dir(host, PYENV_SHIMS), symlinks=True, dirs_exist_ok=True)
+
+
 def run_cases(
-    hosts: int, cases: dict[str, Callable[[Cluster], Sample]], repeat: int, login_rc: bool
+    hosts: int,
+    cases: dict[str, Callable[[Cluster], Sample]],
+    repeat: int,
+    login_rc: bool,
+    rc_lock: str = "shared",
 ) -> dict[str, Sample]:
     """Every case on one cluster of `hosts` hosts, interleaved `repeat` times; the median sample of each."""
     samples: dict[str, list[Sample]] = {name: [] for name in cases}
     with Cluster(hosts, login_rc=login_rc) as cluster:
+        if rc_lock == "per-host":
+            own_pyenv_locks(cluster)
         for _ in range(repeat):
             for name, case in cases.items():
                 samples[name].append(measured(cluster, case))
@@ -169,6 +195,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the hosts' login shells read root's ~/.bashrc, as a real cluster's do (Cluster's login_rc)",
+    )
+    parser.add_argument(
+        "--rc-lock",
+        choices=("shared", "per-host"),
+        default="shared",
+        help="one pyenv lock for every host's login (a shared home) or one per host (local homes)",
     )
     parser.add_argument("--distrun-arg", action="append", default=[], help="extra distrun option")
     parser.add_argument("--baseline", type=Path, help="another distrun checkout to run alongside")
@@ -188,7 +220,7 @@ def main() -> None:
         f"{'peak RSS':>10}{'host cpu/host':>15}  result"
     )
     for n in args.hosts:
-        results = run_cases(n, cases, args.repeat, args.login_rc)
+        results = run_cases(n, cases, args.repeat, args.login_rc, args.rc_lock)
         ref = results["ssh python"].wall
         for name, r in results.items():
             print(

@@ -1,6 +1,7 @@
 """The launcher's hot path: every row of issue 20's table, measured side by side in one run.
 
-    sudo python benchmarks/hotpath.py [--rows noop gloo srun fanout] [--baseline DIR] [--no-login-rc]
+    sudo python benchmarks/hotpath.py [--rows noop gloo srun fanout fanout-own] [--baseline DIR]
+                                      [--no-login-rc]
 
 Rows (each interleaves its cases, so the shared machine's noise hits them alike):
 
@@ -10,7 +11,9 @@ Rows (each interleaves its cases, so the shared machine's noise hits them alike)
   srun    6 no-op ranks on 3 real Slurm nodes inside `salloc`: distrun / one plain `srun` step (median of 5
           pairs; needs root and Slurm)
   fanout  128 simulated SSH hosts whose login shells read root's ~/.bashrc: `distrun -H ... true` / parallel
-          OpenSSH `python3 -c pass` (needs root, iproute2, sshd; `--no-login-rc` hides the rc file)
+          OpenSSH `python3 -c pass` (needs root, iproute2, sshd; `--no-login-rc` hides the rc file); every
+          host's login takes the same pyenv lock, as with a home on NFS (see benchmarks/fanout.py, --rc-lock)
+  fanout-own  the same, each host with a pyenv lock of its own, as with local homes
 
 `--baseline DIR` runs another checkout of distrun (`git archive main | tar -x -C DIR`) in every row, next to
 this tree's, so before and after come from the same run.
@@ -33,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import REPO, WORKERS, distrun, interleaved, timed_run
 from startup import by_hand
 
-ROWS = ("noop", "gloo", "srun", "fanout")
+ROWS = ("noop", "gloo", "srun", "fanout", "fanout-own")
 # name: (worker script, pairs, figure, seconds added rather than a ratio, goal)
 LOCAL_ROWS = {
     "noop": ("noop.py", 12, "no-op job, 2 local ranks", True, "<= +0.06 s"),
@@ -103,7 +106,7 @@ def srun_row(baseline: Path | None) -> Row:
     return Row("6 no-op ranks, 3 Slurm nodes, in salloc", "one srun step", t.pop("srun"), t, False, "<= 1.3x")
 
 
-def fanout_row(hosts: int, login_rc: bool, baseline: Path | None) -> Row:
+def fanout_row(hosts: int, login_rc: bool, baseline: Path | None, rc_lock: str = "shared") -> Row:
     from fanout import distrun_all, openssh_all, run_cases
 
     cases = {
@@ -112,12 +115,12 @@ def fanout_row(hosts: int, login_rc: bool, baseline: Path | None) -> Row:
     }
     if baseline is not None:
         cases["baseline"] = lambda c: distrun_all(c, [], baseline)
-    results = run_cases(hosts, cases, 1, login_rc)
+    results = run_cases(hosts, cases, 1, login_rc, rc_lock)
     for name, sample in results.items():
         if sample.error:
             print(f"fanout {name}: {sample.error}", file=sys.stderr)
     ref = results.pop("ssh python").wall
-    rc = "login rc" if login_rc else "no login rc"
+    rc = f"login rc, {rc_lock} pyenv lock" if login_rc else "no login rc"
     return Row(
         f"fan-out, {hosts} SSH hosts, {rc}",
         "OpenSSH `python3 -c pass`",
@@ -149,7 +152,8 @@ def main() -> None:
         elif name == "srun":
             rows.append(srun_row(baseline))
         else:
-            rows.append(fanout_row(args.fanout_hosts, args.login_rc, baseline))
+            lock = "per-host" if name == "fanout-own" else "shared"
+            rows.append(fanout_row(args.fanout_hosts, args.login_rc, baseline, lock))
         row = rows[-1]
         print(
             f"{row.figure}: {row.reference} {row.ref_s:.3f} s, distrun {row.cell('distrun')}", file=sys.stderr

@@ -7,7 +7,6 @@ docs/report.schema.json.
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from launcher.stragglers import Reading, Straggler
 
 from launcher.report_file import write_whole
+from launcher.signals import signal_name
 
 REPORT_VERSION = 1
 
@@ -65,19 +65,17 @@ class Failure:
     stderr_tail: tuple[str, ...] = field(default_factory=tuple)
 
 
-def signal_name(returncode: int | None) -> str | None:
+def killed_by(returncode: int | None) -> str | None:
+    """The name of the signal that ended a process with this returncode (Popen's -N); None if none did."""
     if returncode is None or returncode >= 0:
         return None
-    try:
-        return signal.Signals(-returncode).name
-    except ValueError:
-        return f"signal {-returncode}"
+    return signal_name(-returncode)
 
 
 def exit_text(returncode: int | None) -> str:
     if returncode is None:
         return "-"
-    return signal_name(returncode) or str(returncode)
+    return killed_by(returncode) or str(returncode)
 
 
 def _seconds(value: float) -> str:
@@ -145,7 +143,7 @@ def _rank_json(record: RankRecord) -> dict[str, Any]:
         "exit_code": None if record.returncode is None else (
             128 - record.returncode if record.returncode < 0 else record.returncode
         ),
-        "signal": signal_name(record.returncode),
+        "signal": killed_by(record.returncode),
         "wall_seconds": None if usage is None else round(usage.wall_s, 3),
         "cpu_seconds": None if usage is None else round(usage.cpu_s, 3),
         "peak_rss_bytes": None if usage is None else usage.max_rss_kb * 1024,

@@ -27,6 +27,7 @@ from launcher.check import (
     verdict,
     workdir_line,
 )
+from launcher.command import interpreter
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
@@ -36,7 +37,8 @@ from launcher.plan import make_plan
 from launcher.progress import Progress, ProgressFn, progress_line
 from launcher.protocol import ProbeRequest
 from launcher.scrub import SCRUBBER
-from launcher.supervise import probe, signal_pipe
+from launcher.signals import signal_pipe
+from launcher.supervise import probe
 from launcher.transport.bootstrap import NO_PYTHON
 from launcher.transport.fanout import KEEP_GOING, fan_out
 from launcher.transport.local import LocalLink
@@ -111,7 +113,7 @@ def check_hosts(
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
-    python = config.python or sys.executable
+    python = interpreter(config.python)
     names = [h.name for h in hosts]
     index = {name: i for i, name in enumerate(names)}
 

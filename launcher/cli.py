@@ -23,7 +23,7 @@ import click
 
 from collectives.placement import OWN_GPUS_VAR
 from launcher import __version__, backend, release_start_guard
-from launcher.command import resolve_command
+from launcher.command import interpreter, resolve_command
 from launcher.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
 from launcher.configfile import ENV_LEVEL, Sources, merge_config_file
 from launcher.console import guard_std_fds
@@ -388,7 +388,7 @@ def _redact_patterns(patterns: Sequence[str], label: str) -> tuple[str, ...]:
 
 def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
     command = tuple(values["command"])
-    resolve_command(command, values["python"] or sys.executable)
+    resolve_command(command, interpreter(values["python"]))
     num_proc: int | None = values["num_proc"]
     oversubscribe = bool(values["oversubscribe"])
     hosts = _hosts(values, sources)

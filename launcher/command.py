@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 from launcher.errors import UsageError
+
+
+def interpreter(python_option: str | None, host_has_ours: bool = True) -> str:
+    """The interpreter that runs `.py` commands on a host: --python, else this interpreter's path where that
+    host has it (the probe asks), else python3."""
+    if python_option:
+        return python_option
+    return sys.executable if host_has_ours else "python3"
 
 
 def resolve_command(command: Sequence[str], python: str) -> tuple[str, ...]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import stat
 import sys
 from typing import Literal
@@ -50,16 +49,6 @@ def same_terminal(out_fd: int, err_fd: int) -> bool:
     return stat.S_ISCHR(a.st_mode) and (a.st_dev, a.st_ino, a.st_rdev) == (b.st_dev, b.st_ino, b.st_rdev)
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view) :]
-        except BlockingIOError:
-            # Someone sharing the file description made it non-blocking: wait instead of spinning.
-            select.select([], [fd], [])
-
-
 class Console:
     """Queues console bytes per stream and writes them out in arrival order.
 
@@ -86,6 +75,10 @@ class Console:
             return
         queued, self._queued = self._queued, []
         fd = self._queued_fd
+        # The protocol's, which travels with the agent; imported here, not above, as the CLI imports this
+        # module and `distrun --help` need not load the protocol (about 10 ms).
+        from launcher.protocol import write_all
+
         try:
             # One gathering system call, without first copying everything into one buffer.
             done = os.writev(fd, queued) if 1 < len(queued) <= _IOV_MAX else 0

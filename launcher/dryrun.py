@@ -7,11 +7,10 @@ What only the hosts can say stands in: ports show as "auto", each host's interfa
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Mapping
 
 from launcher import backend
-from launcher.command import resolve_command
+from launcher.command import interpreter, resolve_command
 from launcher.config import LaunchConfig
 from launcher.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.env import join_host_port, redact
@@ -24,7 +23,7 @@ from launcher.startreq import start_requests
 def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     """The plan: what every rank inherits, then one header line per rank and its own variables (redacted)."""
     plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
-    python = config.python or sys.executable
+    python = interpreter(config.python)
     chosen = backend.get(config.launcher)
     local = chosen.local_by_name(plan.nodes)
     # Without links, rank 0's address is what the backend's rule gives, else its name.

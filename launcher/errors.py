@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import signal
 
+from launcher.signals import signal_name
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -62,8 +64,8 @@ class Interrupted(DistrunError):
     def from_signals(cls, received: bytes) -> Interrupted:
         """From the stopping signals' bytes of a signal wake-up pipe: SIGTERM if it is among them, else the
         first; exit code 128+N."""
-        signum = signal.SIGTERM if signal.SIGTERM in received else signal.Signals(received[0])
-        return cls(signum.name, 128 + signum)
+        signum = signal.SIGTERM if signal.SIGTERM in received else received[0]
+        return cls(signal_name(signum), 128 + signum)
 
 
 class DeadlineReached(DistrunError):

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from launcher.console import Console, same_terminal, write_all
+from launcher.console import Console, same_terminal
 from launcher.errors import UsageError
+from launcher.protocol import write_all
 from launcher.redraws import RedrawDisplay, RedrawLines, StatusArea
 from launcher.scrub import SCRUBBER
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
@@ -296,10 +297,16 @@ BLOB_HEADER = struct.Struct("!B32s")
 BLOB_ZLIB = 1
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write all of `data` to `fd`: frames on either side, and distrun's console and log files. (Here because
+    this module travels with the agent.)"""
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            # Someone sharing the file description made it non-blocking: wait instead of spinning.
+            select.select([], [fd], [])
 
 
 def encode(kind: int, rank: int = -1, payload: bytes = b"", agent: int = 0) -> bytes:

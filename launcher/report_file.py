@@ -70,10 +70,10 @@ def write_whole(path: Path, text: str) -> None:
         try:
             with contextlib.suppress(FileNotFoundError):
                 os.fchmod(fd, stat.S_IMODE(target.stat().st_mode))
-            data = text.encode("utf-8")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            # Imported here: the CLI imports this module, and need not load the protocol (about 10 ms).
+            from launcher.protocol import write_all
+
+            write_all(fd, text.encode("utf-8"))
         finally:
             os.close(fd)
         os.replace(tmp, target)

@@ -3,11 +3,11 @@ may help. Plain data shared by the supervisor, which makes them, the attempt loo
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass
 from typing import ClassVar
 
 from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_TIMEOUT
+from launcher.signals import signal_name
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Signalled:
 
     @property
     def signal_name(self) -> str:
-        return signal.Signals(self.signum).name
+        return signal_name(self.signum)
 
     @property
     def exit_code(self) -> int:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import select
 import signal
 import sys
 import time
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from launcher import backend
 from launcher.account import Attempt, Failure, RankRecord, Usage, build_report, format_account, write_report
+from launcher.command import interpreter
 from launcher.config import LaunchConfig
 from launcher.console import use_color
 from launcher.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
@@ -45,18 +45,10 @@ from launcher.progress import progress_line
 from launcher.protocol import START, Facts, ProbeRequest
 from launcher.restart import GiveUp, HostBook, cause, decide
 from launcher.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
+from launcher.signals import FORWARDED_SIGNALS, Waiter, caught, signal_pipe, stopping
 from launcher.startreq import start_requests
 from launcher.summary import summarize
-from launcher.supervise import (
-    FORWARDED_SIGNALS,
-    STOP_SIGNALS,
-    Supervisor,
-    caught,
-    probe,
-    read_signals,
-    signal_pipe,
-    supervise,
-)
+from launcher.supervise import Supervisor, probe, supervise
 from launcher.watch import JobWatch, WatchOptions, open_control
 
 if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
@@ -281,19 +273,17 @@ class Job:
     def pause(self, seconds: float) -> Outcome | None:
         """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
         end = time.monotonic() + seconds
-        while True:
-            now = time.monotonic()
-            if self.deadline is not None and now >= self.deadline:
-                return self.timed_out()
-            left = end - now if self.deadline is None else min(end, self.deadline) - now
-            if end <= now:
-                return None
-            readable, _, _ = select.select([self.wake_fd], [], [], left)
-            if readable:
-                received = read_signals(self.wake_fd)
-                stop = [s for s in received if s in STOP_SIGNALS]
-                if stop:
-                    return Signalled(stop[0])
+        with Waiter[None](self.wake_fd) as waiter:
+            while True:
+                now = time.monotonic()
+                if self.deadline is not None and now >= self.deadline:
+                    return self.timed_out()
+                left = end - now if self.deadline is None else min(end, self.deadline) - now
+                if end <= now:
+                    return None
+                received, _ = waiter.wait(left)
+                if stops := stopping(received):
+                    return Signalled(stops[0])
 
     def timed_out(self) -> TimedOut:
         return TimedOut(self.config.timeout or 0.0)
@@ -425,7 +415,7 @@ class Job:
     def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
         """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
         heartbeat = self.check_every
-        python = self.config.python or sys.executable
+        python = interpreter(self.config.python)
         synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = [
             ProbeRequest(

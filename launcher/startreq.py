@@ -7,10 +7,9 @@ a host shares travels once per host (StartRequest.env); each RankSpec carries on
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
-from launcher.command import resolve_command
+from launcher.command import interpreter, resolve_command
 from launcher.config import LaunchConfig
 from launcher.devices import RankDevices
 from launcher.env import own_part, rank_env, tf_workers
@@ -48,8 +47,7 @@ def start_requests(
     requests = []
     for node_rank in range(plan.node_count):
         found = facts[node_rank]
-        # `.py` commands: --python, else this interpreter's path where that host has it, else python3.
-        python = config.python or (sys.executable if found is None or found.python_found else "python3")
+        python = interpreter(config.python, found is None or found.python_found)
         argv = list(resolve_command(config.command, python))
         ifname = config.network_interface or (found.route_ifname if found is not None else None)
         ranks = []

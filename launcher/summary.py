@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Callable, Iterable
 
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, TimedOut
+from launcher.signals import signal_name
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -24,11 +24,7 @@ def format_ranks(ranks: Iterable[int]) -> str:
 
 def describe_exit(ended: RankExit) -> str:
     if ended.returncode < 0:
-        try:
-            name = signal.Signals(-ended.returncode).name
-        except ValueError:
-            name = f"signal {-ended.returncode}"
-        return f"was killed by {name} (exit code {ended.exit_code})"
+        return f"was killed by {signal_name(-ended.returncode)} (exit code {ended.exit_code})"
     return f"exited with code {ended.returncode}"
 
 

@@ -8,12 +8,9 @@ links. The first failure, a signal, the timeout or a lost host stops every host.
 from __future__ import annotations
 
 import logging
-import os
-import selectors
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 from launcher.errors import DeadlineReached, HostError, Interrupted
 from launcher.logs import LogRelay
@@ -41,61 +38,18 @@ from launcher.protocol import (
     dispatch,
 )
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, Waiter, signal_name, stopping, suspend_self
 from launcher.watch import JobWatch
 
 log = logging.getLogger(__name__)
 
 # After STOP, how long past the grace period we wait for agents before dropping them.
 TEARDOWN_SLACK = 5.0
-# Signals that stop the job (distrun exits 128+N), signals passed on to every rank while the job goes on, and
-# job control (Ctrl-Z, fg). README's "Signals" table says the same.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-HANDLED_SIGNALS = (*STOP_SIGNALS, *FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT)
-
-
-@contextmanager
-def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
-    """While active, the returned fd becomes readable with one byte per signal received.
-
-    Signals become bytes on a pipe the selector watches, so handlers never run job logic.
-    """
-    read_fd, write_fd = os.pipe()
-    for fd in (read_fd, write_fd):
-        os.set_blocking(fd, False)
-    old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-    previous = {signum: signal.signal(signum, lambda *_: None) for signum in caught(signums)}
-    try:
-        yield read_fd
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        signal.set_wakeup_fd(old_wakeup)
-        os.close(read_fd)
-        os.close(write_fd)
-
-
-def caught(signums: Sequence[int]) -> list[int]:
-    """The signals distrun may catch: not those it inherited ignored. `nohup distrun` must survive SIGHUP,
-    and a background job of a non-interactive shell ignores SIGINT and SIGQUIT, as users of both expect."""
-    return [signum for signum in signums if signal.getsignal(signum) is not signal.SIG_IGN]
-
-
-def read_signals(wake_fd: int) -> bytes:
-    try:
-        return os.read(wake_fd, 64)
-    except BlockingIOError:
-        return b""
-
-
-def suspend_self() -> None:
-    """Stop this process as Ctrl-Z would have, had we not caught it; returns when `fg` continues us."""
-    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def forward_signal(nodes: Sequence[Node], signum: int) -> None:
     """Have every agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
-    request = SignalRequest(signal.Signals(signum).name)
+    request = SignalRequest(signal_name(signum))
     for node in nodes:
         node.send(SIGNAL, request)
 
@@ -122,20 +76,19 @@ def probe(
     started = time.monotonic()
     deadline = StallDeadline(stall, started)
     answers: dict[int, Facts] = {}  # by id(node)
-    with selectors.DefaultSelector() as sel:
+    with Waiter[Node](wake_fd) as waiter:
 
         def on_facts(node: Node, frame: Frame, facts: Facts) -> None:
             answers[id(node)] = facts
             node.probed_at = time.monotonic()
-            sel.unregister(node.link)
+            waiter.unregister(node.link)
             deadline.progressed(time.monotonic())
             if progress is not None:
                 progress(Progress("waiting for agents", len(nodes), len(answers)))
 
         handlers: Handlers = {FACTS: on_facts}
-        sel.register(wake_fd, selectors.EVENT_READ, None)
         for node in nodes:
-            sel.register(node.link, selectors.EVENT_READ, node)
+            waiter.register(node.link, node)
         if progress is not None:
             progress(Progress("waiting for agents", len(nodes)))
         while len(answers) < len(nodes):
@@ -152,20 +105,16 @@ def probe(
                 )
             if deadline_at is not None:
                 remaining = min(remaining, deadline_at - now)
-            for key, _ in sel.select(remaining):
-                node = key.data
-                if node is None:
-                    received = read_signals(wake_fd)
-                    stops = bytes(signum for signum in received if signum in STOP_SIGNALS)
-                    if stops:
-                        raise Interrupted.from_signals(stops)
-                    if signal.SIGTSTP in received:
-                        # No rank runs yet; the agents only must not take our silence for death.
-                        forward_signal(nodes, signal.SIGSTOP)
-                        suspend_self()
-                        forward_signal(nodes, signal.SIGCONT)
-                        deadline.progressed(time.monotonic())  # time spent stopped is no agent's fault
-                    continue
+            received, ready = waiter.wait(remaining)
+            if stops := stopping(received):
+                raise Interrupted.from_signals(stops)
+            if signal.SIGTSTP in received:
+                # No rank runs yet; the agents only must not take our silence for death.
+                forward_signal(nodes, signal.SIGSTOP)
+                suspend_self()
+                forward_signal(nodes, signal.SIGCONT)
+                deadline.progressed(time.monotonic())  # time spent stopped is no agent's fault
+            for node in ready:
                 frames = node.read()
                 if frames is None:
                     detail = node.diagnostics()
@@ -241,7 +190,7 @@ class Supervisor:
         if self.watch is not None:
             self.watch.stopping()
         log.info("stopping every rank: %s", type(self.cause).__name__)
-        self._send_all(STOP, StopRequest(signal.Signals(first).name))
+        self._send_all(STOP, StopRequest(signal_name(first)))
 
     def _running(self) -> list[Node]:
         return [host.node for host in self.hosts if not host.finished]
@@ -270,8 +219,7 @@ class Supervisor:
             # Ctrl-C reaches the ranks as SIGINT, so `except KeyboardInterrupt:` clean-up runs.
             first = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
             self._stop(lambda stopped: Signalled(signum, stopped), now, first)
-            name = signal.Signals(signum).name
-            said = f"{name}: stopping every rank (grace period {self.grace:g}s)"
+            said = f"{signal_name(signum)}: stopping every rank (grace period {self.grace:g}s)"
             if signum == signal.SIGINT:
                 said += "; press Ctrl-C again to kill every rank at once"
             self.relay.note([said])
@@ -372,14 +320,13 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
     next_check = now + check_every
     for host in sup.hosts:
         host.node.last_heard = max(host.node.last_heard, now)  # we were not listening before the attempt
-    with selectors.DefaultSelector() as sel:
-        sel.register(wake_fd, selectors.EVENT_READ, None)
+    with Waiter[HostAttempt | str](wake_fd) as waiter:
         control = sup.watch.control if sup.watch is not None else None
         if control is not None:
-            sel.register(control, selectors.EVENT_READ, "control")
+            waiter.register(control, "control")
         for host in sup.hosts:
             if not host.finished:
-                sel.register(host.link, selectors.EVENT_READ, host)
+                waiter.register(host.link, host)
         while not sup.done:
             wait = next_check - now
             until = sup.until_deadline(now)
@@ -391,30 +338,28 @@ def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
                 if due is not None:
                     wait = min(wait, due - now)
             before = time.monotonic()
-            events = sel.select(max(0.0, wait))
+            received, ready = waiter.wait(max(0.0, wait))
             selected = time.monotonic()
             overslept = selected - before - max(0.0, wait)
             if overslept > check_every:
                 # Our clock jumped past the wait: this process was stopped (SIGSTOP) or starved meanwhile.
                 sup.on_stall(overslept, selected)
-            for key, _ in events:
-                host = key.data
-                if host == "control" and sup.watch is not None:
-                    sup.watch.on_control()
+            for signum in received:
+                sup.on_signal(signum, selected)
+            for source in ready:
+                if isinstance(source, str):
+                    if sup.watch is not None:
+                        sup.watch.on_control()
                     continue
-                if host is None:
-                    for signum in read_signals(wake_fd):
-                        sup.on_signal(signum, selected)
-                    continue
-                frames = host.node.read()
+                frames = source.node.read()
                 if frames is None:
-                    sel.unregister(host.link)
-                    sup.on_closed(host, selected)
+                    waiter.unregister(source.link)
+                    sup.on_closed(source, selected)
                     continue
                 for frame in frames:
-                    sup.on_frame(host, frame, selected)
-                if host.finished:
-                    sel.unregister(host.link)
+                    sup.on_frame(source, frame, selected)
+                if source.finished:
+                    waiter.unregister(source.link)
             sup.relay.tick(time.monotonic())
             if sup.suspend:
                 sup.suspend = False

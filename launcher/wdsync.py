@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import selectors
 import socket
 import threading
 import time
@@ -41,7 +40,7 @@ from launcher.protocol import (
     Want,
     decode_message,
 )
-from launcher.supervise import STOP_SIGNALS, read_signals
+from launcher.signals import Waiter, stopping
 from launcher.wdfiles import Workdir, WorkdirFile
 
 log = logging.getLogger(__name__)
@@ -209,10 +208,9 @@ def sync(
         assert addr is not None, "only hosts with an address serve"
         node.send(FETCH, FetchRequest(addr, ports[feeder], token, wanted[name]))
 
-    with selectors.DefaultSelector() as sel:
-        sel.register(wake_fd, selectors.EVENT_READ, None)
+    with Waiter[Node](wake_fd) as waiter:
         for node in nodes:
-            sel.register(node.link, selectors.EVENT_READ, node)
+            waiter.register(node.link, node)
         while len(done) < len(nodes):
             now = time.monotonic()
             for sender in senders.values():
@@ -230,13 +228,10 @@ def sync(
             if deadline.remaining(now) <= 0:
                 name = next(n.name for n in nodes if n.name not in done)
                 raise HostError(f"host {name}: no answer while syncing the workdir for {stall:g}s", host=name)
-            for key, _ in sel.select(min(1.0, deadline.remaining(now))):
-                node = key.data
-                if node is None:
-                    stops = bytes(s for s in read_signals(wake_fd) if s in STOP_SIGNALS)
-                    if stops:
-                        raise Interrupted.from_signals(stops)
-                    continue
+            received, ready = waiter.wait(min(1.0, deadline.remaining(now)))
+            if stops := stopping(received):
+                raise Interrupted.from_signals(stops)
+            for node in ready:
                 frames = node.read()
                 if frames is None:
                     detail = node.diagnostics()
@@ -279,7 +274,7 @@ def sync(
                             synced.from_peers,
                             chain.fed_by.get(node.name),
                         )
-                        sel.unregister(node.link)
+                        waiter.unregister(node.link)
                         if progress is not None:
                             progress(Progress("syncing the workdir", len(nodes), len(done)))
     return done

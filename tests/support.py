@@ -12,7 +12,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -78,13 +78,42 @@ def start_distrun(
     )
 
 
-def wait_until(condition: Callable[[], T], timeout: float = 30.0, what: str = "the condition") -> T:
-    """`condition()`'s first truthy value, polled every 50 ms; AssertionError naming `what` at `timeout`."""
+@contextlib.contextmanager
+def never_left_running(
+    proc: subprocess.Popen[bytes], grace: float = 60.0
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`proc`, a process the test started (a distrun, mostly), for the with-block. Still running after it
+    (the test failed half-way, or is done with it): SIGTERM, so distrun stops its ranks as for a user, then
+    SIGKILL if it has not ended within `grace` seconds; its pipes are drained meanwhile."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.communicate(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    """Files under `root` by relative path, with their text; directories made as needed."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def wait_until(
+    condition: Callable[[], T], timeout: float = 30.0, what: str = "the condition", every: float = 0.05
+) -> T:
+    """`condition()`'s first truthy value, asked every `every` seconds; AssertionError naming `what` once
+    `timeout` seconds have passed."""
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(every)
     return value
 
 
@@ -100,6 +129,14 @@ def attempt_envs(out: Path, attempt: int) -> dict[int, dict[str, str]]:
     """rank -> the environment its rank saw in that attempt (tests/integration/scripts/restartable.py)."""
     envs = (json.loads(path.read_text()) for path in out.glob(f"a{attempt}.r*.json"))
     return {int(env["RANK"]): env for env in envs}
+
+
+def attempt_world(out: Path, attempt: int, *names: str) -> dict[int, tuple[str, ...]]:
+    """rank -> (its host, WORLD_SIZE, then the values of `names`) as the ranks of that attempt saw them."""
+    return {
+        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], *(env[name] for name in names))
+        for rank, env in attempt_envs(out, attempt).items()
+    }
 
 
 def recorded_pids(directory: Path) -> list[int]:
@@ -214,21 +251,26 @@ def hang_stacks_then_timeout(
     job goes on; at the timeout the same stacks come before the summary, exit 124. Returns distrun's stderr.
 
     `hosts`: "1 host" or "2 hosts"; `rank2_host`/`barrier_hosts`: the group headers' host lists."""
-    try:
+    with never_left_running(job):
         wait_for_files(ready_dir, "*.pid", 4)
         shown = ask_stacks_until(job.pid, HANG_VERDICT, env)
         assert shown.startswith(f"stacks of 4 ranks on {hosts}:\n"), shown
         assert_hang_grouped(shown, rank2_host, barrier_hosts)
         assert job.poll() is None, "asking for the stacks must not disturb the job"
         _, err = job.communicate(timeout=120)
-    finally:
-        job.kill()
     text = err.decode()
     assert job.returncode == 124, text
     at_timeout = text[text.index(f"distrun: stacks of 4 ranks on {hosts} (timeout):") :]
     assert_hang_grouped(at_timeout, rank2_host, barrier_hosts)
     assert at_timeout.index(HANG_VERDICT) < at_timeout.index("distrun: timed out after 60s")
     return text
+
+
+def open_terminal(cols: int = 80, rows: int = 24) -> tuple[int, int]:
+    """A pseudo-terminal of `cols` x `rows`: its master and slave descriptors, the caller's to close."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    return master, slave
 
 
 class Terminal:
@@ -240,9 +282,8 @@ class Terminal:
     def __init__(self, cols: int = 60, rows: int = 10) -> None:
         import pyte  # only the terminal tests need it
 
-        self.master, self.slave = pty.openpty()
+        self.master, self.slave = open_terminal(cols, rows)
         os.set_blocking(self.master, False)
-        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.stream = open(self.slave, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 - see close()
         self.raw = b""
         self.screen = pyte.Screen(cols, rows)

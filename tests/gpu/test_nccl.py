@@ -40,7 +40,9 @@ from tests.integration.test_collectives_multirank import (  # noqa: E402, F401
     test_training_matches_single_process_on_combined_batches,
     test_uneven_allgather_concatenates_in_rank_order,
     test_wrapping_a_model_twice_reduces_with_the_new_optimizer_only,
+    worker_job,
 )
+from tests.support import REPO  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,8 +51,6 @@ pytestmark = [
     ),
 ]
 
-REPO = Path(__file__).resolve().parents[2]
-WORKER = REPO / "tests" / "integration" / "workers" / "collectives_worker.py"
 
 SINGLE_RANK_SCRIPT = textwrap.dedent(
     """
@@ -115,15 +115,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[Any], Path]
     """The collectives worker on 2 ranks, one GPU each, with nccl (the default backend under CUDA)."""
     if torch.cuda.device_count() < 2:
         pytest.skip(f"the 2-rank nccl job needs 2 GPUs; this machine has {torch.cuda.device_count()}")
-    outdir = tmp_path_factory.mktemp("nccl2")
-    command = [sys.executable, "-m", "launcher", "-np", "2", str(WORKER), str(outdir)]
-    proc = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        pytest.fail(
-            f"{' '.join(command)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-        )
-    results = [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    return 2, results, outdir
+    return worker_job(2, tmp_path_factory.mktemp("nccl2"), env=_env(), timeout=600)
 
 
 def test_example_on_gpu(tmp_path: Path) -> None:

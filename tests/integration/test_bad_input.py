@@ -209,3 +209,12 @@ def test_bad_input(case: Case, tmp_path: Path) -> None:
     assert "hf_secret123" not in stderr, "a value given with -x must never be echoed"
     assert stdout == ""
     assert not marker.exists()
+
+
+def test_an_unknown_distrun_variable_is_one_warning_line() -> None:
+    result = run_distrun("--dry-run", "true", env=clean_env(DISTRUN_TIMEOUTS="5"))
+    assert result.returncode == 0
+    assert result.stderr.decode() == (
+        "distrun: DISTRUN_TIMEOUTS names no option of distrun and is ignored "
+        "(did you mean DISTRUN_TIMEOUT?)\n"
+    )

@@ -21,14 +21,28 @@ WORKER = Path(__file__).resolve().parent / "workers" / "collectives_worker.py"
 JOB_TIMEOUT_S = 240
 
 
-def run_distrun(ranks: int, script: Path, *args: str, timeout: float = JOB_TIMEOUT_S) -> None:
-    """Run ``script`` on ``ranks`` local gloo ranks with distrun; fail the test with its output on error."""
+def run_distrun(
+    ranks: int, script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S
+) -> None:
+    """Run ``script`` on ``ranks`` local ranks with distrun (gloo unless `env` shows GPUs); fail the test with
+    its output on error."""
     command = [sys.executable, "-m", "launcher", "-np", str(ranks), str(script), *args]
-    proc = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        command, cwd=REPO, env=env or clean_env(), capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
         pytest.fail(
             f"{' '.join(command)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
         )
+
+
+def worker_job(
+    size: int, outdir: Path, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S
+) -> tuple[int, list[Any], Path]:
+    """The collectives worker on `size` ranks: what the `job` fixtures give their tests."""
+    run_distrun(size, WORKER, str(outdir), env=env, timeout=timeout)
+    results = [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(size)]
+    return size, results, outdir
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"{n}ranks")
@@ -36,10 +50,7 @@ def job(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[int, list[Any], Path]:
     size: int = request.param
-    outdir = tmp_path_factory.mktemp(f"collectives{size}")
-    run_distrun(size, WORKER, str(outdir))
-    results = [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(size)]
-    return size, results, outdir
+    return worker_job(size, tmp_path_factory.mktemp(f"collectives{size}"))
 
 
 def assert_all_close(actual: list[Any], expected: list[Any], atol: float = 1e-6, rtol: float = 1e-5) -> None:

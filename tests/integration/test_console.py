@@ -3,15 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import os
-import pty
 import re
-import signal
-import struct
 import subprocess
-import termios
 import threading
 import time
 from pathlib import Path
@@ -19,7 +14,17 @@ from pathlib import Path
 import psutil
 import pyte
 
-from tests.support import REPO, SCRIPTS, clean_env, distrun_argv, run_distrun, start_distrun, wait_until
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    clean_env,
+    distrun_argv,
+    never_left_running,
+    open_terminal,
+    run_distrun,
+    start_distrun,
+    wait_until,
+)
 
 SHAPES = REPO / "benchmarks" / "workers" / "shapes.py"
 # The target for distrun's own memory, whatever the ranks write.
@@ -76,14 +81,8 @@ def test_memory_stays_bounded_for_a_million_redraws(tmp_path: Path) -> None:
     assert console.endswith(b"[0]  999999/1000000 |####      |\n")
 
 
-def _terminal(cols: int, rows: int) -> tuple[int, int]:
-    parent, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    return parent, child
-
-
 def test_status_area_on_a_real_terminal() -> None:
-    parent, child = _terminal(80, 24)
+    parent, child = open_terminal(80, 24)
     proc = subprocess.Popen(
         distrun_argv("-np", "2", SCRIPTS / "bar.py", "30", "0.05"),
         stdout=child,
@@ -167,7 +166,7 @@ def test_closed_stderr_keeps_the_exit_code() -> None:
 
 
 def test_a_partial_line_on_a_terminal_shows_before_the_line_ends() -> None:
-    parent, child = _terminal(80, 24)
+    parent, child = open_terminal(80, 24)
     script = "import sys, time; sys.stdout.write('Loading... '); sys.stdout.flush(); time.sleep(600)"
     proc = subprocess.Popen(
         distrun_argv("-np", "1", "python", "-c", script),
@@ -181,12 +180,11 @@ def test_a_partial_line_on_a_terminal_shows_before_the_line_ends() -> None:
     stop = threading.Timer(60, proc.kill)
     stop.start()
     try:
-        while b"Loading... " not in seen:
-            seen += os.read(parent, 4096)
+        with never_left_running(proc):
+            while b"Loading... " not in seen:
+                seen += os.read(parent, 4096)
     finally:
         stop.cancel()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
         os.close(parent)
     assert b"[0] Loading... " in seen
 

@@ -6,9 +6,11 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.support import SCRIPTS, clean_env, run_distrun
+from tests.support import REPO, SCRIPTS, clean_env, run_distrun
 
 SECRET = "tok-4f1d9a"
 # What each host's agent appends for `distrun stacks` (launcher.stackdump.DumpDir.rank_env).
@@ -56,3 +58,17 @@ def test_every_rank_receives_what_the_dry_run_shows(tmp_path: Path) -> None:
             if name in HOOKED:  # the agent appends the stack hook, as the dry run says in its own line
                 pattern += HOOKED[name]
             assert name in received and re.fullmatch(pattern, received[name]), (rank, name, value)
+
+
+def test_dry_run_runs_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = subprocess.run(
+        [sys.executable, "-m", "launcher", "--dry-run", "-np", "2", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "rank 1: host=localhost" in result.stdout
+    assert not marker.exists()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import select
 import signal
@@ -21,6 +20,7 @@ from tests.support import (
     assert_all_gone,
     clean_env,
     distrun_argv,
+    open_terminal,
     read_terminal,
     recorded_pids,
     run_distrun,
@@ -292,7 +292,7 @@ def test_colours_only_when_asked_or_on_a_tty() -> None:
 
 
 def test_colours_switch_on_by_themselves_on_a_terminal() -> None:
-    parent, child = pty.openpty()
+    parent, child = open_terminal()
     proc = subprocess.Popen(
         distrun_argv("-np", "2", "python", "-c", "print('x')"),
         stdout=child,

@@ -19,6 +19,7 @@ from tests.support import (
     assert_all_gone,
     clean_env,
     hang_stacks_then_timeout,
+    never_left_running,
     recorded_pids,
     run_distrun,
     start_distrun,
@@ -55,12 +56,9 @@ def _py_spy_unusable() -> str | None:
     if py_spy is None:
         return "py-spy is not installed (pip install py-spy)"
     ready = "import time; print('ready', flush=True); time.sleep(30)"
-    with subprocess.Popen([sys.executable, "-c", ready], stdout=subprocess.PIPE) as child:
-        try:
-            assert child.stdout is not None and child.stdout.readline() == b"ready\n"
-            done = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True, timeout=30)
-        finally:
-            child.kill()
+    with never_left_running(subprocess.Popen([sys.executable, "-c", ready], stdout=subprocess.PIPE)) as child:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        done = subprocess.run([py_spy, "dump", "--pid", str(child.pid)], capture_output=True, timeout=30)
     if done.returncode != 0:
         return f"py-spy cannot read a process here: {done.stderr.decode().strip()[-200:]}"
     return None
@@ -70,14 +68,12 @@ def test_py_spy_adds_native_frames(tmp_path: Path) -> None:
     unusable = _py_spy_unusable()
     if unusable is not None:
         pytest.skip(unusable)
-    job = start_distrun("-np", "3", "--stack-tool", "py-spy", SCRIPTS / "sleepers.py", tmp_path)
-    try:
+    with never_left_running(
+        start_distrun("-np", "3", "--stack-tool", "py-spy", SCRIPTS / "sleepers.py", tmp_path)
+    ) as job:
         wait_for_files(tmp_path, "*.pid", 3)
         shown = ask_stacks_until(job.pid, "in odd_one_out")
         assert job.poll() is None
-    finally:
-        job.terminate()
-        job.communicate(timeout=60)
     lines = shown.splitlines()
     assert lines[1:3] == ["rank 1 (1 of 3) on localhost:", "  main thread:"], shown
     # py-spy adds the native frames beneath the Python ones: time.sleep's C function, at least.

@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.support import clean_env, run_distrun, start_distrun, wait_for_files
+from tests.support import clean_env, never_left_running, run_distrun, start_distrun, wait_for_files
 
 # Says it is running (a file in argv[1]), waits for argv[1]/go, then shows what its copy holds.
 TRAIN = """\
@@ -34,17 +34,14 @@ def test_ranks_run_in_the_copy_and_never_see_later_edits(tmp_path: Path) -> None
     marks = tmp_path / "marks"
     marks.mkdir()
     env = clean_env(DISTRUN_CACHE_DIR=str(tmp_path / "cache"))
-    proc = start_distrun("-np", "2", "--workdir", project, "train.py", marks, env=env)
-    try:
+    with never_left_running(
+        start_distrun("-np", "2", "--workdir", project, "train.py", marks, env=env)
+    ) as proc:
         wait_for_files(marks, "ready.*", 2)
         (project / "mod.py").write_text("VALUE = 'new'\n")
         (project / "data.txt").write_text("new data\n")
         (marks / "go").touch()
         out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err.decode()
     (copy,) = [p for p in (tmp_path / "cache" / "workdir" / "trees").iterdir() if p.is_dir()]
     assert sorted(out.decode().splitlines()) == [f"[{r}] {copy} old old data" for r in range(2)]

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.multihost.cluster import ETC_HOSTS, ETC_NETNS, STATE_DIR, Cluster
+from tests.support import wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -89,9 +90,7 @@ def test_link_down_makes_a_host_unreachable(cluster: Cluster) -> None:
             socket.create_connection((cluster.addr("h2"), 22), timeout=1.0).close()
     finally:
         cluster.link_up("h2")
-    deadline = time.monotonic() + 10
-    while not probe(cluster, "h1", "h2", 22).startswith("ok") and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: probe(cluster, "h1", "h2", 22).startswith("ok"), 10, "h2's sshd reachable again")
     assert ssh(cluster, "h2", "hostname").stdout.strip() == "h2"
 
 
@@ -108,10 +107,7 @@ def test_processes_lists_what_runs_on_a_host(cluster: Cluster) -> None:
     assert cluster.processes("h3") == []
     client = subprocess.Popen(cluster.ssh_argv("h3", "exec sleep 60"), stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 10
-        while not sleeps_on(cluster, "h3") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sleeps_on(cluster, "h3")
+        wait_until(lambda: sleeps_on(cluster, "h3"), 10, "the sleep on h3")
         assert not sleeps_on(cluster, "h1")
         client.kill()
         client.wait()
@@ -120,12 +116,16 @@ def test_processes_lists_what_runs_on_a_host(cluster: Cluster) -> None:
     finally:
         client.kill()
         client.wait()
-        # Rescanned until none is left: under load a scan can catch the session mid-exec and miss one.
-        deadline = time.monotonic() + 10
-        while (orphans := sleeps_on(cluster, "h3")) and time.monotonic() < deadline:
+
+        def none_left() -> bool:
+            # Rescanned until none is left: under load a scan can catch the session mid-exec and miss one.
+            orphans = sleeps_on(cluster, "h3")
             for proc in orphans:
                 proc.kill()
-            time.sleep(0.05)
+            return not orphans
+
+        with contextlib.suppress(AssertionError):  # wait_clean() below says what is left
+            wait_until(none_left, 10, "no sleep left on h3")
     assert cluster.wait_clean() == {}
 
 

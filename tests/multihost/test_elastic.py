@@ -9,20 +9,13 @@ import pytest
 
 from tests.multihost.cluster import Cluster
 from tests.multihost.test_launch_ssh import assert_clean
-from tests.support import REPO, SCRIPTS, attempt_envs, run_distrun, start_distrun, wait_for_files
+from tests.support import REPO, SCRIPTS, attempt_world, run_distrun, start_distrun, wait_for_files
 
 pytestmark = pytest.mark.multihost
 
 RESTARTABLE = SCRIPTS / "restartable.py"
 # A silent host is declared lost after keepalive x 5: 2.5 s instead of the default 10 s.
 FAST_LOSS = ("--ssh-keepalive", "0.5", "--restart-delay", "0")
-
-
-def _world(out: Path, attempt: int) -> dict[int, tuple[str, str]]:
-    """rank -> (host, WORLD_SIZE) as the ranks of that attempt saw it."""
-    return {
-        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"]) for rank, env in attempt_envs(out, attempt).items()
-    }
 
 
 def _lose_h3_mid_run(lab: Cluster, out: Path, *args: str) -> tuple[int, str]:
@@ -45,7 +38,7 @@ def test_a_lost_host_leaves_the_job_which_restarts_smaller_and_finishes(
     lab = make_cluster(3)
     code, err = _lose_h3_mid_run(lab, tmp_path, "--min-np", "2")
     assert code == 0, err
-    assert _world(tmp_path, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
+    assert attempt_world(tmp_path, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
     assert "attempt 0 failed: lost host h3" in err
     assert_clean(lab)
 
@@ -73,8 +66,8 @@ def test_a_host_from_the_discovery_script_joins_at_the_next_restart(cluster: Clu
         env=cluster.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr.decode()
-    assert _world(out, 0) == {0: ("h1", "1")}
-    assert _world(out, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
+    assert attempt_world(out, 0) == {0: ("h1", "1")}
+    assert attempt_world(out, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
     assert_clean(cluster)
 
 
@@ -85,5 +78,5 @@ def test_a_failed_remote_rank_restarts_the_whole_job_on_every_host(cluster: Clus
         env=cluster.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr.decode()
-    assert _world(tmp_path, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
+    assert attempt_world(tmp_path, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
     assert_clean(cluster)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
-import struct
 import subprocess
-import termios
 from collections.abc import Callable, Iterator
 
 import pyte
 import pytest
 
 from tests.multihost.cluster import Cluster, impossible_reason, missing_tool_reason
-from tests.support import REPO, distrun_argv, read_terminal, require_machine, run_distrun
+from tests.support import REPO, distrun_argv, open_terminal, read_terminal, require_machine, run_distrun
 
 pytestmark = pytest.mark.multihost
 
@@ -44,8 +40,7 @@ def host_list(cluster: Cluster) -> str:
 
 def test_progress_line_on_a_terminal_is_gone_before_the_output(wide: Callable[[], Cluster]) -> None:
     cluster = wide()
-    parent, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
+    parent, child = open_terminal(COLUMNS, ROWS)
     proc = subprocess.Popen(
         distrun_argv("-H", host_list(cluster), "--prefix", "host", "hostname"),
         stdin=subprocess.DEVNULL,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster, cleanup_stale, unavailable_reason
-from tests.support import REPO, run_distrun, start_distrun, wait_for_files
+from tests.support import REPO, never_left_running, run_distrun, start_distrun, wait_for_files, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -183,18 +183,19 @@ def test_a_transfer_cut_midway_then_a_correct_run(setup: Setup, tmp_path: Path) 
         "train.py",
         env=setup.cluster.env(PYTHONPATH=str(REPO)),
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while len(setup.objects("h2")) < before + 2 and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        setup.cluster.link_down("h2")
-        cut_at = len(setup.objects("h2")) - before
-        _, err = proc.communicate(timeout=60)
-    finally:
-        setup.cluster.link_up("h2")
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    with never_left_running(proc):
+        try:
+            wait_until(
+                lambda: len(setup.objects("h2")) >= before + 2 or proc.poll() is not None,
+                120,
+                "the first objects on h2",
+                every=0.01,  # the cut must come half-way through the transfer
+            )
+            setup.cluster.link_down("h2")
+            cut_at = len(setup.objects("h2")) - before
+            _, err = proc.communicate(timeout=60)
+        finally:
+            setup.cluster.link_up("h2")
     assert 0 < cut_at < 48, f"the cut came at {cut_at} of 48 objects: not half-way"
     assert proc.returncode == 3, err.decode()
     assert "h2" in err.decode()
@@ -260,8 +261,9 @@ def test_jobs_at_once_keep_their_own_copies_while_later_ones_prune(setup: Setup,
     marks.mkdir()
     env = setup.cluster.env(PYTHONPATH=str(REPO))
     hosts = ",".join(f"{h}:1" for h in HOSTS)
-    first = start_distrun("-H", hosts, "--workdir", project, "train.py", marks, "wait", env=env)
-    try:
+    with never_left_running(
+        start_distrun("-H", hosts, "--workdir", project, "train.py", marks, "wait", env=env)
+    ) as first:
         wait_for_files(marks, "ready.*", len(HOSTS), timeout=120)
         trees = {
             h: {p.name for p in (setup.caches[h] / "workdir" / "trees").iterdir() if p.is_dir()}
@@ -278,9 +280,5 @@ def test_jobs_at_once_keep_their_own_copies_while_later_ones_prune(setup: Setup,
             assert len(now - trees[host]) == 3, "of versions 2-5, the oldest was pruned (3 kept a project)"
         (marks / "go").touch()
         out, err = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
     assert first.returncode == 0, err.decode()
     assert sorted(out.decode().splitlines()) == [f"[{r}] value=1 same=True" for r in range(len(HOSTS))]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import psutil
 import pytest
 
 from tests.slurm.cluster import SlurmCluster
+from tests.support import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -33,10 +33,11 @@ def test_teardown_with_a_running_job_leaves_nothing(slurm: SlurmCluster) -> None
     hosts = private.network.hosts
     job = subprocess.Popen(["srun", "-N2", "sleep", "600"], env=private.env(), start_new_session=True)
     try:
-        deadline = time.monotonic() + 30
-        while not all(any(p.name() == "sleep" for p in private.processes(n)) for n in private.nodes):
-            assert time.monotonic() < deadline, "the job's tasks never started"
-            time.sleep(0.05)
+        wait_until(
+            lambda: all(any(p.name() == "sleep" for p in private.processes(n)) for n in private.nodes),
+            30,
+            "the job's tasks on every node",
+        )
         pids = [p.pid for h in hosts for p in private.network.processes(h)]
         private.close()
         assert [ns for ns in map(private.network.netns, hosts) if os.path.exists(f"/run/netns/{ns}")] == []

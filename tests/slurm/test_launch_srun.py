@@ -22,7 +22,7 @@ from tests.support import (
     REPO,
     SCRIPTS,
     assert_all_gone,
-    attempt_envs,
+    attempt_world,
     distrun_argv,
     recorded_pids,
     wait_until,
@@ -253,20 +253,12 @@ def test_agents_stop_their_ranks_when_distrun_goes_silent(slurm: SlurmCluster, t
         assert_nodes_clean(slurm)
 
 
-def _world(out: Path, attempt: int) -> dict[int, tuple[str, str, str]]:
-    """rank -> (host, WORLD_SIZE, MASTER_PORT) as the ranks of that attempt saw it."""
-    return {
-        rank: (env["DISTRUN_HOSTNAME"], env["WORLD_SIZE"], env["MASTER_PORT"])
-        for rank, env in attempt_envs(out, attempt).items()
-    }
-
-
 def test_max_restarts_under_slurm_restarts_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
     args = ("--max-restarts", "1", "--restart-delay", "0", RESTARTABLE, "--out", tmp_path, "--fail", "0:4:7")
     result = salloc(slurm, "-N3", "--ntasks-per-node=2", *distrun_argv(*args))
     assert result.returncode == 0, result.stderr
     assert "attempt 0 failed: rank 4 (host node03) exited with code 7; restarting" in result.stderr
-    first, second = _world(tmp_path, 0), _world(tmp_path, 1)
+    first, second = attempt_world(tmp_path, 0, "MASTER_PORT"), attempt_world(tmp_path, 1, "MASTER_PORT")
     assert [second[rank][:2] for rank in sorted(second)] == [(NODES[r // 2], "6") for r in range(6)]
     assert {port for *_, port in second.values()} != {port for *_, port in first.values()}
     assert_clean(slurm)
@@ -295,7 +287,7 @@ def test_a_lost_node_leaves_the_job_which_restarts_smaller(slurm: SlurmCluster, 
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert "attempt 0 failed: lost host node03" in err
-        assert {r: (h, n) for r, (h, n, _) in _world(tmp_path, 1).items()} == {
+        assert {r: (h, n) for r, (h, n, _) in attempt_world(tmp_path, 1, "MASTER_PORT").items()} == {
             0: ("node01", "2"),
             1: ("node02", "2"),
         }

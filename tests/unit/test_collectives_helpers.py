@@ -5,9 +5,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,18 +13,7 @@ from collectives.context import Topology, _placement_from_hostnames, topology_fr
 from collectives.data import ShardSampler, shard_indices
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError, ShardingError
 from collectives.lr import WarmupSchedule, scale_lr
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def test_import_does_not_pull_in_torch() -> None:
-    code = (
-        "import sys, collectives; "
-        "collectives.Average; collectives.CollectivesError; collectives.rank; collectives.scale_lr; "
-        "collectives.ShardSampler; "
-        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+from tests.support import REPO
 
 
 def test_every_public_name_resolves() -> None:

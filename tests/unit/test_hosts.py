@@ -6,8 +6,7 @@ import pytest
 
 from launcher.errors import HostfileError, HostSpecError
 from launcher.hosts import Host, parse_host_list, parse_hostfile
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO
 
 
 def write(tmp_path: Path, text: str, name: str = "hosts.txt") -> Path:

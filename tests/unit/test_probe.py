@@ -10,7 +10,8 @@ import pytest
 from launcher.errors import HostError
 from launcher.progress import Progress, StallDeadline
 from launcher.protocol import FACTS, Facts, ProbeRequest, encode_message
-from launcher.supervise import probe, signal_pipe
+from launcher.signals import signal_pipe
+from launcher.supervise import probe
 from tests.fakes import FakeLink, fake_hosts, hello
 
 REQUEST = ProbeRequest(ports=1, cwd="/", route_to=None, python=None, heartbeat=0.0, dead_after=0.0)

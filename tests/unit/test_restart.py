@@ -15,8 +15,8 @@ from launcher.plan import Plan, make_plan
 from launcher.restart import GiveUp, HostBook, Restart, decide
 from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.run import Job
+from launcher.signals import signal_pipe
 from launcher.summary import summarize
-from launcher.supervise import signal_pipe
 from tests.fakes import memory_relay
 
 A, B, C = Host("a", slots=2), Host("b", slots=2), Host("c", slots=2)

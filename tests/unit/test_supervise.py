@@ -25,7 +25,8 @@ from launcher.protocol import (
     encode_message,
 )
 from launcher.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
-from launcher.supervise import TEARDOWN_SLACK, Supervisor, signal_pipe, supervise
+from launcher.signals import signal_pipe
+from launcher.supervise import TEARDOWN_SLACK, Supervisor, supervise
 from tests.fakes import DONE_FRAME, FakeLink, exited, fake_hosts, hello, memory_relay
 
 

@@ -7,19 +7,20 @@ import hashlib
 import json
 import os
 import select
-import subprocess
 import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from launcher import wdfiles
 from launcher.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FetchRequest, Synced, SyncRequest
 from launcher.receive import Receiver
 from launcher.samestack import differences
 from launcher.store import Store, StoreError, manifest_hash
-from launcher.wdfiles import WorkdirError, candidate_paths, ignored, missing_script, parse_ignore, scan
+from launcher.wdfiles import WorkdirError, ignored, missing_script, parse_ignore, scan
 from launcher.wdsync import Chain
+from tests.support import write_tree
 
 
 @pytest.mark.parametrize(
@@ -45,51 +46,16 @@ def test_ignore_file_drops_comments_and_blank_lines() -> None:
     assert parse_ignore(["# big files", "", "  *.ckpt  ", "/out/"]) == ("*.ckpt", "/out/")
 
 
-def _tree(root: Path, files: dict[str, str]) -> None:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-
-
-def test_outside_git_default_excludes_and_own_ignore_file(tmp_path: Path) -> None:
-    _tree(
-        tmp_path,
-        {
-            "train.py": "",
-            "pkg/mod.py": "",
-            "pkg/__pycache__/mod.cpython-311.pyc": "",
-            ".venv/bin/python": "",
-            "venv/lib/x.py": "",
-            "old.pyc": "",
-            "ckpt/model.pt": "",
-            ".distrunignore": "ckpt/\n",
-        },
-    )
-    paths = candidate_paths(tmp_path)
-    assert paths == [".distrunignore", "pkg/mod.py", "train.py"]
-
-
-def test_in_git_gitignore_is_honoured_and_git_not_sent(tmp_path: Path) -> None:
-    _tree(
-        tmp_path,
-        {
-            "train.py": "",
-            "secret.env": "",
-            ".gitignore": "secret.env\n",
-            "untracked.py": "",
-            "big.bin": "",
-            ".distrunignore": "*.bin\n",
-        },
-    )
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    subprocess.run(["git", "-C", str(tmp_path), "add", "train.py", ".gitignore"], check=True)
-    paths = candidate_paths(tmp_path)
-    assert paths == [".distrunignore", ".gitignore", "train.py", "untracked.py"]
+@pytest.fixture(autouse=True)
+def outside_git(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tmp_path is in no git work tree: git's answer there (none), without starting git. The real git's
+    answers, there and in work trees, are tests/integration/test_workdir_git.py's."""
+    monkeypatch.setattr(wdfiles, "_git_files", lambda root: None)
 
 
 def test_symlinks_inside_travel_outside_are_named(tmp_path: Path) -> None:
     root = tmp_path / "proj"
-    _tree(root, {"data/a.txt": "a", "train.py": "print(1)"})
+    write_tree(root, {"data/a.txt": "a", "train.py": "print(1)"})
     (root / "inside").symlink_to("data/a.txt")
     (root / "outside").symlink_to(tmp_path)
     workdir = scan(root)
@@ -99,7 +65,7 @@ def test_symlinks_inside_travel_outside_are_named(tmp_path: Path) -> None:
 
 
 def test_unreadable_file_is_named_and_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _tree(tmp_path, {"ok.py": "", "locked.py": ""})
+    write_tree(tmp_path, {"ok.py": "", "locked.py": ""})
     real = __import__("launcher.wdfiles", fromlist=["_hash_file"])._hash_file
 
     def hash_file(path: Path) -> str:
@@ -125,7 +91,7 @@ def test_too_big_is_refused_with_the_biggest_files(tmp_path: Path) -> None:
 
 
 def test_manifest_hash_ignores_order_and_changes_with_content(tmp_path: Path) -> None:
-    _tree(tmp_path, {"a.py": "1", "b.py": "2"})
+    write_tree(tmp_path, {"a.py": "1", "b.py": "2"})
     first = scan(tmp_path)
     assert manifest_hash(list(reversed(first.entries))) == first.manifest_hash
     (tmp_path / "b.py").write_text("3")
@@ -363,24 +329,3 @@ def test_prune_waits_for_no_one_and_removes_nothing_while_a_job_adds(tmp_path: P
 def test_only_content_hashes_name_objects(tmp_path: Path, digest: str) -> None:
     with pytest.raises(StoreError, match="not a content hash"):
         Store(str(tmp_path)).object_path(digest)
-
-
-def test_a_git_that_refuses_to_answer_is_an_error_not_everything_sent(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to give the repository another owner")
-    _tree(tmp_path, {"train.py": "", "secret.env": "", ".gitignore": "secret.env\n"})
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    os.chown(tmp_path, 12345, 12345)  # git refuses a repository of another owner ("dubious ownership")
-    monkeypatch.setenv("HOME", str(tmp_path))  # no safe.directory from the real ~/.gitconfig
-    for name in [n for n in os.environ if n.startswith("GIT_")]:
-        monkeypatch.delenv(name)
-    with pytest.raises(WorkdirError, match=r"git ls-files failed: .*dubious ownership"):
-        candidate_paths(tmp_path)
-
-
-def test_a_directory_that_an_outer_repository_ignores_is_walked(tmp_path: Path) -> None:
-    _tree(tmp_path, {".gitignore": "build/\n", "build/proj/train.py": "", "build/proj/__pycache__/x.pyc": ""})
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    assert candidate_paths(tmp_path / "build" / "proj") == ["train.py"]
