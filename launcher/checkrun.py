@@ -11,8 +11,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 
 import click
@@ -35,13 +34,15 @@ from launcher.errors import EXIT_HOST, EXIT_OK, HostError
 from launcher.hosts import Host
 from launcher.node import Node, close_all
 from launcher.plan import make_plan
-from launcher.progress import Progress, progress_line
+from launcher.progress import Progress, ProgressFn, progress_line
 from launcher.protocol import ProbeRequest
 from launcher.scrub import SCRUBBER
 from launcher.signals import signal_pipe
 from launcher.supervise import probe
 from launcher.transport.bootstrap import NO_PYTHON
+from launcher.transport.fanout import KEEP_GOING, fan_out
 from launcher.transport.local import LocalLink
+from launcher.transport.window import Window
 from launcher.wdfiles import scan
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,10 @@ def _failed(check: HostCheck, error: str, kind: str | None) -> HostCheck:
     return replace(check, error=error, error_kind="python" if NO_PYTHON in error else kind)
 
 
-def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None, HostCheck]:
+Reached = tuple[Node | None, HostCheck]
+
+
+def _connect(host: Host, local: bool, config: LaunchConfig) -> Reached:
     """A node with a running agent, or the HostCheck that says why there is none."""
     if local:
         return Node(host, LocalLink(host.name), True), HostCheck(
@@ -66,6 +70,18 @@ def _connect(host: Host, local: bool, config: LaunchConfig) -> tuple[Node | None
     if reached.error is not None:
         check = _failed(check, reached.error, reached.error_kind)
     return (Node(host, reached.link, False) if reached.link is not None else None), check
+
+
+def _drop(reached: Reached) -> None:
+    if reached[0] is not None:
+        reached[0].drop()
+
+
+def _own(outcome: Reached | BaseException, host: Host) -> Reached:
+    """A host's outcome; a HostError its backend raised (rather than reported) is that host's row."""
+    if isinstance(outcome, BaseException):
+        return None, _failed(HostCheck(host.name, host.slots, user=host.user), str(outcome), "other")
+    return outcome
 
 
 def _probe_one(node: Node, request: ProbeRequest, wake_fd: int, check: HostCheck) -> HostCheck:
@@ -88,25 +104,24 @@ def check_hosts(
     hosts: Sequence[Host],
     config: LaunchConfig,
     wake_fd: int,
-    progress: Callable[[int, int], None],
+    progress: ProgressFn,
     workdir_hash: str = "",
 ) -> list[HostCheck]:
-    """Every host's HostCheck, in the order given; `progress(done, total)` after each host. `workdir_hash`:
-    also ask whether each host's cache holds that --workdir copy."""
+    """Every host's HostCheck, in the order given, each host reached and probed on its own (one failing does
+    not stop the others); `progress` hears how far probing got. `workdir_hash`: also ask whether each host's
+    cache holds that --workdir copy."""
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
     python = interpreter(config.python)
-    done = 0
+    names = [h.name for h in hosts]
+    index = {name: i for i, name in enumerate(names)}
 
-    def step() -> None:
-        nonlocal done
-        done += 1
-        progress(done, len(hosts))
+    def reach(name: str, _: Window) -> Reached:
+        return _connect(hosts[index[name]], local[index[name]], config)
 
-    workers = max(1, min(MAX_PARALLEL, len(hosts)))
-    with ThreadPoolExecutor(workers) as pool:
-        connected = list(pool.map(lambda host, is_local: _connect(host, is_local, config), hosts, local))
+    reached = fan_out(names, reach, _drop, policy=KEEP_GOING, limit=MAX_PARALLEL, phase="connecting")
+    connected = [_own(reached[h.name], h) for h in hosts]
     nodes = [node for node, _ in connected]
     try:
         results = [check for _, check in connected]
@@ -123,16 +138,17 @@ def check_hosts(
             config.master_addr, local, [node.link if node is not None else None for node in nodes]
         )
 
-        def check_one(index: int) -> HostCheck:
-            node, check = nodes[index], results[index]
+        def check_one(name: str, _: Window) -> HostCheck:
+            i = index[name]
+            node, check = nodes[i], results[i]
             if node is None or check.error is not None:
                 return check
-            others = index > 0 and listen_port and rank0_addr
+            others = i > 0 and listen_port and rank0_addr
             request = ProbeRequest(
                 ports=1,
                 cwd=cwd,
                 python=python,
-                route_to=rank0_addr if index > 0 else None,
+                route_to=rank0_addr if i > 0 else None,
                 check=True,
                 stack=True,
                 workdir_hash=workdir_hash,
@@ -141,11 +157,19 @@ def check_hosts(
             )
             return _probe_one(node, request, wake_fd, check)
 
-        with ThreadPoolExecutor(workers) as pool:
-            for index, result in enumerate(pool.map(check_one, range(len(hosts)))):
-                results[index] = result
-                step()
-        return results
+        checked = fan_out(
+            names,
+            check_one,
+            lambda _: None,
+            policy=KEEP_GOING,
+            limit=MAX_PARALLEL,
+            phase="checking",
+            progress=progress,
+        )
+        return [
+            _failed(results[i], str(outcome), "other") if isinstance(outcome, BaseException) else outcome
+            for i, outcome in enumerate(checked.values())
+        ]
     finally:
         close_all([node for node in nodes if node is not None])
 
@@ -162,7 +186,7 @@ def run_check(config: LaunchConfig) -> int:
             hosts,
             config,
             wake_fd,
-            lambda done, total: shown(Progress("checking", total, done)),
+            shown,
             workdir.manifest_hash if workdir is not None else "",
         )
     cwd = os.getcwd()

@@ -29,7 +29,7 @@ from launcher.protocol import (
     encode,
     encode_message,
 )
-from launcher.transport.link import Link
+from launcher.transport.link import Link, abort, opening
 from launcher.transport.local import LocalTransport
 
 log = logging.getLogger(__name__)
@@ -137,15 +137,10 @@ def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | 
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     remote = [h for h, is_local in zip(hosts, local, strict=True) if not is_local]
-    links: dict[str, Link] = {}
-    try:
+    with opening(abort) as links:
         if remote:  # first: it is what can fail
             links.update(chosen.open(remote, config, progress))
         links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
-    except BaseException:
-        for link in links.values():
-            link.abort()
-        raise
     return [
         Node(h, links[h.name], is_local, next(_agent_ids)) for h, is_local in zip(hosts, local, strict=True)
     ]

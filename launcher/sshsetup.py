@@ -21,14 +21,8 @@ from typing import Literal
 from launcher.config import SshOptions
 from launcher.errors import HostError, UsageError
 from launcher.hosts import Host
-from launcher.transport.sshconn import (
-    AuthRefused,
-    SshTarget,
-    connect_target,
-    jump_targets,
-    load_ssh_config,
-    resolve_target,
-)
+from launcher.transport.sshconfig import Route, routes
+from launcher.transport.sshconn import AuthRefused, connect_target
 
 log = logging.getLogger(__name__)
 
@@ -110,26 +104,11 @@ def _create_ed25519(path: Path) -> Key:
     return Key(path, line, created=True)
 
 
-@dataclass(frozen=True)
-class _Route:
-    target: SshTarget
-    jumps: tuple[SshTarget, ...]
-
-
-def _routes(hosts: Sequence[Host], options: SshOptions) -> dict[str, _Route]:
-    ssh_config = load_ssh_config(options.config_file)
-    routes = {}
-    for host in hosts:
-        target = resolve_target(host, options, ssh_config)
-        routes[host.name] = _Route(target, tuple(jump_targets(target, options, ssh_config)))
-    return routes
-
-
-def _key_login(route: _Route, options: SshOptions) -> None:
+def _key_login(route: Route, options: SshOptions) -> None:
     connect_target(route.target, options, route.jumps).close()
 
 
-def _install(route: _Route, options: SshOptions, password: str, public: str) -> str:
+def _install(route: Route, options: SshOptions, password: str, public: str) -> str:
     """Append the key over a password login; returns `added` or `present`."""
     client = connect_target(route.target, options, route.jumps, password=password)
     try:
@@ -159,12 +138,12 @@ def setup_hosts(
     if options.host_key_policy is None:
         options = replace(options, host_key_policy="accept-new")
     options = replace(options, identity_files=(key.path, *options.identity_files))
-    routes = _routes(hosts, options)
+    found = routes(hosts, options)
     workers = max(1, min(MAX_PARALLEL, len(hosts)))
 
     def first_try(host: Host) -> HostSetup | None:
         try:
-            _key_login(routes[host.name], options)
+            _key_login(found[host.name], options)
         except AuthRefused:
             return None
         except HostError as err:
@@ -175,10 +154,10 @@ def setup_hosts(
         results = dict(zip([h.name for h in hosts], pool.map(first_try, hosts), strict=True))
     pending = [h for h in hosts if results[h.name] is None]
     if pending:
-        password = ask_password([f"{routes[h.name].target.user}@{h.name}" for h in pending])
+        password = ask_password([f"{found[h.name].target.user}@{h.name}" for h in pending])
 
         def install(host: Host) -> HostSetup:
-            route = routes[host.name]
+            route = found[host.name]
             try:
                 answer = _install(route, options, password, key.public)
             except HostError as err:

@@ -22,6 +22,7 @@ from launcher.errors import HostError
 from launcher.homing import GREETING, LINE_MAX, nonce, proof
 from launcher.progress import Progress, ProgressFn, StallDeadline
 from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE
+from launcher.transport.link import opening
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +149,11 @@ class Home:
         Gives up (HostError naming the first missing host) when no agent has arrived for `stall` seconds or
         when `starter_gone()` says whatever started the agents has ended (its text: why).
         """
-        arrived: dict[str, SocketLink] = {}
         callers: dict[int, _Caller] = {}
         started = time.monotonic()
         deadline = StallDeadline(stall, started)
         try:
-            with selectors.DefaultSelector() as sel:
+            with opening(SocketLink.abort) as arrived, selectors.DefaultSelector() as sel:
                 sel.register(self._listener, selectors.EVENT_READ)
                 while len(arrived) < len(self._expected):
                     remaining = deadline.remaining(time.monotonic())
@@ -172,10 +172,6 @@ class Home:
                             if progress is not None:
                                 progress(Progress("starting agents", len(self._expected), len(arrived)))
                     self._drop_slow(sel, callers)
-        except BaseException:
-            for link in arrived.values():
-                link.abort()
-            raise
         finally:
             for caller in callers.values():
                 caller.sock.close()

@@ -1,11 +1,15 @@
-"""The seam between the launch loop and whatever carries an agent's bytes: `Link` and `Transport`."""
+"""The seam between the launch loop and whatever carries an agent's bytes: `Link` and `Transport`, and
+`opening`, which keeps a transport's promise of all links or none."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, TypeVar
 
 from launcher.hosts import Host
+
+T = TypeVar("T")
 
 
 class Link(Protocol):
@@ -47,6 +51,11 @@ class Link(Protocol):
         ...
 
 
+def abort(link: Link) -> None:
+    """`link.abort()`, as a callback: `Link.abort` itself is the protocol's empty stub, not the link's own."""
+    link.abort()
+
+
 class Transport(Protocol):
     """Starts one agent per host (local pipe, SSH, srun, ...)."""
 
@@ -56,3 +65,16 @@ class Transport(Protocol):
         On any failure every link already made is dropped and HostError names the failing host.
         """
         ...
+
+
+@contextlib.contextmanager
+def opening(close: Callable[[T], None]) -> Iterator[dict[str, T]]:
+    """A dict to put each host's link (or any value) in as it is made; if the block raises, every value in
+    it is closed. Many hosts at once on threads: `launcher.transport.fanout`."""
+    made: dict[str, T] = {}
+    try:
+        yield made
+    except BaseException:
+        for value in made.values():
+            close(value)
+        raise

@@ -16,7 +16,7 @@ from launcher.locality import refuse_this_machine_twice
 from launcher.protocol import ORPHAN_GRACE_CAP, READ_SIZE, write_all
 from launcher.transport.bootstrap import local_argv
 from launcher.transport.forked import ForkedAgent, fork_safe
-from launcher.transport.link import Link
+from launcher.transport.link import Link, abort, opening
 
 if TYPE_CHECKING:
     from launcher.config import LaunchConfig
@@ -113,14 +113,10 @@ class LocalTransport:
     """Hosts that are this machine: one agent process each, started with this interpreter."""
 
     def open(self, hosts: Sequence[Host]) -> dict[str, Link]:
-        links: dict[str, Link] = {}
-        try:
+        # One at a time, on this thread: the first agent may be a fork, safe only while no other thread runs.
+        with opening(abort) as links:
             for host in hosts:
                 links[host.name] = LocalLink(host.name)
-        except BaseException:
-            for link in links.values():
-                link.abort()
-            raise
         return links
 
 

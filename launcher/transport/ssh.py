@@ -173,7 +173,7 @@ class SshBackend(Backend):
         me = current_user()
         local = [runs_here(h, me) for h in hosts]
         if not all(local):
-            from launcher.transport.sshconn import load_ssh_config, resolve_target
+            from launcher.transport.sshconfig import load_ssh_config, resolve_target
 
             # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to here.
             ssh_config = load_ssh_config(config.ssh.config_file)
@@ -201,21 +201,16 @@ class SshBackend(Backend):
 
     def open_for_check(self, host: Host, config: LaunchConfig) -> CheckedLink:
         """Also says whether the host key was known, and which step failed (login, or the agent's start)."""
-        from launcher.transport.sshconn import (
-            AuthRefused,
-            connect_target,
-            has_known_key,
-            jump_targets,
-            load_ssh_config,
-            resolve_target,
-        )
+        from launcher.transport.hostkeys import has_known_key
+        from launcher.transport.sshconfig import routes
+        from launcher.transport.sshconn import AuthRefused, connect_target
 
-        ssh_config = load_ssh_config(config.ssh.config_file)
-        target = resolve_target(host, config.ssh, ssh_config)
+        route = routes([host], config.ssh)[host.name]
+        target = route.target
         known = target.host_key_policy == "ignore" or has_known_key(target)
         started = time.monotonic()
         try:
-            client = connect_target(target, config.ssh, jump_targets(target, config.ssh, ssh_config))
+            client = connect_target(target, config.ssh, route.jumps)
         except HostError as err:
             return CheckedLink(
                 None, error=str(err), error_kind=_error_kind(str(err), isinstance(err, AuthRefused))

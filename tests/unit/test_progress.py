@@ -12,7 +12,8 @@ import pytest
 
 from launcher.errors import HostError
 from launcher.progress import Progress, progress_line
-from launcher.transport import sshconn
+from launcher.transport.fanout import ALL_OR_NOTHING, fan_out
+from launcher.transport.window import Window
 from tests.support import Terminal
 
 COLUMNS = 60
@@ -52,8 +53,8 @@ def test_one_line_updates_in_place_and_is_gone_at_the_end(terminal: Terminal, lo
     names = [f"h{i}" for i in range(1, 9)]
     with progress_line(terminal.stream) as line:
         assert line.enabled
-        sshconn.fan_out(names, lambda name, window: name, lambda _: None, limit=3, phase="connecting",
-                        progress=line)  # fmt: skip
+        fan_out(names, lambda name, window: name, lambda _: None, policy=ALL_OR_NOTHING, limit=3,
+                phase="connecting", progress=line)  # fmt: skip
         assert terminal.shown() == ["connecting 8/8 hosts"]  # one line, redrawn, not eight
         assert b"connecting 0/8 hosts" in terminal.raw and b"connecting 5/8 hosts" in terminal.raw
     print("next output", file=terminal.stream, flush=True)
@@ -70,13 +71,14 @@ def test_log_records_erase_the_line_first(terminal: Terminal, log_to: Any) -> No
 
 
 def test_failures_are_counted_and_the_line_cleared_before_the_error(terminal: Terminal) -> None:
-    def work(name: str, window: sshconn.Window) -> str:
+    def work(name: str, window: Window) -> str:
         if name == "h2":
             raise HostError("h2: connection refused")
         return name
 
     with pytest.raises(HostError), progress_line(terminal.stream) as line:
-        sshconn.fan_out(["h1", "h2"], work, lambda _: None, limit=1, phase="connecting", progress=line)
+        fan_out(["h1", "h2"], work, lambda _: None, policy=ALL_OR_NOTHING, limit=1, phase="connecting",
+                progress=line)  # fmt: skip
     assert terminal.shown() == []
     assert b", 1 failed" in terminal.raw  # the CLI's error line will start on a clean line
 
