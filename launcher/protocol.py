@@ -18,6 +18,9 @@ be added without breaking the other side. A change that cannot be read that way 
 handles frames through a kind -> handler table (`dispatch`), so a new request is one message type here, one
 kind number, and one handler on the side that answers it.
 
+Over 400 lines because the wire is one thing to read and to ship: every kind, every message body and the
+framing stay together here, where both sides and the version number see them.
+
 Lifecycle of one connection:
   agent: HELLO
   per attempt: launcher PROBE -> agent FACTS; launcher START -> agent OUT/ERR/EXIT ... DONE

@@ -36,8 +36,9 @@ def bootstrap(shipped: Sequence[str] = SHIPPED) -> str:
     The modules are registered under their real names, so `from launcher.protocol import ...` in the agent
     works as it does when imported here. Compiling them is a quarter of an agent's start, so each host keeps
     the compiled code per user, named by the source's digest and the interpreter's bytecode magic (a changed
-    source or interpreter is simply another name); every failure there falls back to compiling. Files unused
-    for CODE_CACHE_DAYS go when a new one is written.
+    source or interpreter is simply another name); every failure there falls back to compiling, and a
+    directory someone else could write to is not used. Files unused for CODE_CACHE_DAYS go when a new one is
+    written.
     """
     from launcher.store import CACHE_DIR_VAR  # the agent's cache root; not on a local job's path
 
@@ -54,6 +55,8 @@ def bootstrap(shipped: Sequence[str] = SHIPPED) -> str:
         " import _frozen_importlib_external as e\n"
         f" d=os.path.join(os.environ.get({CACHE_DIR_VAR!r}) or os.path.join(os.environ.get('XDG_CACHE_HOME')"
         " or os.path.expanduser('~/.cache'),'distrun'),'code');t=e.MAGIC_NUMBER.hex()\n"
+        " os.makedirs(d,0o700,exist_ok=True);s=os.stat(d)\n"
+        " if s.st_uid!=os.getuid() or s.st_mode&0o22:d=None\n"
         "except Exception:d=None\n"
         "def k(q,a):\n"
         " n,h=a.split(':');s=r(int(n));f=d and os.path.join(d,q[9:]+'-'+h+'-'+t)\n"
@@ -64,7 +67,6 @@ def bootstrap(shipped: Sequence[str] = SHIPPED) -> str:
         " if f:\n"
         "  w=f+'.'+str(os.getpid())\n"
         "  try:\n"
-        "   os.makedirs(d,0o700,exist_ok=True)\n"
         "   with open(w,'wb') as x:x.write(marshal.dumps(c))\n"
         "   os.replace(w,f)\n"
         "   for o in os.listdir(d):\n"

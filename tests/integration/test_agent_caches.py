@@ -100,3 +100,12 @@ def test_agent_code_is_compiled_once_per_source(tmp_path: Path) -> None:
     third = run_bootstrap(tmp_path, changed)
     assert third.stdout.decode().split() == ["launcher.agent", "distrun-agent", "1"], third.stderr.decode()
     assert len(list((tmp_path / "code").glob("agent-*"))) == 2
+
+
+def test_agent_code_is_not_kept_where_others_could_write(tmp_path: Path) -> None:
+    shared = tmp_path / "code"
+    shared.mkdir()
+    shared.chmod(0o777)
+    ran = run_bootstrap(tmp_path, shipped_sources())
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert list(shared.iterdir()) == []
