@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
-from launcher.interp import TORCH_PROBE, ask, stack
+from launcher.interp import TORCH_PROBE, ask, stack, which
 from launcher.protocol import (
     BEAT,
     BLOB,
@@ -215,16 +215,6 @@ def device_facts(root: str = "/") -> dict[str, Any]:
     }
 
 
-def _which(program: str) -> bool:
-    if os.sep in program:
-        return os.access(program, os.X_OK)
-    return any(
-        os.access(os.path.join(d, program), os.X_OK)
-        for d in os.environ.get("PATH", "").split(os.pathsep)
-        if d
-    )
-
-
 TCP_PROBE_TIMEOUT = 5.0
 
 
@@ -290,7 +280,7 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
         hostname=socket.gethostname(),
         machine=machine_identity(),
         python=sys.executable,
-        python_found=_which(request.python) if request.python else True,
+        python_found=which(request.python) is not None if request.python else True,
         script_found=not script or os.path.isfile(os.path.join(cwd, script)),
         cwd_exists=os.path.isdir(cwd),
         gpu_count=len(devices["gpus"]),

@@ -105,13 +105,14 @@ def _cache_file(python: str, root: str) -> str:
     return os.path.join(root, "stack", name + ".json")
 
 
-def _executable(python: str) -> str:
-    if os.sep in python:
-        return python
+def which(program: str) -> str | None:
+    """Where `program` runs from, as a shell would find it on PATH; None if nowhere."""
+    if os.sep in program:
+        return program if os.access(program, os.X_OK) else None
     for d in os.environ.get("PATH", "").split(os.pathsep):
-        if d and os.access(os.path.join(d, python), os.X_OK):
-            return os.path.join(d, python)
-    return python
+        if d and os.access(os.path.join(d, program), os.X_OK):
+            return os.path.join(d, program)
+    return None
 
 
 def _cached(path: str) -> dict[str, str] | None:
@@ -140,7 +141,6 @@ def _keep(path: str, stack: dict[str, str], used: list[str], executable: str) ->
 
 def stack(python: str, root: str | None = None) -> dict[str, str]:
     """The ranks' stack as `python` sees it; from the cache while nothing it was read from has changed."""
-    executable = os.path.realpath(_executable(python))
     path = _cache_file(python, root or default_root())
     kept = _cached(path)
     if kept is not None:
@@ -149,5 +149,6 @@ def stack(python: str, root: str | None = None) -> dict[str, str]:
     if not isinstance(found, dict) or "error" in found or "stack" not in found:
         return dict(UNKNOWN_STACK)
     answer = {str(k): str(v) for k, v in found["stack"].items()}
+    executable = os.path.realpath(which(python) or python)
     _keep(path, answer, [str(p) for p in found.get("used", [])], executable)
     return answer

@@ -40,7 +40,9 @@ def bootstrap(shipped: Sequence[str] = SHIPPED) -> str:
     directory someone else could write to is not used. Files unused for CODE_CACHE_DAYS go when a new one is
     written.
     """
-    from launcher.store import CACHE_DIR_VAR  # the agent's cache root; not on a local job's path
+    # `d` is launcher.store.default_root() + "/code", restated: the bootstrap runs before any shipped module
+    # exists (tests/integration/test_agent_caches.py holds the two to the same directory).
+    from launcher.store import CACHE_DIR_VAR  # not on a local job's path
 
     return (
         "import os,sys,time,types,marshal\n"

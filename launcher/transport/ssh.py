@@ -34,9 +34,7 @@ class SshLink:
 
     heartbeat = True
 
-    def __init__(
-        self, host: str, client: paramiko.SSHClient, pythons: Sequence[str], sources: Sequence[bytes]
-    ) -> None:
+    def __init__(self, host: str, client: paramiko.SSHClient, command: str, sources: Sequence[bytes]) -> None:
         self.host = host
         self._client = client
         transport = client.get_transport()
@@ -48,7 +46,7 @@ class SshLink:
             self.local_addr = str(transport.sock.getsockname()[0])
         self._channel = transport.open_session()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.
-        self._channel.exec_command(remote_command(pythons, sources))
+        self._channel.exec_command(command)
         for source in sources:
             self._channel.sendall(source)
         self._stderr = bytearray()
@@ -101,15 +99,15 @@ class SshLink:
         self._client.close()
 
 
-def start_agent(
-    name: str, client: paramiko.SSHClient, pythons: Sequence[str], sources: Sequence[bytes]
-) -> SshLink:
+def start_agent(name: str, client: paramiko.SSHClient, command: str, sources: Sequence[bytes]) -> SshLink:
     """The agent on a connected host: one session channel, whose login shell runs on the host meanwhile.
+    `command` is `remote_command(pythons, sources)`, the same for every host: made once per launch, as its
+    digests of the sources are.
 
     Raises HostError naming the host if the session is refused.
     """
     try:
-        return SshLink(name, client, pythons, sources)
+        return SshLink(name, client, command, sources)
     except Exception as exc:  # paramiko raises several unrelated types; each becomes one line here
         raise HostError(
             f"host {name}: cannot start the distrun agent: {exc or 'channel refused'}", host=name
@@ -137,10 +135,11 @@ class SshTransport:
         from launcher.transport.sshconn import open_all  # paramiko is slow to import: only when needed
 
         sources = shipped_sources()
+        command = remote_command(self._pythons, sources)
         links = open_all(
             hosts,
             self._options,
-            lambda name, client: start_agent(name, client, self._pythons, sources),
+            lambda name, client: start_agent(name, client, command, sources),
             SshLink.abort,
             self._progress,
             phase="starting agents",
@@ -218,7 +217,9 @@ class SshBackend(Backend):
         login = time.monotonic() - started
         key = "unchecked" if target.host_key_policy == "ignore" else ("known" if known else "recorded")
         try:
-            link = start_agent(host.name, client, agent_pythons(config.python), shipped_sources())
+            sources = shipped_sources()
+            command = remote_command(agent_pythons(config.python), sources)
+            link = start_agent(host.name, client, command, sources)
         except HostError as err:
             client.close()
             return CheckedLink(None, login_s=login, host_key=key, error=str(err), error_kind="other")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import interp
+from launcher.store import default_root
 from launcher.transport.bootstrap import SHIPPED, bootstrap_args, shipped_sources
 
 
@@ -72,12 +73,15 @@ def test_stack_without_a_cache_directory_still_answers(python: Path, tmp_path: P
     assert interp.stack(str(python), str(blocked / "cache"))["torch"] == "9.9.0"
 
 
-def run_bootstrap(cache: Path, sources: list[bytes]) -> subprocess.CompletedProcess[bytes]:
+def run_bootstrap(
+    cache: Path, sources: list[bytes], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """The shipped modules loaded as on a remote host; the agent's main() replaced by a print."""
     args = bootstrap_args(sources)
     shown = "print(m.__name__, m.main.__code__.co_filename, getattr(m, 'CHANGED', 0))"
     args[3] = args[3].replace("sys.exit(m.main())", shown)
-    env = {**os.environ, "DISTRUN_CACHE_DIR": str(cache)}
+    if env is None:
+        env = {**os.environ, "DISTRUN_CACHE_DIR": str(cache)}
     return subprocess.run(
         [sys.executable, *args], input=b"".join(sources), capture_output=True, env=env, timeout=60
     )
@@ -109,3 +113,20 @@ def test_agent_code_is_not_kept_where_others_could_write(tmp_path: Path) -> None
     ran = run_bootstrap(tmp_path, shipped_sources())
     assert ran.returncode == 0, ran.stderr.decode()
     assert list(shared.iterdir()) == []
+
+
+@pytest.mark.parametrize("xdg", [True, False], ids=["XDG_CACHE_HOME", "HOME"])
+def test_agent_code_lies_under_the_agents_cache_root(
+    xdg: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("DISTRUN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    if xdg:
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    else:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    ran = run_bootstrap(tmp_path, shipped_sources(), env=dict(os.environ))
+    assert ran.returncode == 0, ran.stderr.decode()
+    code = Path(default_root()) / "code"
+    assert code.is_relative_to(tmp_path)
+    assert len(list(code.glob("agent-*"))) == 1
