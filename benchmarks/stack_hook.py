@@ -1,6 +1,7 @@
 """What the stack hook costs a rank: interpreter start-up with and without it, side by side.
 
-Every rank distrun starts imports the hook that `distrun stacks` reads Python ranks with (launcher.stackdump):
+Every rank distrun starts imports the hook that `distrun stacks` reads Python ranks with
+(launcher.agent.stackdump):
 `python -c pass` and `python -c "import torch"` with the rank's environment, then with the hook's added.
 
 python benchmarks/stack_hook.py [--repeat 15]
@@ -16,7 +17,7 @@ import time
 from common import REPO, env_with_repo, interleaved
 
 sys.path.insert(0, str(REPO))
-from launcher.stackdump import DumpDir
+from launcher.agent.stackdump import DumpDir
 
 
 def start(code: str, env: dict[str, str]) -> float:

@@ -1,7 +1,7 @@
 """distrun's entry point (`distrun`, `python -m launcher`).
 
 Ctrl-C is guarded from the package's first instruction (see `launcher/__init__.py`) while the CLI is imported,
-which is a good part of distrun's start-up, until `launcher.cli` takes over inside its own try.
+which is a good part of distrun's start-up, until `launcher.cli.main` takes over inside its own try.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def without_gc() -> Iterator[None]:
 
 def main() -> None:
     with without_gc():
-        from launcher.cli import entry
+        from launcher.cli.main import entry
 
     entry()
 

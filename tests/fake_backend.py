@@ -1,4 +1,5 @@
-"""A backend written only against `launcher.backend.Backend`: its "hosts" are agents on this machine, started
+"""A backend written only against `launcher.backends.api.Backend`: its "hosts" are agents on this machine,
+started
 the way a remote host starts one (the bootstrap, the agent's sources on stdin), reached over their pipes.
 
 tests/integration/test_backend_plugin.py registers it and launches a job through it.
@@ -9,13 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from launcher.backend import Backend
-from launcher.config import LaunchConfig
-from launcher.hosts import Host
-from launcher.progress import ProgressFn
-from launcher.transport.bootstrap import bootstrap_args, shipped_sources
-from launcher.transport.link import Link
-from launcher.transport.local import ProcessLink
+from launcher.backends.api import Backend
+from launcher.backends.bootstrap import bootstrap_args, shipped_sources
+from launcher.backends.link import Link
+from launcher.backends.local import ProcessLink
+from launcher.console.progress import ProgressFn
+from launcher.core.config import LaunchConfig
+from launcher.core.hosts import Host
 
 # Every host this backend opened, in order: the test checks the launch went through it.
 OPENED: list[str] = []

@@ -5,11 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from launcher.hosts import Host
-from launcher.logs import LogOptions, LogRelay
-from launcher.node import HostAttempt, Node
-from launcher.plan import Slot
-from launcher.protocol import (
+from launcher.agent.protocol import (
     DONE,
     EXIT,
     VERSION,
@@ -21,6 +17,10 @@ from launcher.protocol import (
     encode_hello,
     encode_message,
 )
+from launcher.console.relay import LogOptions, LogRelay
+from launcher.core.hosts import Host
+from launcher.core.plan import Slot
+from launcher.job.node import HostAttempt, Node
 
 
 class FakeLink:

@@ -167,7 +167,7 @@ def start_shipped_agent(**env: str) -> subprocess.Popen[bytes]:
     Nothing of distrun is importable there, as on a host without it; the caller writes frames next. `env`:
     variables besides PATH in the agent's (the host's) environment.
     """
-    from launcher.transport.bootstrap import bootstrap_args, shipped_sources
+    from launcher.backends.bootstrap import bootstrap_args, shipped_sources
 
     sources = shipped_sources()
     proc = subprocess.Popen(

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from launcher.protocol import (
+from launcher.agent.protocol import (
     DONE,
     EXIT,
     FACTS,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import interp
-from launcher.store import default_root
-from launcher.transport.bootstrap import SHIPPED, bootstrap_args, shipped_sources
+from launcher.agent import software as interp
+from launcher.agent.store import default_root
+from launcher.backends.bootstrap import SHIPPED, bootstrap_args, shipped_sources
 
 
 @pytest.fixture
@@ -78,8 +78,11 @@ def run_bootstrap(
 ) -> subprocess.CompletedProcess[bytes]:
     """The shipped modules loaded as on a remote host; the agent's main() replaced by a print."""
     args = bootstrap_args(sources)
-    shown = "print(m.__name__, m.main.__code__.co_filename, getattr(m, 'CHANGED', 0))"
-    args[3] = args[3].replace("sys.exit(m.main())", shown)
+    shown = (
+        "m=sys.modules['launcher.agent.server'];"
+        "print(m.__name__, m.main.__code__.co_filename, getattr(m, 'CHANGED', 0))"
+    )
+    args[3] = args[3].replace("sys.exit(sys.modules['launcher.agent.server'].main())", shown)
     if env is None:
         env = {**os.environ, "DISTRUN_CACHE_DIR": str(cache)}
     return subprocess.run(
@@ -91,19 +94,21 @@ def test_agent_code_is_compiled_once_per_source(tmp_path: Path) -> None:
     sources = shipped_sources()
     first = run_bootstrap(tmp_path, sources)
     assert first.returncode == 0, first.stderr.decode()
-    assert first.stdout.decode().split() == ["launcher.agent", "distrun-agent", "0"]
+    assert first.stdout.decode().split() == ["launcher.agent.server", "distrun-agent.server", "0"]
     kept = sorted(p.name.split("-")[0] for p in (tmp_path / "code").iterdir())
-    assert kept == sorted(name.split(".")[1] for name in SHIPPED)
+    assert kept == sorted(name.removeprefix("launcher.") for name in SHIPPED)
     # A kept file is what runs: damage one and the host falls back to the source it was sent.
-    agent_code = next((tmp_path / "code").glob("agent-*"))
+    agent_code = next((tmp_path / "code").glob("agent.server-*"))
     agent_code.write_bytes(b"garbage")
     again = run_bootstrap(tmp_path, sources)
     assert again.returncode == 0, again.stderr.decode()
     # A changed source is another name: the old code is never run for it.
     changed = [*sources[:-1], sources[-1] + b"\nCHANGED = 1\n"]
     third = run_bootstrap(tmp_path, changed)
-    assert third.stdout.decode().split() == ["launcher.agent", "distrun-agent", "1"], third.stderr.decode()
-    assert len(list((tmp_path / "code").glob("agent-*"))) == 2
+    assert third.stdout.decode().split() == ["launcher.agent.server", "distrun-agent.server", "1"], (
+        third.stderr.decode()
+    )
+    assert len(list((tmp_path / "code").glob("agent.server-*"))) == 2
 
 
 def test_agent_code_is_not_kept_where_others_could_write(tmp_path: Path) -> None:
@@ -129,4 +134,4 @@ def test_agent_code_lies_under_the_agents_cache_root(
     assert ran.returncode == 0, ran.stderr.decode()
     code = Path(default_root()) / "code"
     assert code.is_relative_to(tmp_path)
-    assert len(list(code.glob("agent-*"))) == 1
+    assert len(list(code.glob("agent.server-*"))) == 1

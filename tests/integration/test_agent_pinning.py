@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from launcher.protocol import (
+from launcher.agent.protocol import (
     DONE,
     ERR,
     EXIT,

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher import backend
-from launcher.config import LaunchConfig
-from launcher.hosts import Host
-from launcher.run import launch
+from launcher.backends import api as backend
+from launcher.core.config import LaunchConfig
+from launcher.core.hosts import Host
+from launcher.job.run import launch
 from tests import fake_backend
 from tests.fakes import CapturedFd
 from tests.support import SCRIPTS

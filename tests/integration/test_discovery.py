@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.discovery import DiscoveryError, discover
+from launcher.job.discovery import DiscoveryError, discover
 from tests.support import assert_all_gone, recorded_pids, wait_for_files
 
 

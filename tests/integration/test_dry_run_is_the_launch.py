@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.support import REPO, SCRIPTS, clean_env, run_distrun
 
 SECRET = "tok-4f1d9a"
-# What each host's agent appends for `distrun stacks` (launcher.stackdump.DumpDir.rank_env).
+# What each host's agent appends for `distrun stacks` (launcher.agent.stackdump.DumpDir.rank_env).
 HOOKED = {"PYTHONPATH": f"{re.escape(os.pathsep)}.+", "PYTHONWARNINGS": ",.+"}
 
 

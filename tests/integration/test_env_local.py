@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.env import is_owned
-from launcher.forward import login_variable
+from launcher.core.env import is_owned
+from launcher.core.forward import login_variable
 from tests.support import SCRIPTS, clean_env, run_distrun
 
 SECRET = "sk-only-in-this-shell"

@@ -10,7 +10,7 @@ from tests.support import REPO
 
 
 def test_import_is_light() -> None:
-    code = "import sys, launcher.cli; print(sorted({'torch', 'paramiko', 'yaml'} & set(sys.modules)))"
+    code = "import sys, launcher.cli.main; print(sorted({'torch', 'paramiko', 'yaml'} & set(sys.modules)))"
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
     )
@@ -28,5 +28,5 @@ def test_import_does_not_pull_in_torch() -> None:
 
 
 def test_importing_the_launcher_does_not_import_paramiko() -> None:
-    code = "import sys, launcher, launcher.config, launcher.hosts; assert 'paramiko' not in sys.modules"
+    code = "import sys, launcher.core.config, launcher.core.hosts; assert 'paramiko' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launcher.devices import format_cpulist
-from launcher.plan import plural
+from launcher.core.devices import format_cpulist
+from launcher.core.plan import plural
 from tests.support import SCRIPTS, clean_env, run_distrun
 
 ALLOWED = sorted(os.sched_getaffinity(0))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.scrub import Scrubber
+from launcher.core.scrub import Scrubber
 from tests.support import clean_env, run_distrun
 
 SECRET = "sk-live-123456"

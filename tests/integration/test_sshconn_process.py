@@ -1,4 +1,5 @@
-"""launcher.transport.sshconn where a real process is needed: the open-files limit is a process's own, so it
+"""launcher.backends.ssh.connect where a real process is needed: the open-files limit is a process's own, so
+it
 is raised in a fresh interpreter (the known_hosts cache is tested in-process: tests/unit/test_hostkeys.py).
 """
 
@@ -13,7 +14,7 @@ from tests.support import REPO
 def test_open_files_limit_is_raised_for_many_hosts() -> None:
     code = (
         "import resource\n"
-        "from launcher.transport.sshconn import ensure_open_files\n"
+        "from launcher.backends.ssh.connect import ensure_open_files\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))\n"
         "ensure_open_files(3 * 500)\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from launcher.sshsetup import INSTALL_KEY
+from launcher.backends.ssh.setup import INSTALL_KEY
 
 
 def install(home: Path, key: str) -> str:

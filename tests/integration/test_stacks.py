@@ -10,7 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from launcher.stackdump import find_py_spy
+from launcher.agent.stackdump import find_py_spy
 from tests.support import (
     HANG_VERDICT,
     REPO,

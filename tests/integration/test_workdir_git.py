@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.wdfiles import WorkdirError, candidate_paths
+from launcher.workdir.files import WorkdirError, candidate_paths
 from tests.support import write_tree
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import paramiko
 import pytest
 
-from launcher.config import SshOptions
+from launcher.backends.ssh import connect as sshconn
+from launcher.backends.ssh.connect import connect_all
+from launcher.console.progress import Progress
+from launcher.core.config import SshOptions
+from launcher.core.hosts import Host
 from launcher.errors import HostError
-from launcher.hosts import Host
-from launcher.progress import Progress
-from launcher.transport import sshconn
-from launcher.transport.sshconn import connect_all
 from tests.multihost.cluster import Cluster
 
 pytestmark = pytest.mark.multihost
@@ -225,7 +225,7 @@ def test_parallel_handshakes_survive_sshd_max_startups(
     # 16 names for one host, so 16 handshakes hit one sshd with its default MaxStartups 10:30:100 at once.
     aliases = {f"n{i}": cluster.addr("h1") for i in range(16)}
     config = write_config(tmp_path / "config", cluster, aliases)
-    caplog.set_level(logging.DEBUG, logger="launcher.transport.sshconn")
+    caplog.set_level(logging.DEBUG, logger="launcher.backends.ssh.connect")
     options = SshOptions(config_file=config, max_parallel=16)  # default retries
     connected.append(clients := connect_all([Host(alias) for alias in aliases], options))
     assert len(clients) == 16

@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from launcher.account import (
+from launcher.report.account import (
     Attempt,
     Failure,
     RankRecord,

@@ -1,4 +1,5 @@
-"""What the agent reads for placing ranks, from a fake /proc and /sys tree (launcher.agent.device_facts)."""
+"""What the agent reads for placing ranks, from a fake /proc and /sys tree
+(launcher.agent.server.device_facts)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.agent import device_facts
-from launcher.devices import Gpu, HostDevices, VisibleGpu
+from launcher.agent.server import device_facts
+from launcher.core.devices import Gpu, HostDevices, VisibleGpu
 
 INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
 IRQ:   \t\t 52

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from launcher.agent import Agent
-from launcher.protocol import (
+from launcher.agent.protocol import (
     FACTS,
     PROBE,
     START,
@@ -23,6 +22,7 @@ from launcher.protocol import (
     encode,
     encode_message,
 )
+from launcher.agent.server import Agent
 
 
 class FakeRank:

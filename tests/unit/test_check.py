@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from launcher.check import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
+from launcher.check.verdict import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
 
 GOOD: dict[str, Any] = {
     "hostname": "h1",
@@ -123,7 +123,7 @@ def test_verdict_names_failing_hosts_and_table_aligns() -> None:
 
 
 def test_one_machine_under_two_names_is_a_problem_of_the_second() -> None:
-    from launcher.check import same_machines
+    from launcher.check.verdict import same_machines
 
     checks = [
         HostCheck("h1", 2, probe={**GOOD, "machine": "m/b/n/h1"}),

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from launcher import __version__
-from launcher.cli import main
-from launcher.command import resolve_command
-from launcher.config import LaunchConfig
+from launcher.cli.main import main
+from launcher.core.command import resolve_command
+from launcher.core.config import LaunchConfig
 from launcher.errors import HostError
 from tests.support import REPO
 
@@ -28,16 +28,16 @@ def no_distrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LaunchConfig]]:
-    """Stand in for launcher.run so a non-dry run records its config and starts nothing."""
+    """Stand in for launcher.job.run so a non-dry run records its config and starts nothing."""
     configs: list[LaunchConfig] = []
-    fake = types.ModuleType("launcher.run")
+    fake = types.ModuleType("launcher.job.run")
 
     def launch(config: LaunchConfig) -> int:
         configs.append(config)
         return 7
 
     fake.launch = launch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "launcher.run", fake)
+    monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
     yield configs
 
 
@@ -196,26 +196,26 @@ def test_cli_hostfile_beats_config_hosts(
 def test_launch_errors_become_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = types.ModuleType("launcher.run")
+    fake = types.ModuleType("launcher.job.run")
 
     def launch(config: LaunchConfig) -> int:
         raise HostError("node9: ssh: connection refused")
 
     fake.launch = launch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "launcher.run", fake)
+    monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
     assert run(capsys, "x") == (3, "", "distrun: error: node9: ssh: connection refused\n")
 
 
 def test_interrupt_before_launch_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = types.ModuleType("launcher.run")
+    fake = types.ModuleType("launcher.job.run")
 
     def launch(config: LaunchConfig) -> int:
         raise KeyboardInterrupt
 
     fake.launch = launch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "launcher.run", fake)
+    monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
     said = "distrun: error: interrupted by SIGINT before any rank started\n"
     assert run(capsys, "x") == (130, "", said)
 
@@ -449,8 +449,8 @@ def test_another_user_on_this_machine_is_not_run_as_me(
 
 
 def test_runs_here() -> None:
-    from launcher.hosts import Host
-    from launcher.locality import runs_here
+    from launcher.backends.locality import runs_here
+    from launcher.core.hosts import Host
 
     assert runs_here(Host("localhost"), user="me")
     assert runs_here(Host("127.0.0.1", user="me"), user="me")
@@ -630,7 +630,7 @@ def test_dry_run_shows_the_slurm_hosts(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_distrun_variables_that_name_no_option_are_warned_about() -> None:
-    from launcher.cli import cli, unknown_settings
+    from launcher.cli.main import cli, unknown_settings
 
     environ = {
         "DISTRUN_NUMPROC": "4",  # a typo of DISTRUN_NUM_PROC

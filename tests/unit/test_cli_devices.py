@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from launcher.cli import Request, _parse
+from launcher.cli.main import Request, _parse
 from tests.unit.test_cli import no_distrun_env, run  # noqa: F401  (the autouse fixture applies here too)
 
 GPU_HEADER = [

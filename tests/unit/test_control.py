@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from launcher.control import ControlError, ControlServer, NoJob, SeveralJobs, answer, ask_stacks, runtime_dir
+from launcher.diagnose.control import (
+    ControlError,
+    ControlServer,
+    NoJob,
+    SeveralJobs,
+    answer,
+    ask_stacks,
+    runtime_dir,
+)
 
 
 @pytest.fixture

@@ -1,10 +1,11 @@
-"""Ranks to GPUs and cores (launcher.devices): visible devices as CUDA reads them, GPUs and cores per rank."""
+"""Ranks to GPUs and cores (launcher.core.devices): visible devices as CUDA reads them, GPUs and cores per
+rank."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.devices import (
+from launcher.core.devices import (
     DeviceError,
     Gpu,
     HostDevices,
@@ -19,9 +20,9 @@ from launcher.devices import (
     split_evenly,
     visible_gpus,
 )
+from launcher.core.hosts import Host, parse_host_list
+from launcher.core.plan import make_plan
 from launcher.errors import EXIT_HOST, UsageError
-from launcher.hosts import Host, parse_host_list
-from launcher.plan import make_plan
 
 UUIDS = ("GPU-8f2c0a11-aaaa", "GPU-19d04b22-bbbb", "GPU-77e1c933-cccc", "GPU-0b5ad044-dddd")
 # Four GPUs, two per NUMA node, on a 16-core host: node 0 has cores 0-7, node 1 has 8-15.

@@ -1,4 +1,5 @@
-"""Agents dialing home (launcher.homing) to a launcher's Home (launcher.transport.dialhome), over loopback."""
+"""Agents dialing home (launcher.agent.homing) to a launcher's Home (launcher.backends.dialhome), over
+loopback."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from launcher.agent.homing import dial
+from launcher.backends.dialhome import Home
 from launcher.errors import HostError
-from launcher.homing import dial
-from launcher.transport.dialhome import Home
 
 
 def _invitation(home: Home) -> dict[str, object]:

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 import pytest
 
 from collectives.placement import OWN_GPUS_VAR
-from launcher.devices import RankDevices
-from launcher.env import is_secret, parse_exports, parse_rank_filter, redact, worker_env
+from launcher.core.devices import RankDevices
+from launcher.core.env import is_secret, parse_exports, parse_rank_filter, redact, worker_env
+from launcher.core.hosts import Host
+from launcher.core.plan import make_plan
+from launcher.core.rendezvous import Rendezvous
 from launcher.errors import UsageError
-from launcher.facts import Rendezvous
-from launcher.hosts import Host
-from launcher.plan import make_plan
 
 # Two nodes: a has ranks 0-2, b (IPv6) has rank 3.
 PLAN = make_plan([Host("a", 3), Host("fd00::2", 2)], 4)

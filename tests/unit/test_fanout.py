@@ -1,4 +1,4 @@
-"""The fan-out (launcher.transport.fanout) in-process: GroupResult, both policies, `opening`.
+"""The fan-out (launcher.backends.fanout) in-process: GroupResult, both policies, `opening`.
 
 Work functions are fakes that return `FakeLink`s or raise, on the fan-out's own threads; no processes.
 """
@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from launcher.backends.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out
+from launcher.backends.link import opening
+from launcher.backends.window import Aborted, Window
+from launcher.console.progress import Progress, ProgressFn
 from launcher.errors import HostError, UsageError
-from launcher.progress import Progress, ProgressFn
-from launcher.transport.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out
-from launcher.transport.link import opening
-from launcher.transport.window import Aborted, Window
 
 
 class FakeLink:

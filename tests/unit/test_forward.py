@@ -4,8 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.forward import (
+from launcher.core.forward import (
     denied_family,
     dropped_here,
     forwarded,
@@ -13,6 +12,7 @@ from launcher.forward import (
     parse_env_file,
     travelling_env,
 )
+from launcher.errors import UsageError
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Host keys (launcher.transport.hostkeys), no server: the one known_hosts reader, policies, messages."""
+"""Host keys (launcher.backends.ssh.hostkeys), no server: the one known_hosts reader, policies, messages."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from launcher.config import HostKeyPolicy
-from launcher.transport import hostkeys
-from launcher.transport.sshconfig import SshTarget
+from launcher.backends.ssh import hostkeys
+from launcher.backends.ssh.config import SshTarget
+from launcher.core.config import HostKeyPolicy
 
 
 def test_known_hosts_are_parsed_once_and_again_when_the_file_changes(tmp_path: Path) -> None:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 from launcher.errors import HostfileError, HostSpecError
-from launcher.hosts import Host, parse_host_list, parse_hostfile
 from tests.support import REPO
 
 

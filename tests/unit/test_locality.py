@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.agent import machine_identity
+from launcher.agent.server import machine_identity
+from launcher.backends.locality import refuse_one_machine_twice
+from launcher.core.hosts import Host
 from launcher.errors import HostSpecError
-from launcher.hosts import Host
-from launcher.locality import refuse_one_machine_twice
 
 
 def test_distinct_machines_and_unknown_identities_pass() -> None:

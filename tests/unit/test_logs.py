@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.console.relay import LINE_LIMIT, LineBuffer, LogOptions, LogRelay, collapse_redraws, utf8_cut
 from launcher.errors import UsageError
-from launcher.logs import LINE_LIMIT, LineBuffer, LogOptions, LogRelay, collapse_redraws, utf8_cut
 
 
 def test_line_buffer_passes_whole_lines_and_keeps_the_rest() -> None:

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
+from launcher.core.hosts import Host
+from launcher.core.plan import Plan, implicit_localhost, make_plan
 from launcher.errors import PlanError
-from launcher.hosts import Host
-from launcher.plan import Plan, implicit_localhost, make_plan
 
 OVER = "; add --oversubscribe to place more ranks than slots"
 

@@ -7,11 +7,11 @@ from typing import cast
 
 import pytest
 
+from launcher.agent.protocol import FACTS, Facts, ProbeRequest, encode_message
+from launcher.console.progress import Progress, StallDeadline
 from launcher.errors import HostError
-from launcher.progress import Progress, StallDeadline
-from launcher.protocol import FACTS, Facts, ProbeRequest, encode_message
+from launcher.job.supervise import probe
 from launcher.signals import signal_pipe
-from launcher.supervise import probe
 from tests.fakes import FakeLink, fake_hosts, hello
 
 REQUEST = ProbeRequest(ports=1, cwd="/", route_to=None, python=None, heartbeat=0.0, dead_after=0.0)

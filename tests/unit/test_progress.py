@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from launcher.backends.fanout import ALL_OR_NOTHING, fan_out
+from launcher.backends.window import Window
+from launcher.console.progress import Progress, progress_line
 from launcher.errors import HostError
-from launcher.progress import Progress, progress_line
-from launcher.transport.fanout import ALL_OR_NOTHING, fan_out
-from launcher.transport.window import Window
 from tests.support import Terminal
 
 COLUMNS = 60

@@ -6,8 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher.logs import LogOptions, LogRelay
-from launcher.redraws import display_width, truncate
+from launcher.console.redraws import display_width, truncate
+from launcher.console.relay import LogOptions, LogRelay
 from tests.support import Terminal
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher.logs import LINE_LIMIT, LogOptions, LogRelay
+from launcher.console.relay import LINE_LIMIT, LogOptions, LogRelay
 
 SEEDS = range(40)
 ALPHABET = [b"a", b"b", b" ", b"\xc3\xa9", b"\xe2\x82\xac", b"\xf0\x9f\x98\x80", b"\xff", b"\t"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.report_file import ReportPathError, report_target, write_whole
+from launcher.report.file import ReportPathError, report_target, write_whole
 
 # Each case builds what is at `tmp/r.json` and returns the file that must get the report.
 Setup = Callable[[Path], Path]

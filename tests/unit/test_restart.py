@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import LaunchConfig, RestartOptions
-from launcher.discovery import DiscoveryError, parse_discovery_output
-from launcher.hosts import Host
-from launcher.node import Node
-from launcher.plan import Plan, make_plan
-from launcher.restart import GiveUp, HostBook, Restart, decide
-from launcher.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
-from launcher.run import Job
+from launcher.core.config import LaunchConfig, RestartOptions
+from launcher.core.hosts import Host
+from launcher.core.plan import Plan, make_plan
+from launcher.core.restart import GiveUp, HostBook, Restart, decide
+from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.job.discovery import DiscoveryError, parse_discovery_output
+from launcher.job.node import Node
+from launcher.job.run import Job
+from launcher.report.summary import summarize
 from launcher.signals import signal_pipe
-from launcher.summary import summarize
 from tests.fakes import memory_relay
 
 A, B, C = Host("a", slots=2), Host("b", slots=2), Host("c", slots=2)

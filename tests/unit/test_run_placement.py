@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from launcher.config import LaunchConfig
-from launcher.devices import DeviceError, RankDevices
-from launcher.hosts import Host
-from launcher.plan import make_plan
-from launcher.protocol import Facts
-from launcher.run import Job
+from launcher.agent.protocol import Facts
+from launcher.core.config import LaunchConfig
+from launcher.core.devices import DeviceError, RankDevices
+from launcher.core.hosts import Host
+from launcher.core.plan import make_plan
+from launcher.job.run import Job
 from tests.fakes import fake_hosts, memory_relay
 
 GPUS = [{"index": i, "uuid": f"GPU-{i}", "numa_node": "0"} for i in range(2)]
@@ -64,7 +64,7 @@ def test_nothing_asked_nothing_placed() -> None:
 
 
 def test_a_gpu_job_with_more_ranks_than_gpus_gets_one_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="launcher.run"):
+    with caplog.at_level(logging.WARNING, logger="launcher.job.run"):
         placed({"gpus": GPUS[:1], "cores": [0, 1]})
         placed({"gpus": GPUS[:1], "cores": [0, 1]}, command=("hostname",))
         placed({"gpus": GPUS, "cores": [0, 1]})

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.backends.slurm.allocation import (
+    Allocation,
+    allocation_from_env,
+    expand_counts,
+    expand_hostlist,
+    srun_step_argv,
+)
+from launcher.core.hosts import Host
 from launcher.errors import EXIT_USAGE, SlurmEnvError
-from launcher.hosts import Host
-from launcher.slurm import Allocation, allocation_from_env, expand_counts, expand_hostlist, srun_step_argv
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""ssh_config resolution (launcher.transport.sshconfig): precedence, policies, ProxyJump, the memo config."""
+"""ssh_config resolution (launcher.backends.ssh.config): precedence, policies, ProxyJump, the memo config."""
 
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from launcher.config import SshOptions
-from launcher.errors import UsageError
-from launcher.hosts import Host
-from launcher.transport import sshconfig
-from launcher.transport.sshconfig import (
+from launcher.backends.ssh import config as sshconfig
+from launcher.backends.ssh.config import (
     JumpHop,
     Route,
     SshTarget,
@@ -21,6 +18,9 @@ from launcher.transport.sshconfig import (
     resolve_target,
     routes,
 )
+from launcher.core.config import SshOptions
+from launcher.core.hosts import Host
+from launcher.errors import UsageError
 
 CONFIG = """
 Host web

@@ -1,4 +1,5 @@
-"""Connecting (launcher.transport.sshconn) without a server: usage errors, retries, classification, limits."""
+"""Connecting (launcher.backends.ssh.connect) without a server: usage errors, retries, classification,
+limits."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from launcher.config import SshOptions
+from launcher.backends.ssh import connect as sshconn
+from launcher.backends.ssh.config import SshTarget, resolve_target
+from launcher.backends.ssh.connect import connect_all
+from launcher.backends.window import Aborted, Window
+from launcher.core.config import SshOptions
+from launcher.core.hosts import Host
 from launcher.errors import HostError, UsageError
-from launcher.hosts import Host
-from launcher.transport import sshconn
-from launcher.transport.sshconfig import SshTarget, resolve_target
-from launcher.transport.sshconn import connect_all
-from launcher.transport.window import Aborted, Window
 
 
 def test_missing_identity_file_is_a_usage_error() -> None:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.backends.ssh.setup import ensure_key
 from launcher.errors import UsageError
-from launcher.sshsetup import ensure_key
 
 
 def test_ensure_key_creates_an_ed25519_key_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,16 @@ import json
 
 import pytest
 
-from launcher.stackdump import parse_faulthandler, parse_py_spy
-from launcher.stacks import Frame, RankStacks, StackDump, ThreadStack, group_stacks, rank_ranges, verdict
+from launcher.agent.stackdump import parse_faulthandler, parse_py_spy
+from launcher.diagnose.stacks import (
+    Frame,
+    RankStacks,
+    StackDump,
+    ThreadStack,
+    group_stacks,
+    rank_ranges,
+    verdict,
+)
 
 SITE = "/venv/lib/python3.11/site-packages"
 BARRIER = (

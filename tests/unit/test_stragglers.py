@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.stragglers import StragglerWatch, last_redraw, parse_progress, slow_ranks
+from launcher.diagnose.stragglers import StragglerWatch, last_redraw, parse_progress, slow_ranks
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,7 @@ import signal
 
 import pytest
 
-from launcher.errors import HostError
-from launcher.node import HostAttempt, close_all
-from launcher.protocol import (
+from launcher.agent.protocol import (
     DONE,
     EXIT,
     HEADER,
@@ -24,9 +22,11 @@ from launcher.protocol import (
     encode,
     encode_message,
 )
-from launcher.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.core.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.errors import HostError
+from launcher.job.node import HostAttempt, close_all
+from launcher.job.supervise import TEARDOWN_SLACK, Supervisor, supervise
 from launcher.signals import signal_pipe
-from launcher.supervise import TEARDOWN_SLACK, Supervisor, supervise
 from tests.fakes import DONE_FRAME, FakeLink, exited, fake_hosts, hello, memory_relay
 
 

@@ -6,10 +6,10 @@ import signal
 
 import pytest
 
-from launcher.node import HostAttempt
-from launcher.protocol import SIGNAL, STOP, SignalRequest, StopRequest, decode_message
-from launcher.result import Signalled
-from launcher.supervise import Supervisor
+from launcher.agent.protocol import SIGNAL, STOP, SignalRequest, StopRequest, decode_message
+from launcher.core.result import Signalled
+from launcher.job.node import HostAttempt
+from launcher.job.supervise import Supervisor
 from tests.fakes import CapturedFd, FakeLink, fake_hosts, memory_relay
 
 

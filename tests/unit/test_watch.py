@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from launcher.node import HostAttempt
-from launcher.protocol import (
+from launcher.agent.protocol import (
     STACK_DUMP,
     STACKS,
     STOP,
@@ -14,9 +13,10 @@ from launcher.protocol import (
     decode_message,
     encode_message,
 )
-from launcher.result import TimedOut
-from launcher.supervise import Supervisor
-from launcher.watch import AGENT_SLACK, JobWatch, WatchOptions
+from launcher.core.result import TimedOut
+from launcher.diagnose.watch import AGENT_SLACK, JobWatch, WatchOptions
+from launcher.job.node import HostAttempt
+from launcher.job.supervise import Supervisor
 from tests.fakes import FakeLink, fake_hosts, memory_relay
 
 WAIT = 10.0

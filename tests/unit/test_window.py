@@ -1,10 +1,10 @@
-"""The adaptive handshake window (launcher.transport.window), in-process with threads."""
+"""The adaptive handshake window (launcher.backends.window), in-process with threads."""
 
 from __future__ import annotations
 
 import threading
 
-from launcher.transport.window import Aborted, Ticket, Window
+from launcher.backends.window import Aborted, Ticket, Window
 
 
 def test_window_halves_once_per_burst_of_drops_and_widens_slowly() -> None:

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from launcher import wdfiles
-from launcher.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FetchRequest, Synced, SyncRequest
-from launcher.receive import Receiver
-from launcher.samestack import differences
-from launcher.store import Store, StoreError, manifest_hash
-from launcher.wdfiles import WorkdirError, ignored, missing_script, parse_ignore, scan
-from launcher.wdsync import Chain
+from launcher.agent.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT, FetchRequest, Synced, SyncRequest
+from launcher.agent.receive import Receiver
+from launcher.agent.store import Store, StoreError, manifest_hash
+from launcher.core.same_software import differences
+from launcher.workdir import files as wdfiles
+from launcher.workdir.files import WorkdirError, ignored, missing_script, parse_ignore, scan
+from launcher.workdir.sync import Chain
 from tests.support import write_tree
 
 
@@ -66,14 +66,14 @@ def test_symlinks_inside_travel_outside_are_named(tmp_path: Path) -> None:
 
 def test_unreadable_file_is_named_and_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_tree(tmp_path, {"ok.py": "", "locked.py": ""})
-    real = __import__("launcher.wdfiles", fromlist=["_hash_file"])._hash_file
+    real = __import__("launcher.workdir.files", fromlist=["_hash_file"])._hash_file
 
     def hash_file(path: Path) -> str:
         if path.name == "locked.py":  # root reads everything: the refusal is played, not provoked
             raise PermissionError(13, "Permission denied")
         return str(real(path))
 
-    monkeypatch.setattr("launcher.wdfiles._hash_file", hash_file)
+    monkeypatch.setattr("launcher.workdir.files._hash_file", hash_file)
     workdir = scan(tmp_path)
     assert [f.path for f in workdir.files] == ["ok.py"]
     assert workdir.skipped == ("locked.py: cannot read it (Permission denied); skipped",)

@@ -1,0 +1,748 @@
+"""The per-host agent: owns one host's ranks for the launcher.
+
+It is stdlib-only and self-contained (with `launcher.agent.protocol`, shipped alongside it: see
+`launcher.backends.bootstrap`), so worker hosts need a Python interpreter and nothing else. The launcher
+talks to it with the frames of `launcher.agent.protocol` on stdin/stdout; everything the agent must know (the
+ranks'
+env included) comes over that channel, never on a command line, so secrets stay out of `ps` and nothing
+passes through a shell.
+
+One agent serves every attempt of a job: PROBE -> FACTS, START -> OUT/ERR/EXIT frames while ranks run, DONE
+when all are gone; then it waits for the next PROBE. STOP (or stdin EOF, or SIGTERM/SIGHUP to the agent, or
+the launcher's heartbeats stopping) sends SIGTERM (SIGINT first, when STOP says so) to every rank's process
+group and SIGKILL after the grace period, so a launcher that dies, even by SIGKILL, leaves no rank behind.
+SIGNAL forwards a signal (SIGUSR1, SIGSTOP/SIGCONT for Ctrl-Z and fg) to every running rank. The agent exits
+at stdin EOF once its ranks are gone.
+
+The host facts (probe answers) and the rank supervisor share this one file because it is what travels to
+every host as source, next to launcher/agent/protocol.py; hence its length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import select
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
+
+from launcher.agent.protocol import (
+    BEAT,
+    BLOB,
+    DONE,
+    ERR,
+    EXIT,
+    FACTS,
+    FETCH,
+    KILL,
+    ORPHAN_GRACE_CAP,
+    OUT,
+    PROBE,
+    READ_SIZE,
+    SIGNAL,
+    STACK_DUMP,
+    STACKS,
+    START,
+    STOP,
+    SYNC,
+    VERSION,
+    Facts,
+    Frame,
+    FrameReader,
+    Handlers,
+    Hello,
+    ProbeRequest,
+    RankExited,
+    SignalRequest,
+    StackReply,
+    StacksRequest,
+    StartRequest,
+    StopRequest,
+    dispatch,
+    encode,
+    encode_hello,
+    encode_message,
+    rank_environment,
+    start_environment,
+    write_all,
+)
+from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
+from launcher.agent.receive import Receiver, listen
+from launcher.agent.software import TORCH_PROBE, ask, stack, which
+from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
+from launcher.agent.store import has_copy
+
+SIOCGIFADDR = 0x8915
+
+
+# ------------------------------------------------------------------------------------------------ host facts
+
+
+def _free_ports(count: int) -> list[int]:
+    # Hold every socket until all are bound, so the ports are distinct.
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _ipv4_ifname(addr: str) -> str | None:
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+        if socket.inet_ntoa(raw[20:24]) == addr:
+            return name
+    return None
+
+
+def _ipv6_ifname(addr: str) -> str | None:
+    packed = socket.inet_pton(socket.AF_INET6, addr).hex()
+    try:
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) >= 6 and fields[0] == packed:
+                    return fields[5]
+    except OSError:
+        pass
+    return None
+
+
+def _route(target: str) -> tuple[str | None, str | None]:
+    """The local address and interface this host uses to reach `target` (a UDP connect sends nothing)."""
+    try:
+        infos = socket.getaddrinfo(target, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return None, None
+    for family, _, _, _, sockaddr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                local = str(s.getsockname()[0])
+        except OSError:
+            continue
+        ifname = _ipv6_ifname(local) if family == socket.AF_INET6 else _ipv4_ifname(local)
+        return local, ifname
+    return None, None
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+_NVIDIA_GPUS = "proc/driver/nvidia/gpus"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _nvidia_gpus(root: str) -> list[dict[str, Any]]:
+    """The host's NVIDIA GPUs in PCI bus order (nvidia-smi's numbering), with UUIDs and NUMA nodes.
+
+    Best-effort: the driver's /proc entries name each GPU's bus id, sysfs gives that device's NUMA node;
+    without them (some containers) only /dev/nvidiaN tells how many there are.
+    """
+    try:
+        bus_ids = sorted(os.listdir(os.path.join(root, _NVIDIA_GPUS)), key=str.lower)
+    except OSError:
+        try:
+            count = sum(
+                1 for n in os.listdir(os.path.join(root, "dev")) if n.startswith("nvidia") and n[6:].isdigit()
+            )
+        except OSError:
+            count = 0
+        return [{"index": i} for i in range(count)]
+    gpus = []
+    for index, bus_id in enumerate(bus_ids):
+        info = _read(os.path.join(root, _NVIDIA_GPUS, bus_id, "information")) or ""
+        uuid = next(
+            (line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("GPU UUID")), None
+        )
+        node = _read(os.path.join(root, "sys/bus/pci/devices", bus_id.lower(), "numa_node"))
+        gpus.append({"index": index, "uuid": uuid, "numa_node": node.strip() if node else None})
+    return gpus
+
+
+def _numa_cpulists(root: str) -> dict[str, str]:
+    base = os.path.join(root, "sys/devices/system/node")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return {}
+    lists = {}
+    for name in names:
+        if name.startswith("node") and name[4:].isdigit():
+            text = _read(os.path.join(base, name, "cpulist"))
+            if text is not None:
+                lists[name[4:]] = text.strip()
+    return lists
+
+
+def _allowed_cores() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def device_facts(root: str = "/") -> dict[str, Any]:
+    """What launcher.core.devices needs to give ranks GPUs and cores, as raw as it is read here."""
+    return {
+        "gpus": _nvidia_gpus(root),
+        "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cores": _allowed_cores(),
+        "numa_cpulists": _numa_cpulists(root),
+    }
+
+
+TCP_PROBE_TIMEOUT = 5.0
+
+
+def _disk_free(path: str) -> Any:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _tcp_error(host: str, port: int) -> str:
+    """ "" when a TCP connection to host:port opens (the listener need not accept it), else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=TCP_PROBE_TIMEOUT):
+            return ""
+    except socket.timeout:  # noqa: UP041 - not yet TimeoutError on the Python 3.7 a host may have
+        return f"no answer within {TCP_PROBE_TIMEOUT:.0f}s (a firewall dropping packets?)"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def machine_identity() -> str:
+    """What tells this machine from others: its machine-id and boot, and (for containers and network
+    namespaces sharing one kernel) its network namespace and hostname; "" where none of the files exists."""
+    parts = [
+        (_read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or "").strip(),
+        (_read("/proc/sys/kernel/random/boot_id") or "").strip(),
+    ]
+    if not any(parts):
+        return ""
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = ""
+    return "/".join([*parts, netns, socket.gethostname()])
+
+
+def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
+    received = time.time()
+    route_addr, route_ifname = _route(request.route_to) if request.route_to else (None, None)
+    devices = device_facts()
+    cwd = request.cwd or "."
+    script = request.script
+    extra: dict[str, Any] = {}
+    if listener is not None:
+        extra["listen_port"] = listener.getsockname()[1]
+    if request.stack:
+        extra["stack"] = stack(request.python or sys.executable)
+    if request.workdir_hash:
+        extra["workdir_cached"] = has_copy(request.workdir_hash)
+    if request.check:
+        extra.update(
+            python_version=".".join(str(part) for part in sys.version_info[:3]),
+            disk_free=_disk_free(cwd),
+            time=received,
+            torch=ask(request.python or sys.executable, TORCH_PROBE),
+        )
+        if request.connect_to and request.connect_port:
+            extra["tcp_port"] = request.connect_port
+            extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
+    return Facts(
+        hostname=socket.gethostname(),
+        machine=machine_identity(),
+        python=sys.executable,
+        python_found=which(request.python) is not None if request.python else True,
+        script_found=not script or os.path.isfile(os.path.join(cwd, script)),
+        cwd_exists=os.path.isdir(cwd),
+        gpu_count=len(devices["gpus"]),
+        free_ports=_free_ports(request.ports),
+        route_addr=route_addr,
+        route_ifname=route_ifname,
+        devices=devices,
+        **extra,
+    )
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+# ------------------------------------------------------------------------------------------------- the agent
+
+
+def _die_with_agent() -> Any:
+    """A pre-exec hook asking Linux to SIGKILL the rank if the agent dies, even by SIGKILL (None elsewhere).
+
+    The agent normally stops its ranks itself; this covers the agent being killed outright (OOM killer,
+    kill -9), which would otherwise leave the rank running unsupervised.
+    """
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+    return hook
+
+
+def _pre_exec(die_with_agent: Any, cpus: list[int] | None) -> Any:
+    """The rank's pre-exec hook: die with the agent, and run only on `cpus` (set before exec, so every thread
+    the rank ever starts inherits them)."""
+    if not cpus:
+        return die_with_agent
+
+    def hook() -> None:
+        if die_with_agent is not None:
+            die_with_agent()
+        os.sched_setaffinity(0, cpus)
+
+    return hook
+
+
+def _signal_number(name: str) -> int | None:
+    """The local number of a signal sent by name (numbers differ between systems); None if unknown here."""
+    number = getattr(signal, name, None) if name.startswith("SIG") and not name.startswith("SIG_") else None
+    return int(number) if isinstance(number, int) else None
+
+
+class _Rank:
+    def __init__(self, rank: int, proc: subprocess.Popen[bytes], started: float) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.pgid = proc.pid  # start_new_session: the rank leads its own process group
+        self.started = started
+        self.returncode: int | None = None
+        assert proc.stdout is not None and proc.stderr is not None
+        self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
+        self.files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
+
+
+class Agent:
+    """One host's agent, reading frames from `in_fd` and writing to `out_fd`.
+
+    `clock` (monotonic seconds) and `start_process` (subprocess.Popen's signature) are parameters so that a
+    test can run an agent in its own process with a fake clock and fake ranks.
+    """
+
+    def __init__(
+        self,
+        in_fd: int,
+        out_fd: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        start_process: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+    ) -> None:
+        self.clock = clock
+        self.start_process = start_process
+        self.in_fd = in_fd
+        self.out_fd = out_fd
+        self.sel = selectors.DefaultSelector()
+        self.reader = FrameReader()
+        self.launcher_gone = False
+        self.beat_every = 0.0  # 0: no heartbeats (until a PROBE asks for them)
+        self.dead_after = 0.0
+        self.last_heard = self.clock()
+        self.next_beat = 0.0
+        self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
+        self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
+        self.dump_dir: DumpDir | None = None  # made at the first START: the ranks' stack hook and dumps
+        self.gatherings: list[Gathering] = []
+        self._die_with_agent: Any = None
+        self.agent_id = 0
+        # What the launcher may ask, by frame kind; other kinds are ignored (a newer launcher's requests).
+        self.handlers: Handlers = {
+            PROBE: lambda _, request: self.probe(request),
+            START: lambda _, request: self.start(request),
+            STOP: self._on_stop,
+            SIGNAL: lambda _, request: self.forward(request),
+            KILL: lambda *_: self.kill(),
+            STACKS: lambda _, request: self.gather(request),
+            SYNC: lambda _, request: self._send_all(self.receiver.start(request)),
+            BLOB: lambda _, payload: self._send_all(self.receiver.blob(payload)),
+            FETCH: lambda _, request: self._send_all(self.receiver.fetch(request)),
+        }
+        self.receiver = Receiver()  # --workdir
+        # A subreaper (see launcher.agent.reaper), which `run` makes this process: its descendants are then
+        # the job's, to stop and reap. An agent driven in-process by a test is none, and leaves others' alone.
+        self.reaping = False
+        self._new_attempt()
+
+    def _new_attempt(self) -> None:
+        self.ranks: dict[int, _Rank] = {}
+        self.by_fd: dict[int, _Rank] = {}
+        self.grace = 5.0
+        self.started = False
+        self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
+        self.term_at: float | None = None  # when stopping with SIGINT first: the SIGTERM deadline
+        self.leftovers_at: float | None = None
+
+    # -- output to the launcher
+
+    def send(self, kind: int, rank: int = -1, payload: bytes = b"") -> None:
+        """A frame to the launcher, stamped with this agent's id."""
+        self._write(encode(kind, rank, payload, self.agent_id))
+
+    def send_message(self, kind: int, message: Any, rank: int = -1) -> None:
+        self._write(encode_message(kind, message, rank, self.agent_id))
+
+    def _send_all(self, messages: list[tuple[int, Any]]) -> None:
+        for kind, message in messages:
+            self.send_message(kind, message)
+
+    def _write(self, frame: bytes) -> None:
+        if self.launcher_gone:
+            return
+        try:
+            write_all(self.out_fd, frame)
+        except OSError:
+            self._lost_launcher()
+
+    def _lost_launcher(self) -> None:
+        if not self.launcher_gone:
+            self.launcher_gone = True
+            self.stop(min(self.grace, ORPHAN_GRACE_CAP))
+
+    # -- rank processes
+
+    def probe(self, request: ProbeRequest) -> None:
+        self.beat_every = request.heartbeat
+        self.dead_after = request.dead_after
+        if request.listen and self.listener is None:
+            self.listener = listen()
+        self.send_message(FACTS, host_facts(request, self.listener))
+        # While the launcher turns the facts into the ranks' environments: what START needs (ctypes).
+        self.die_with_agent()
+
+    def die_with_agent(self) -> Any:
+        if self._die_with_agent is None:
+            self._die_with_agent = _die_with_agent() or False
+        return self._die_with_agent or None
+
+    def start(self, spec: StartRequest) -> None:
+        self.receiver.stop_serving()  # no thread may run while ranks are forked
+        self._new_attempt()
+        self.started = True
+        self.grace = spec.grace
+        # Leftovers of another launcher go first; the launcher's environment comes over them.
+        shared = start_environment(os.environ, spec)
+        cwd = spec.workdir or spec.cwd or None
+        if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
+            shared["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, shared.get("PYTHONPATH")) if p)
+        die_with_agent = self.die_with_agent()
+        if self.dump_dir is None:
+            self.dump_dir = DumpDir()
+        for r in spec.ranks:
+            env = rank_environment(shared, r)
+            env.update(self.dump_dir.rank_env(env))
+            try:
+                proc = self.start_process(
+                    r.argv,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    # A pre-exec hook is safe here: the agent has a single thread.
+                    preexec_fn=_pre_exec(die_with_agent, r.cpus),
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
+                reason = exc if isinstance(exc, OSError) else f"cannot pin it to cores {r.cpus}"
+                msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {reason}\n"
+                self.send(ERR, r.rank, msg.encode())
+                self.send_message(EXIT, RankExited(code), r.rank)
+                continue
+            entry = _Rank(r.rank, proc, self.clock())
+            self.ranks[r.rank] = entry
+            for fd in entry.fds:
+                self.by_fd[fd] = entry
+                self.sel.register(fd, selectors.EVENT_READ, "pipe")
+        if self.launcher_gone:  # the launcher vanished while we were starting
+            self.stop(ORPHAN_GRACE_CAP)
+
+    def _signal_all(self, sig: int, leftovers: bool = False) -> None:
+        for entry in self.ranks.values():
+            if entry.returncode is None or leftovers:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(entry.pgid, sig)
+        if self.reaping and (leftovers or sig in (signal.SIGSTOP, signal.SIGCONT)):
+            # What left the ranks' groups (own sessions, daemons): every descendant, adopted ones included.
+            signal_descendants(sig)
+
+    def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
+        if not self.started:
+            return  # between attempts there is nothing to stop (a late STOP of the last attempt, say)
+        now = self.clock()
+        grace = self.grace if grace is None else grace
+        if self.kill_at is None or now + grace < self.kill_at:
+            self.kill_at = now + grace
+        if first != signal.SIGTERM and self.term_at is None:
+            self.term_at = now + grace / 2
+        self._signal_all(first, leftovers=True)
+
+    def _on_stop(self, frame: Frame, request: StopRequest) -> None:
+        self.stop(first=_signal_number(request.first) or signal.SIGTERM)
+
+    def forward(self, request: SignalRequest) -> None:
+        signum = _signal_number(request.name)
+        if signum is None:
+            return
+        if signum == signal.SIGSTOP:
+            self.paused = True
+        elif signum == signal.SIGCONT:
+            self.paused = False
+            self.last_heard = self.clock()
+        if self.started:
+            self._signal_all(signum)
+
+    def gather(self, request: StacksRequest) -> None:
+        """Start reading the running ranks' stacks; STACK_DUMP answers once all are read or `wait` passed."""
+        running = {e.rank: e.proc.pid for e in self.ranks.values() if e.returncode is None}
+        if self.dump_dir is None or not running:
+            self.send_message(STACK_DUMP, StackReply(request.request_id))
+            return
+        now = self.clock()
+        gathering = Gathering(
+            request.request_id, running, self.dump_dir, tool=request.tool, wait=request.wait, now=now
+        )
+        self.gatherings.append(gathering)
+        self._poll_gatherings(now)
+
+    def _poll_gatherings(self, now: float) -> None:
+        for gathering in [g for g in self.gatherings if g.poll(now)]:
+            self.gatherings.remove(gathering)
+            self.send_message(STACK_DUMP, StackReply(gathering.request_id, gathering.results()))
+
+    def kill(self) -> None:
+        if not self.started:
+            return
+        self.kill_at = self.clock()
+        self._signal_all(signal.SIGKILL, leftovers=True)
+
+    def _read_pipe(self, fd: int) -> bool:
+        """Relay one chunk of a rank's output; False when nothing more is there now (or ever)."""
+        entry = self.by_fd[fd]
+        try:
+            data = os.read(fd, READ_SIZE)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if data:
+            self.send(entry.fds[fd], entry.rank, data)
+            return True
+        self._close_pipe(fd)
+        return False
+
+    def _close_pipe(self, fd: int) -> None:
+        self.sel.unregister(fd)
+        self.by_fd.pop(fd).files[fd].close()
+
+    def _drain(self, entry: _Rank) -> None:
+        """Relay what the rank wrote before it exited, so EXIT follows its last output."""
+        for fd in entry.fds:
+            if fd in self.by_fd:
+                os.set_blocking(fd, False)
+                while fd in self.by_fd and self._read_pipe(fd):
+                    pass
+
+    def _reap(self) -> None:
+        for entry in self.ranks.values():
+            if entry.returncode is not None:
+                continue
+            # wait4, not poll(): the same reaping, plus the resource usage of the rank and what it waited for.
+            try:
+                pid, status, usage = os.wait4(entry.proc.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status, usage = -1, 0, None
+            if pid == 0:
+                continue
+            if usage is None:  # reaped elsewhere (cannot happen in the agent, but Popen must not hang)
+                code = entry.proc.poll()
+                exited = RankExited(-signal.SIGKILL if code is None else code, entry.proc.pid)
+            else:
+                code = _returncode(status)
+                entry.proc.returncode = code  # so Popen never waits for it again
+                exited = RankExited(
+                    code,
+                    entry.proc.pid,
+                    self.clock() - entry.started,
+                    cpu_s=usage.ru_utime + usage.ru_stime,
+                    max_rss_kb=usage.ru_maxrss,  # KiB on Linux
+                )
+            entry.returncode = exited.returncode
+            self._drain(entry)
+            self.send_message(EXIT, exited, entry.rank)
+        if self.reaping:
+            reap_adopted({e.proc.pid for e in self.ranks.values() if e.returncode is None})
+
+    # -- control from the launcher
+
+    def _read_control(self) -> bool:
+        """Returns False when the launcher closed the channel."""
+        try:
+            data = os.read(self.in_fd, READ_SIZE)
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(self.in_fd)
+            self._lost_launcher()
+            return False
+        self.last_heard = self.clock()
+        for frame in self.reader.feed(data):
+            # The launcher names us in its frames: ours carry the same id back (see launcher.agent.protocol).
+            self.agent_id = frame.agent
+            dispatch(self.handlers, frame)
+        return True
+
+    def _all_exited(self) -> bool:
+        return all(e.returncode is not None for e in self.ranks.values())
+
+    def _leftovers(self) -> bool:
+        """Something the ranks started still runs (detached from their groups, say)."""
+        return self.reaping and bool(descendants())
+
+    def _finish_attempt(self, now: float) -> bool:
+        """Once every rank and its process group is gone: DONE. True when the attempt is over."""
+        if not self._all_exited():
+            return False
+        if self.by_fd or self._leftovers():
+            # Leaders are gone but something they started (a DataLoader worker, a detached daemon) runs on.
+            if self.leftovers_at is None:
+                self._signal_all(signal.SIGTERM, leftovers=True)
+                self.leftovers_at = now + min(self.grace, ORPHAN_GRACE_CAP)
+                return False
+            if now < self.leftovers_at and (self.by_fd or self._leftovers()):
+                return False
+            for fd in list(self.by_fd):
+                self._close_pipe(fd)
+        self._signal_all(signal.SIGKILL, leftovers=True)
+        self.send(DONE)
+        self._new_attempt()
+        return True
+
+    def run(self) -> int:
+        self.reaping = (
+            become_subreaper()
+        )  # see launcher.agent.reaper: detached descendants of the ranks stay ours
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+        self.sel.register(wake_r, selectors.EVENT_READ, "wake")
+        self.sel.register(self.in_fd, selectors.EVENT_READ, "control")
+        self.sel.register(self.receiver.fileno(), selectors.EVENT_READ, "fetched")
+        control_open = True
+        exiting = False
+        while True:
+            timeout = 0.5
+            now = self.clock()
+            if self.beat_every:
+                if now >= self.next_beat:
+                    self.send(BEAT)
+                    self.next_beat = now + self.beat_every
+                silent = now - self.last_heard > self.dead_after and not self.paused
+                # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
+                if self.dead_after and silent and control_open and not _readable(self.in_fd):
+                    self._lost_launcher()
+            for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
+                if deadline is not None:
+                    timeout = max(0.0, min(timeout, deadline - now))
+            if self.gatherings:
+                timeout = min(timeout, POLL_SECONDS)
+            events = self.sel.select(timeout)
+            # Reaping looks at every rank, so only when a child may have exited: SIGCHLD, a pipe's EOF, or a
+            # quiet spell (a fallback should a SIGCHLD ever be missed). Busy output must not make it O(ranks).
+            reap = not events
+            for key, _ in events:
+                if key.data == "control":
+                    control_open = self._read_control()
+                elif key.data == "fetched":
+                    self._send_all(self.receiver.fetched())
+                elif key.data == "wake":
+                    try:
+                        signums = os.read(wake_r, 512)
+                    except BlockingIOError:
+                        signums = b""
+                    reap = reap or signal.SIGCHLD in signums
+                    if any(s in signums for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)):
+                        # Whoever signals the agent itself wants the host cleared, then the agent gone.
+                        self.stop()
+                        exiting = True
+                elif key.fd in self.by_fd and not self._read_pipe(key.fd):
+                    reap = reap or key.fd not in self.by_fd
+            if reap:
+                self._reap()
+            now = self.clock()
+            if self.gatherings:
+                self._poll_gatherings(now)
+            if self.term_at is not None and now >= self.term_at:
+                self.term_at = None
+                self._signal_all(signal.SIGTERM, leftovers=True)
+            if self.kill_at is not None and now >= self.kill_at and not self._all_exited():
+                self._signal_all(signal.SIGKILL)
+            if self.started:
+                self._finish_attempt(now)
+            if not self.started and (exiting or self.launcher_gone or not control_open):
+                return 0
+
+
+def serve(in_fd: int, out_fd: int) -> int:
+    """Be the agent on this channel (a pipe pair, an SSH channel's stdio, a socket) until it closes."""
+    write_all(out_fd, encode_hello(Hello(VERSION, os.getpid())))
+    agent = Agent(in_fd, out_fd)
+    try:
+        return agent.run()
+    finally:
+        if agent.dump_dir is not None:
+            agent.dump_dir.remove()
+
+
+def main() -> int:
+    # The protocol owns fd 1; anything the agent process prints by accident must not corrupt it.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    return serve(0, out_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""How an agent process is started: imported on this machine, shipped as source everywhere else.
+
+A remote host needs no distrun install: its interpreter runs a small constant bootstrap that reads the
+protocol and agent modules' sources from stdin and runs the agent; the rest of stdin is then the frame stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+_AGENT = Path(__file__).resolve().parents[1] / "agent"
+# What a host without any of the interpreters tried says (`distrun check` tells it from SSH trouble).
+NO_PYTHON = "distrun: no Python interpreter found here"
+CODE_CACHE_DAYS = 30
+# The module whose main() an agent process runs: one that talks on its stdin/stdout, or one that dials home
+# over TCP (an srun step's agents).
+SERVER = "launcher.agent.server"
+HOMING = "launcher.agent.homing"
+_TOP_IMPORT = re.compile(rb"^from launcher\.agent\.(\w+) import", re.MULTILINE)
+
+
+def _shipped() -> tuple[str, ...]:
+    """Every module of launcher/agent/, each after those it imports at its top (the bootstrap runs them in
+    this order). Read from the folder, so a new module there travels without a list to keep."""
+    needs = {
+        path.stem: set(_TOP_IMPORT.findall(path.read_bytes()))
+        for path in _AGENT.glob("*.py")
+        if path.name != "__init__.py"
+    }
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            raise RuntimeError(
+                f"launcher/agent/: modules import each other at their top: {' -> '.join(path)}"
+            )
+        for need in sorted(needs[name]):
+            visit(need.decode(), (*path, name))
+        order.append(name)
+
+    for name in sorted(needs):
+        visit(name, ())
+    return tuple(f"launcher.agent.{name}" for name in order)
+
+
+SHIPPED = _shipped()
+
+
+def bootstrap(entry: str = SERVER) -> str:
+    """argv[1:] holds each shipped module's source length and digest (`len:digest`), in SHIPPED order; then
+    `entry`'s main() runs.
+
+    The modules are registered under their real names, in the packages `launcher` and `launcher.agent`, so
+    `from launcher.agent.protocol import ...` in the agent works as it does when imported here. Compiling
+    them is a quarter of an agent's start, so each host keeps the compiled code per user, named by the
+    source's digest and the interpreter's bytecode magic (a changed source or interpreter is simply another
+    name); every failure there falls back to compiling, and a directory someone else could write to is not
+    used. Files unused for CODE_CACHE_DAYS go when a new one is written.
+    """
+    # `d` is launcher.agent.store.default_root() + "/code", restated: the bootstrap runs before any shipped
+    # module exists (tests/integration/test_agent_caches.py holds the two to the same directory).
+    from launcher.agent.store import CACHE_DIR_VAR  # not on a local job's path
+
+    return (
+        "import os,sys,time,types,marshal\n"
+        "def r(n):\n"
+        " b=b''\n"
+        " while len(b)<n:\n"
+        "  c=os.read(0,n-len(b))\n"
+        "  if not c:sys.exit(3)\n"
+        "  b+=c\n"
+        " return b\n"
+        "try:\n"
+        " import _frozen_importlib_external as e\n"
+        f" d=os.path.join(os.environ.get({CACHE_DIR_VAR!r}) or os.path.join(os.environ.get('XDG_CACHE_HOME')"
+        " or os.path.expanduser('~/.cache'),'distrun'),'code');t=e.MAGIC_NUMBER.hex()\n"
+        " os.makedirs(d,0o700,exist_ok=True);s=os.stat(d)\n"
+        " if s.st_uid!=os.getuid() or s.st_mode&0o22:d=None\n"
+        "except Exception:d=None\n"
+        "def k(q,a):\n"
+        " n,h=a.split(':');s=r(int(n));f=d and os.path.join(d,q[9:]+'-'+h+'-'+t)\n"
+        " try:\n"
+        "  with open(f,'rb') as x:return marshal.loads(x.read())\n"
+        " except Exception:pass\n"
+        " c=compile(s,'distrun-'+q[9:],'exec')\n"
+        " if f:\n"
+        "  w=f+'.'+str(os.getpid())\n"
+        "  try:\n"
+        "   with open(w,'wb') as x:x.write(marshal.dumps(c))\n"
+        "   os.replace(w,f)\n"
+        "   for o in os.listdir(d):\n"
+        "    o=os.path.join(d,o)\n"
+        f"    if os.stat(o).st_atime<time.time()-{CODE_CACHE_DAYS}*86400:os.unlink(o)\n"
+        "  except Exception:\n"
+        "   try:os.unlink(w)\n"
+        "   except OSError:pass\n"
+        " return c\n"
+        "p=types.ModuleType('launcher');p.__path__=[];sys.modules['launcher']=p\n"
+        "g=types.ModuleType('launcher.agent');g.__path__=[];sys.modules['launcher.agent']=g;p.agent=g\n"
+        f"for q,a in zip({SHIPPED!r},sys.argv[1:]):\n"
+        " m=types.ModuleType(q);sys.modules[q]=m;setattr(g,q[15:],m)\n"
+        " exec(k(q,a),m.__dict__)\n"
+        f"sys.exit(sys.modules[{entry!r}].main())\n"
+    )
+
+
+def shipped_sources() -> list[bytes]:
+    return [(_AGENT / f"{name[15:]}.py").read_bytes() for name in SHIPPED]
+
+
+def bootstrap_args(sources: Sequence[bytes], entry: str = SERVER) -> list[str]:
+    """The interpreter's arguments (after its path) that run the shipped agent."""
+    return [
+        "-S",
+        "-u",
+        "-c",
+        bootstrap(entry),
+        *(f"{len(s)}:{hashlib.sha256(s).hexdigest()[:32]}" for s in sources),
+    ]
+
+
+def local_argv(python: str) -> list[str]:
+    """The agent on this machine: imported from where the launcher lives, so its bytecode is reused.
+
+    Shipping and compiling the source, as for remote hosts, would add ~15 ms to every local start.
+    """
+    home = str(_AGENT.parents[1])
+    code = f"import sys; sys.path.insert(0, {home!r}); from {SERVER} import main; sys.exit(main())"
+    return [python, "-S", "-u", "-c", code]
+
+
+def agent_pythons(python: str | None) -> list[str]:
+    """The interpreters to try for a remote agent, in order: --python, else ours where the host has it."""
+    return [python] if python else [sys.executable, "python3"]
+
+
+def remote_command(pythons: Sequence[str], sources: Sequence[bytes], entry: str = SERVER) -> str:
+    """A POSIX shell command running the agent with the first of `pythons` that exists on the host.
+
+    Everything in it is ours (interpreter paths and the bootstrap), quoted; user data never passes a shell.
+    """
+    tail = shlex.join(bootstrap_args(sources, entry))
+    tries = " ".join(shlex.quote(p) for p in pythons)
+    missing = shlex.quote(f"{NO_PYTHON} (tried {', '.join(pythons)})")
+    return (
+        f'for p in {tries}; do command -v "$p" >/dev/null 2>&1 && exec "$p" {tail}; done; '
+        f"echo {missing} >&2; exit 127"
+    )

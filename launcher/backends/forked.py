@@ -1,0 +1,103 @@
+"""This machine's agent as a forked copy of the launcher: no interpreter to start, nothing to import again.
+
+A fresh interpreter for the local agent cost ~25 ms of every local job's start (interpreter, `dataclasses`,
+`typing`, the protocol) and its teardown at the end; the launcher has all of that loaded already. The child
+keeps the guarantees of a separately started agent: its own session (the terminal's Ctrl-C reaches only
+distrun), the launcher's pipes as its only descriptors (so EOF on its stdin, the launcher's death included,
+still reaches it), default signal dispositions, and an `os._exit` that never runs the launcher's clean-up.
+
+Forking a process with threads can leave a lock held forever in the child, so the launcher forks only while
+it is single-threaded (a first local launch) and starts an interpreter otherwise (`fork_safe`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from typing import BinaryIO
+
+
+def fork_safe() -> bool:
+    """Whether forking this process now cannot inherit a lock some other thread holds."""
+    return threading.active_count() == 1
+
+
+class ForkedAgent:
+    """The child running `launcher.agent.server.main`, with the parts of `subprocess.Popen` that links use."""
+
+    def __init__(self) -> None:
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child's coverage is not collected; tests observe its behaviour
+            _child(in_r, out_w, err_w)
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin: BinaryIO = open(in_w, "wb", buffering=0)  # noqa: SIM115 - closed by the link
+        self.stdout: BinaryIO = open(out_r, "rb", buffering=0)  # noqa: SIM115
+        self.stderr: BinaryIO = open(err_r, "rb", buffering=0)  # noqa: SIM115
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Like Popen.wait: the exit code, or subprocess.TimeoutExpired after `timeout` seconds."""
+        if timeout is None:
+            if self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        import subprocess
+        import time
+
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while (code := self.poll()) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(["distrun agent"], timeout)
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.05)
+        return code
+
+    def terminate(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _child(in_r: int, out_w: int, err_w: int) -> None:
+    """Become the agent: own session, the three pipes as fds 0-2 and nothing else, default signals."""
+    code = 1
+    try:
+        os.setsid()
+        for target, fd in ((0, in_r), (1, out_w), (2, err_w)):
+            os.dup2(fd, target)
+        # Every other descriptor is the launcher's: other agents' pipes (their EOF must not wait for us), log
+        # files, the terminal.
+        os.closerange(3, 1 << 20)
+        signal.set_wakeup_fd(-1)
+        for signum in signal.valid_signals():
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+        from launcher.agent.server import main
+
+        code = main()
+    except BaseException:  # whatever happens, the child must not return into the launcher
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        os._exit(code)

@@ -1,0 +1,1 @@
+"""`distrun check`: is every host ready for a launch."""

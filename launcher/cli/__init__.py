@@ -1,0 +1,1 @@
+"""The command line: options and subcommands, the config file, the dry run."""

@@ -1,0 +1,2 @@
+"""Pure planning: options as one value, hosts, the plan, each rank's environment and devices, the start
+requests."""

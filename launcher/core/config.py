@@ -1,0 +1,97 @@
+"""The validated launch request: everything the CLI, config file and environment said, as one frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from launcher.core.devices import Placement
+from launcher.core.hosts import Host
+
+PrefixMode = Literal["rank", "host", "none"]
+HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    """How to reach remote hosts. None means: what ~/.ssh/config says, else the default."""
+
+    port: int | None = None
+    identity_files: tuple[Path, ...] = ()
+    host_key_policy: HostKeyPolicy | None = None
+    connect_timeout: float = 10.0
+    keepalive_interval: float = 2.0
+    keepalive_count: int = 5
+    max_parallel: int = 32
+    retries: int = 3
+    config_file: Path | None = None
+    known_hosts_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class RestartOptions:
+    """When and how an attempt that failed is followed by another (see docs/attempts.md).
+
+    `min_np` set makes the job elastic: a lost host is left out and the job goes on with fewer ranks, down to
+    `min_np`; `max_np` caps how many ranks hosts found by `discovery_script` may bring it back up to.
+    """
+
+    max_restarts: int = 0
+    delay: float = 1.0
+    min_np: int | None = None
+    max_np: int | None = None
+    discovery_script: Path | None = None
+    cooldown: float = 60.0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_np is not None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """A launch request after parsing; `command` is what every worker runs, argv-style, untouched."""
+
+    command: tuple[str, ...]
+    hosts: tuple[Host, ...]
+    num_proc: int
+    master_addr: str | None = None
+    master_port: int | None = None
+    exports: tuple[tuple[str, str], ...] = ()
+    # What --env-file set (before -x); False: ranks do not start from the launcher's environment.
+    env_file: tuple[tuple[str, str], ...] = ()
+    forward_env: bool = True
+    redact: tuple[str, ...] = ()  # --redact globs: names whose values are never printed
+    oversubscribe: bool = False
+    report: Path | None = None  # --report: the run's account as JSON
+    prefix: PrefixMode = "rank"
+    timestamp: bool = False
+    progress_interval: float = 5.0
+    output_dir: Path | None = None
+    console_ranks: frozenset[int] | None = None
+    timeout: float | None = None
+    stall_timeout: float | None = None  # show every rank's stacks when no rank wrote anything this long
+    stack_tool: Literal["auto", "py-spy", "python"] = "auto"
+    straggler_window: float = 60.0  # a rank slower than the others this long is named
+    grace_period: float = 5.0
+    restart: RestartOptions = field(default_factory=RestartOptions)
+    python: str | None = None
+    network_interface: str | None = None
+    gpus_per_rank: int | None = None
+    bind_cores: bool = False
+    numa_binding: bool = False
+    color: bool | None = None
+    ssh: SshOptions = field(default_factory=SshOptions)
+    # The backend's name in `launcher.backends.api.BACKENDS`: ssh (remote hosts over SSH, this machine through
+    # a local agent; the default outside Slurm), srun (steps of the Slurm allocation), local (this machine).
+    launcher: str = "ssh"
+    # --workdir: the directory synced to every host's cache, where ranks then run; the size refused above.
+    workdir: Path | None = None
+    workdir_limit: int = 200 << 20
+    workdir_relay: bool = True  # hosts with the copy feed the others (see launcher.workdir.sync)
+    allow_mismatch: bool = False
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.gpus_per_rank, self.bind_cores, self.numa_binding)

@@ -1,0 +1,282 @@
+"""Every rank's stacks, grouped: ranks with the same stacks are one group, the odd rank out first (pure).
+
+The agents read the stacks (`launcher.agent.stackdump`); this module turns their answers into what a person
+reads
+when a job hangs: groups with the fewest ranks first (the rank that is elsewhere is usually the bug), each
+headed by its ranks in `--ranks` notation and its hosts, every thread's frames innermost last as Python
+tracebacks show them, ranks that could not be read named with the reason, and a one-line verdict.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.core.plan import plural
+
+# Where a frame's file or native symbol says the rank is inside a collective: torch.distributed (c10d, its
+# gloo and NCCL back ends, in Python or native frames) or distrun's own `collectives` library.
+_COLLECTIVE_PATHS = ("/torch/distributed/", "/collectives/")
+_COLLECTIVE_SYMBOLS = ("c10d", "gloo", "nccl")
+# Frames of the interpreter's library or of installed packages: a rank's place is the innermost frame that
+# is none of these (the user's own code), where there is one.
+_LIBRARY_PATHS = ("/lib/python", "site-packages/", "dist-packages/", "<frozen ")
+
+
+@dataclass(frozen=True)
+class Frame:
+    func: str
+    file: str
+    line: int = 0  # 0: unknown (a native frame)
+    native: bool = False
+
+    @property
+    def where(self) -> str:
+        """`func, file.py:41`, as the verdict names a place."""
+        base = posixpath.basename(self.file) or self.file
+        return f"{self.func}, {base}:{self.line}" if self.line else f"{self.func} ({base})"
+
+    def text(self) -> str:
+        if self.native:
+            return f"[native] {self.func} ({posixpath.basename(self.file) or '?'})"
+        return f'File "{self.file}", line {self.line}, in {self.func}'
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's frames, outermost first and innermost last. `main`: the rank's main thread."""
+
+    name: str
+    frames: tuple[Frame, ...]
+    main: bool = False
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """What one rank's agent read: its threads (`source` says how), or `error`, why it could not."""
+
+    rank: int
+    host: str
+    pid: int | None = None
+    source: str = ""
+    threads: tuple[ThreadStack, ...] = ()
+    error: str = ""
+
+    @classmethod
+    def from_json(cls, host: str, data: dict[str, Any]) -> RankStacks:
+        """From an agent's answer (`launcher.agent.stackdump.Dumped`'s dict form)."""
+        threads = tuple(
+            ThreadStack(
+                str(t.get("name", "")),
+                tuple(
+                    Frame(str(f[0]), str(f[1]), int(f[2]), bool(f[3]) if len(f) > 3 else False)
+                    for f in t.get("frames", ())
+                ),
+                bool(t.get("main", False)),
+            )
+            for t in data.get("threads", ())
+        )
+        return cls(
+            int(data["rank"]),
+            host,
+            data.get("pid"),
+            str(data.get("source", "")),
+            threads,
+            str(data.get("error", "")),
+        )
+
+    @property
+    def main_stack(self) -> ThreadStack | None:
+        return next((t for t in self.threads if t.main), self.threads[-1] if self.threads else None)
+
+    def signature(self) -> tuple[Any, ...]:
+        """What ranks must share to be one group: every thread's Python frames. Not thread ids, which differ,
+        nor native frames, which py-spy gives for one rank and not for another it had less time for."""
+        if self.error:
+            return ("error", self.error)
+        return tuple(sorted((not t.main, tuple(f for f in t.frames if not f.native)) for t in self.threads))
+
+    @property
+    def frame_count(self) -> int:
+        return sum(len(t.frames) for t in self.threads)
+
+
+@dataclass(frozen=True)
+class Group:
+    ranks: tuple[int, ...]
+    hosts: tuple[str, ...]
+    sample: RankStacks  # every rank of the group has these Python stacks
+
+    @property
+    def error(self) -> str:
+        return self.sample.error
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """`0-1,3`: the notation `--ranks` reads."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    start = prev = None
+    for rank in [*ordered, None]:
+        if prev is not None and rank == prev + 1:
+            prev = rank
+            continue
+        if start is not None and prev is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = rank
+    return ",".join(parts)
+
+
+def ranks_label(ranks: Sequence[int]) -> str:
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}"
+
+
+def group_stacks(stacks: Iterable[RankStacks]) -> list[Group]:
+    """Readable groups, fewest ranks first (then by lowest rank), then the unreadable ones by reason."""
+    by_key: dict[tuple[Any, ...], list[RankStacks]] = {}
+    for rank in sorted(stacks, key=lambda s: s.rank):
+        by_key.setdefault(rank.signature(), []).append(rank)
+    groups = [
+        Group(
+            tuple(r.rank for r in members),
+            tuple(dict.fromkeys(r.host for r in members)),
+            # The fullest: a member whose native frames were read says the most.
+            max(members, key=lambda r: (r.frame_count, -r.rank)),
+        )
+        for members in by_key.values()
+    ]
+    return sorted(groups, key=lambda g: (bool(g.error), len(g.ranks), g.ranks[0]))
+
+
+def collective_of(stack: ThreadStack | None) -> str | None:
+    """The collective a thread waits in (its innermost collective frame's function), or None.
+
+    Python frames come first: `barrier` says more than the native `gloo::...` beneath it.
+    """
+    if stack is None:
+        return None
+    frames = list(reversed(stack.frames))
+    for frame in frames:
+        if not frame.native and any(p in frame.file for p in _COLLECTIVE_PATHS):
+            return frame.func
+    for frame in frames:
+        if frame.native and any(s in f"{frame.func} {frame.file}".lower() for s in _COLLECTIVE_SYMBOLS):
+            return frame.func
+    return None
+
+
+def place_of(stack: ThreadStack | None) -> str:
+    """Where a thread is: its innermost frame of the user's own code, else its innermost Python frame."""
+    if stack is None or not stack.frames:
+        return "no Python frame"
+    python = [f for f in stack.frames if not f.native]
+    own = [f for f in python if not any(p in f.file for p in _LIBRARY_PATHS)]
+    frame = (own or python or list(stack.frames))[-1]
+    return frame.where
+
+
+def verdict(groups: Sequence[Group], world_size: int) -> str:
+    """One line: which ranks wait in a collective and which are elsewhere, and where."""
+    readable = [g for g in groups if not g.error]
+    unreadable = sum(len(g.ranks) for g in groups if g.error)
+    tail = f"; {plural(unreadable, 'rank', 'ranks')} could not be read" if unreadable else ""
+    if not readable:
+        return f"no rank's stack could be read ({plural(world_size, 'rank', 'ranks')})"
+    waiting = [g for g in readable if collective_of(g.sample.main_stack)]
+    elsewhere = [g for g in readable if not collective_of(g.sample.main_stack)]
+    if waiting and elsewhere:
+        count = sum(len(g.ranks) for g in waiting)
+        names = ", ".join(dict.fromkeys(str(collective_of(g.sample.main_stack)) for g in waiting))
+        others = [r for g in elsewhere for r in g.ranks]
+        verb = "is" if len(others) == 1 else "are"
+        places = "; ".join(
+            f"in {place_of(g.sample.main_stack)}" if len(elsewhere) == 1 else
+            f"{ranks_label(g.ranks)} in {place_of(g.sample.main_stack)}"
+            for g in elsewhere
+        )  # fmt: skip
+        head = f"{plural(count, 'rank waits', 'ranks wait')} in a collective ({names})"
+        return f"{head}; {ranks_label(others)} {verb} elsewhere: {places}{tail}"
+    if len(readable) == 1:
+        group = readable[0]
+        name = collective_of(group.sample.main_stack)
+        where = place_of(group.sample.main_stack)
+        if len(group.ranks) == 1:
+            what = f"{ranks_label(group.ranks)} is"
+            return f"{what} in a collective ({name}) at {where}{tail}" if name else f"{what} in {where}{tail}"
+        what = "both ranks" if len(group.ranks) == 2 else f"all {len(group.ranks)} ranks"
+        if name:
+            return f"{what} wait in the same collective ({name}) at {where}{tail}"
+        return f"{what} are at the same place: in {where}{tail}"
+    kind = "collectives" if waiting else "places"
+    odd = readable[0]
+    return (
+        f"the ranks are in {len(readable)} different {kind}; the fewest, {ranks_label(odd.ranks)}, "
+        f"in {place_of(odd.sample.main_stack)}{tail}"
+    )
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """One gathering of every rank's stacks: why (`timeout`, `stall`, `request`), when, and what came back."""
+
+    reason: str
+    time: float  # time.time()
+    world_size: int
+    groups: tuple[Group, ...]
+
+    @classmethod
+    def of(cls, reason: str, time: float, world_size: int, stacks: Iterable[RankStacks]) -> StackDump:
+        return cls(reason, time, world_size, tuple(group_stacks(stacks)))
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.groups, self.world_size)
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        for group in self.groups:
+            hosts = ", ".join(group.hosts)
+            head = f"{ranks_label(group.ranks)} ({len(group.ranks)} of {self.world_size}) on {hosts}"
+            if group.error:
+                out.append(f"{head}: cannot read the stacks: {group.error}")
+                continue
+            out.append(f"{head}:")
+            threads = sorted(group.sample.threads, key=lambda t: not t.main)
+            for index, thread in enumerate(threads):
+                name = "main thread" if thread.main else thread.name or f"thread {index + 1}"
+                out.append(f"  {name}:")
+                out.extend(f"    {frame.text()}" for frame in thread.frames)
+                if not thread.frames:
+                    out.append("    (no Python frame)")
+        out.append(f"verdict: {self.verdict}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The report's form (docs/report.schema.json, `stacks`)."""
+        return {
+            "reason": self.reason,
+            "time": self.time,
+            "verdict": self.verdict,
+            "groups": [
+                {
+                    "ranks": list(g.ranks),
+                    "hosts": list(g.hosts),
+                    "error": g.error or None,
+                    "source": g.sample.source or None,
+                    "threads": [
+                        {
+                            "name": t.name,
+                            "main": t.main,
+                            "frames": [
+                                {"function": f.func, "file": f.file, "line": f.line, "native": f.native}
+                                for f in t.frames
+                            ],
+                        }
+                        for t in g.sample.threads
+                    ],
+                }
+                for g in self.groups
+            ],
+        }

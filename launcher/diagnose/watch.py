@@ -1,0 +1,234 @@
+"""Seeing inside a running attempt: every rank's stacks on request, at the timeout and on a stall; stragglers.
+
+`JobWatch` lives as long as the job; the supervisor feeds it output, STACK_DUMP frames and the clock. A
+gathering asks every host's agent at once and ends when all have answered or after a bounded wait, so one
+slow host holds the others' stacks back by at most that long; its ranks are then named as unread.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from launcher.agent.protocol import STACKS, StackReply, StacksRequest
+from launcher.console.relay import LogRelay
+from launcher.core.plan import plural
+from launcher.diagnose.control import ControlError, ControlServer, answer
+from launcher.diagnose.stragglers import Straggler, StragglerWatch
+from launcher.job.node import HostAttempt
+from launcher.report.timeline import Timeline, slowest
+
+if TYPE_CHECKING:  # stack dumps load at the first gathering, not on every job's start-up
+    from launcher.diagnose.stacks import RankStacks, StackDump
+
+log = logging.getLogger(__name__)
+
+# What an agent may take beyond the ranks' own wait before its host counts as not answering.
+AGENT_SLACK = 2.0
+
+
+def open_control() -> ControlServer | None:
+    """The job's control socket; without one the job runs on, only `distrun stacks` cannot reach it."""
+    try:
+        return ControlServer()
+    except (OSError, ControlError) as err:
+        log.warning("no control socket for distrun stacks: %s", err)
+        return None
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    tool: str = "auto"  # --stack-tool: auto, py-spy, python
+    wait: float = 15.0  # per rank, on its host (py-spy's native frames of a torch rank take seconds)
+    stall_timeout: float | None = None
+    straggler_window: float = 60.0
+    output_dir: Path | None = None
+
+
+@dataclass
+class _Gathering:
+    request_id: int
+    reason: str
+    hosts: list[HostAttempt]
+    deadline: float
+    stacks: list[RankStacks] = field(default_factory=list)
+    waiting: set[str] = field(default_factory=set)
+    clients: list[socket.socket] = field(default_factory=list)
+
+
+class JobWatch:
+    """The job's eyes: gatherings of stacks (one at a time; requests meanwhile join it), the stall
+    watchdog, the straggler watch and the start-up timeline, with what they found for the report."""
+
+    def __init__(self, relay: LogRelay, options: WatchOptions, control: ControlServer | None = None) -> None:
+        self.relay = relay
+        self.options = options
+        self.control = control
+        self.dumps: list[StackDump] = []
+        self.stragglers = StragglerWatch({}, options.straggler_window)
+        self.named: list[Straggler] = []
+        self._pending: _Gathering | None = None
+        self._next_id = 1
+        self._last_output = time.monotonic()
+        self._stall_shown = False
+        self._stopping = False  # the attempt is being stopped: its silence is no stall
+        self._hosts_now: list[HostAttempt] = []  # the running attempt's hosts
+        self._hosts: dict[int, str] = {}
+        self.timeline = Timeline(time.monotonic())
+        self._timeline_told = False
+
+    def close(self) -> None:
+        if self.control is not None:
+            self.control.close()
+
+    # -- the attempt
+
+    def attempt_started(self, hosts: Sequence[HostAttempt], now: float) -> None:
+        self._hosts_now = list(hosts)
+        self._last_output = now
+        self._stall_shown = False
+        self._stopping = False
+        self._hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
+        self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
+
+    def attempt_ended(self) -> None:
+        """Whatever was still being gathered is answered with what came (the attempt is over)."""
+        if self._pending is not None:
+            self._finish(time.monotonic())
+        self._tell_timeline()
+        self.named.extend(self.stragglers.named)
+        self._hosts_now = []
+
+    # -- events
+
+    def stopping(self) -> None:
+        self._stopping = True
+
+    def on_output(self, rank: int, data: bytes, now: float) -> None:
+        self._last_output = now
+        self._stall_shown = False
+        self.stragglers.seen(rank, data, now)
+        first = not self._timeline_told and self.timeline.wrote(rank, self._hosts.get(rank, "?"), now)
+        if first and sum(len(h.first_output) for h in self.timeline.hosts.values()) >= len(self._hosts):
+            self._tell_timeline()
+
+    def _tell_timeline(self) -> None:
+        """-v: the slowest host of each start-up phase, once every rank wrote (or the attempt ended)."""
+        if not self._timeline_told:
+            self._timeline_told = True
+            for line in slowest(self.timeline.hosts.values()):
+                log.info("%s", line)
+
+    def on_stacks(self, host: HostAttempt, reply: StackReply, now: float) -> None:
+        pending = self._pending
+        if pending is None or reply.request_id != pending.request_id or host.name not in pending.waiting:
+            return
+        from launcher.diagnose.stacks import RankStacks
+
+        pending.waiting.discard(host.name)
+        answered = {int(r["rank"]) for r in reply.ranks}
+        pending.stacks.extend(RankStacks.from_json(host.name, r) for r in reply.ranks)
+        pending.stacks.extend(
+            RankStacks(slot.rank, host.name, error="not running")
+            for slot in host.slots
+            if slot.rank not in answered
+        )
+        if not pending.waiting:
+            self._finish(now)
+
+    def on_control(self) -> None:
+        """A `distrun stacks` connection is waiting."""
+        assert self.control is not None
+        conn = self.control.accept()
+        if conn is None:
+            return
+        if not self._hosts_now:
+            answer(conn, "distrun: no rank is running now (between attempts); ask again in a moment\n")
+            return
+        self.request("request", time.monotonic(), conn)
+
+    def tick(self, now: float) -> None:
+        if self._pending is not None and now >= self._pending.deadline:
+            self._finish(now)
+        stall = self.options.stall_timeout or 0.0
+        if self._stall_due() and now - self._last_output >= stall:
+            self._stall_shown = True  # once per stall: the next output starts a new watch
+            self.relay.note(
+                [f"no rank has written anything for {stall:g}s: a stall? gathering every rank's stacks"]
+            )
+            self.request("stall", now)
+        for straggler in self.stragglers.check(now):
+            self.relay.note([f"straggler: {straggler.text()}"])
+
+    def next_deadline(self) -> float | None:
+        due = [self._pending.deadline] if self._pending is not None else []
+        if self._stall_due():
+            due.append(self._last_output + (self.options.stall_timeout or 0.0))
+        return min(due) if due else None
+
+    def _stall_due(self) -> bool:
+        watching = self.options.stall_timeout and self._hosts_now
+        return bool(watching and not self._stall_shown and not self._stopping)
+
+    # -- gathering
+
+    def request(self, reason: str, now: float, client: socket.socket | None = None) -> None:
+        """Gather every rank's stacks (joining a gathering under way, whose reason a timeout overrides)."""
+        if self._pending is None:
+            hosts = [h for h in self._hosts_now if not h.finished]
+            wait = self.options.wait
+            pending = _Gathering(self._next_id, reason, hosts, now + wait + AGENT_SLACK)
+            self._next_id += 1
+            request = StacksRequest(pending.request_id, self.options.tool, wait)
+            for host in hosts:
+                pending.waiting.add(host.name)
+                host.node.send(STACKS, request)
+            self._pending = pending
+        elif reason == "timeout":
+            self._pending.reason = reason
+        if client is not None:
+            self._pending.clients.append(client)
+        if not self._pending.waiting:
+            self._finish(now)
+
+    def gathering(self, reason: str) -> bool:
+        return self._pending is not None and self._pending.reason == reason
+
+    def _finish(self, now: float) -> None:
+        from launcher.diagnose.stacks import RankStacks, StackDump
+
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        for host in pending.hosts:
+            if host.name in pending.waiting:
+                reason = f"its host's agent did not answer within {self.options.wait + AGENT_SLACK:g}s"
+                pending.stacks.extend(RankStacks(s.rank, host.name, error=reason) for s in host.slots)
+        world = sum(len(h.slots) for h in self._hosts_now) or len(pending.stacks)
+        dump = StackDump.of(pending.reason, time.time(), world, pending.stacks)
+        self.dumps.append(dump)
+        hosts = len({s.host for s in pending.stacks})
+        head = f"stacks of {plural(len(pending.stacks), 'rank', 'ranks')} on {plural(hosts, 'host', 'hosts')}"
+        body = dump.lines()
+        if pending.reason != "request":
+            self.relay.note([f"{head} ({pending.reason}):"])
+            self.relay.block(body)
+        path = self._write(dump, [head + ":", *body])
+        text = "\n".join([head + ":", *body, *([f"written to {path}"] if path else [])]) + "\n"
+        for client in pending.clients:
+            answer(client, text)
+
+    def _write(self, dump: StackDump, lines: list[str]) -> Path | None:
+        if self.options.output_dir is None:
+            return None
+        path = self.options.output_dir / f"stacks-{len(self.dumps)}-{dump.reason}.txt"
+        try:
+            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        except OSError as err:
+            log.warning("cannot write %s: %s", path, err.strerror or err)
+            return None
+        return path

@@ -1,0 +1,193 @@
+"""The two records of a host: `Node`, its agent connection for the job's life (link, frame decoder,
+liveness), and `HostAttempt`, its part of one attempt (slots, facts, finished), made fresh by each attempt.
+`connect` makes Nodes through the job's backend."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from launcher.agent.protocol import (
+    BEAT,
+    HELLO,
+    VERSION,
+    Facts,
+    Frame,
+    FrameReader,
+    Hello,
+    decode_message,
+    encode,
+    encode_message,
+)
+from launcher.backends import api as backend
+from launcher.backends.link import Link, abort, opening
+from launcher.backends.local import LocalTransport
+from launcher.console.progress import ProgressFn
+from launcher.core.config import LaunchConfig
+from launcher.core.hosts import Host
+from launcher.core.plan import Slot
+from launcher.errors import HostError
+
+log = logging.getLogger(__name__)
+
+# Agent ids, unique within this launcher: hosts that join a job later get fresh ones.
+_agent_ids = itertools.count()
+
+
+class Node:
+    """A host with a running agent, for as long as the job keeps it. `lost`: the link is gone (dropped, or
+    the host stopped answering); nothing is sent to it any more."""
+
+    def __init__(self, host: Host, link: Link, local: bool, agent_id: int = 0) -> None:
+        self.host = host
+        # Names the agent in every frame (launcher.agent.protocol); unique among the job's agents.
+        self.agent_id = agent_id
+        self.link = link
+        self.local = local
+        self.reader = FrameReader(after_magic=True)
+        self.lost = False
+        self.last_heard = time.monotonic()
+        self.probed_at = 0.0  # when its agent last answered a probe (the start-up timeline's "probed")
+        # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
+        # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
+        self.beat_gap = 0.0
+        # Frames must not interleave: the heartbeat thread and the main loop both send.
+        self._send_lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def send(self, kind: int, message: object = None) -> None:
+        """One frame to this node's agent: `message` is the kind's dataclass
+        (launcher.agent.protocol.MESSAGES),
+        raw bytes for kinds whose body is bytes (BLOB), or nothing for kinds without a body."""
+        if message is None or isinstance(message, bytes):
+            frame = encode(kind, payload=message or b"", agent=self.agent_id)
+        else:
+            frame = encode_message(kind, message, agent=self.agent_id)
+        with self._send_lock:
+            if not self.lost:
+                self.link.send(frame)
+
+    def read(self) -> list[Frame] | None:
+        """Frames now available (HELLO checked and consumed); None when the link closed."""
+        data = self.link.recv()
+        if data is None:
+            return []
+        if not data:
+            return None
+        self.last_heard = time.monotonic()
+        frames = self.reader.feed(data)
+        if frames and frames[0].kind == HELLO:
+            hello = decode_message(Hello, frames.pop(0).payload)
+            if hello.version != VERSION:
+                raise HostError(
+                    f"host {self.name}: its distrun agent speaks protocol version {hello.version}, "
+                    f"this launcher {VERSION}; use the same distrun on both sides",
+                    host=self.name,
+                )
+        return frames
+
+    def drop(self) -> None:
+        """The host is gone (or will not finish): no more sends, and its link is torn down."""
+        self.lost = True
+        self.link.abort()
+
+    def diagnostics(self) -> str:
+        """What the agent (or the host's login shell before it) said besides frames, for error messages."""
+        said = (self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()).strip()
+        return said.splitlines()[-1] if said else ""
+
+
+@dataclass(eq=False)
+class HostAttempt:
+    """One host's part of one attempt, owned by that attempt: its ranks (`slots`), what its agent reported
+    (`facts`, set once the probe answered), and whether the attempt is over there (`finished`: DONE received,
+    or the host lost)."""
+
+    node: Node
+    slots: tuple[Slot, ...]
+    facts: Facts | None = None
+    finished: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def link(self) -> Link:
+        return self.node.link
+
+    def drop(self) -> None:
+        """The host is lost: the attempt is over there too."""
+        self.node.drop()
+        self.finished = True
+
+
+def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:
+    """A Node per host, in the order given; all or nothing (HostError names the first failing host).
+
+    The backend (`--launcher`) says which hosts are this machine and starts the agents of the others;
+    `progress` hears how far that got. This machine's hosts get a local agent over pipes.
+    """
+    chosen = backend.get(config.launcher)
+    local = chosen.local_hosts(hosts, config)
+    remote = [h for h, is_local in zip(hosts, local, strict=True) if not is_local]
+    with opening(abort) as links:
+        if remote:  # first: it is what can fail
+            links.update(chosen.open(remote, config, progress))
+        links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
+    return [
+        Node(h, links[h.name], is_local, next(_agent_ids)) for h, is_local in zip(hosts, local, strict=True)
+    ]
+
+
+def close_all(nodes: Sequence[Node]) -> None:
+    """Close every link: each agent sees EOF, stops what still runs and exits.
+
+    EOF goes to every agent first, so they all stop together: a link's close may wait for its agent (or its
+    srun step) to end, and over hundreds of hosts those waits must not add up.
+    """
+    alive = [node for node in nodes if not node.lost]
+    for node in alive:
+        node.link.close_input()
+    for node in alive:
+        node.link.close()
+
+
+class Heartbeat:
+    """Tells agents behind silent-failing links that we are alive, from a thread of its own, so a console
+    that blocks the main loop (or a restart delay) cannot make them think we died."""
+
+    def __init__(self, nodes: Sequence[Node], every: float) -> None:
+        self._nodes = [n for n in nodes if n.link.heartbeat]
+        self._every = every
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, nodes: Sequence[Node]) -> None:
+        self._nodes = [*self._nodes, *(n for n in nodes if n.link.heartbeat)]
+
+    def __enter__(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        sent = time.monotonic()
+        while not self._done.wait(self._every):
+            # From the end of the last beats (a slow send is not silence) to this wake-up: `every`, unless
+            # the whole process did not run meanwhile (SIGSTOP), when the agents heard nothing either.
+            gap = time.monotonic() - sent
+            for node in self._nodes:
+                node.beat_gap = max(node.beat_gap, gap)
+                node.send(BEAT)
+            sent = time.monotonic()

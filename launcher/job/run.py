@@ -1,0 +1,672 @@
+"""Launch a planned job: connect to every host once, then run attempts until one ends the job.
+
+Each attempt: probe every agent (host facts, free ports), rendezvous (a fresh MASTER_PORT), start the ranks,
+supervise them to the attempt's outcome. This is the one place where planning (pure) meets side effects
+(processes, SSH); the steps are methods so that a test can replace any of them, which keeps them in one
+class, over 400 lines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launcher.agent.protocol import START, Facts, ProbeRequest
+from launcher.backends import api as backend
+from launcher.backends.locality import refuse_one_machine_twice
+from launcher.console.progress import progress_line
+from launcher.console.relay import LogOptions, LogRelay
+from launcher.console.writer import use_color
+from launcher.core.command import interpreter
+from launcher.core.config import LaunchConfig
+from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
+from launcher.core.forward import job_env
+from launcher.core.hosts import Host
+from launcher.core.plan import Plan, Slot, make_plan, plural
+from launcher.core.rendezvous import Rendezvous
+from launcher.core.restart import GiveUp, HostBook, cause, decide
+from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
+from launcher.core.start_requests import start_requests
+from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
+from launcher.errors import (
+    EXIT_INTERNAL,
+    EXIT_SIGINT,
+    CommandNotFound,
+    DeadlineReached,
+    DistrunError,
+    HostError,
+    Interrupted,
+)
+from launcher.job.discovery import TIMEOUT, discover
+from launcher.job.node import Heartbeat, HostAttempt, Node, close_all, connect
+from launcher.job.supervise import Supervisor, probe, supervise
+from launcher.report.account import (
+    Attempt,
+    Failure,
+    RankRecord,
+    Usage,
+    build_report,
+    format_account,
+    write_report,
+)
+from launcher.report.summary import summarize
+from launcher.signals import FORWARDED_SIGNALS, Waiter, caught, signal_pipe, stopping
+
+if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
+    from launcher.workdir.files import Workdir
+    from launcher.workdir.sync import HostCopy
+
+log = logging.getLogger(__name__)
+
+# The probe gives up when no agent has answered for this long (see supervise.probe).
+PROBE_STALL = 30.0
+HEARTBEAT = 1.0
+
+
+def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
+    """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
+    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
+    relay = LogRelay(
+        out_fd,
+        err_fd,
+        _rank_hosts(plan),
+        LogOptions(
+            prefix=config.prefix,
+            timestamp=config.timestamp,
+            color=use_color(config.color),
+            console_ranks=config.console_ranks,
+            output_dir=config.output_dir,
+            progress_interval=config.progress_interval,
+        ),
+    )
+    # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
+    workdir = _scan_workdir(config)
+    job: Job | None = None
+    exit_code = EXIT_INTERNAL
+    error: Failure | None = None  # what ended the run before (or instead of) an outcome
+    final: str | None = None  # the job's outcome
+    watch = JobWatch(
+        relay,
+        WatchOptions(
+            tool=config.stack_tool,
+            stall_timeout=config.stall_timeout,
+            straggler_window=config.straggler_window,
+            output_dir=config.output_dir,
+        ),
+        open_control(),
+    )
+    try:
+        # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
+        # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
+        # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
+        for signum in caught(FORWARDED_SIGNALS):
+            signal.signal(signum, lambda *_: None)
+        with progress_line(sys.stderr) as line:
+            nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
+        connected = time.monotonic()
+        watch.timeline.order(node.name for node in nodes)
+        for node in nodes:
+            # Hosts the fan-out did not report (this machine's): connected and agent up as connect() returned.
+            if "agent" not in watch.timeline.marks(node.name):
+                watch.timeline.mark(node.name, "connected", connected)
+                watch.timeline.mark(node.name, "agent", connected)
+        with signal_pipe() as wake_fd:
+            job = Job(config, relay, wake_fd, nodes, workdir, watch=watch)
+            try:
+                with job.heartbeat:
+                    outcome = job.run(plan)
+            finally:
+                # Whatever ended the job, once ranks ran: the account as a table.
+                if job.accounts and len(job.accounts[-1].ranks) > 1:
+                    relay.note(format_account(job.accounts[-1].ranks).splitlines())
+            relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
+            if job.give_up is not None and job.give_up.below_min_np:
+                raise HostError(job.give_up.message or "too few ranks left")
+            exit_code, final = outcome.exit_code, outcome.name
+            return exit_code
+    except DistrunError as err:
+        exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
+        raise
+    except KeyboardInterrupt:
+        exit_code, error = EXIT_SIGINT, Failure(None, None, str(Interrupted("SIGINT", EXIT_SIGINT)))
+        raise
+    finally:
+        # Links first: whatever happens to the console or the log files, the agents must hear EOF.
+        try:
+            if job is not None:
+                close_all(list(job.nodes.values()))
+        except KeyboardInterrupt:
+            # Ctrl-C while the agents end (they heard EOF already): no more waiting, and the job's own exit
+            # code and report stand; the agents stop whatever is left when this process is gone.
+            if error is None and final is None:
+                raise
+        finally:
+            watch.close()
+            relay.close()
+            if config.report is not None:
+                # Every run given --report writes it, whatever ended it: no earlier run's report stays.
+                _write_report(config, job, exit_code, error, final)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One attempt, for the console and the summary: where it ran and how it ended."""
+
+    index: int
+    world_size: int
+    hosts: tuple[str, ...]
+    outcome: Outcome
+
+
+class Job:
+    """The attempt loop over connected nodes: initialize, monitor, restart (torchelastic's agent lifecycle).
+
+    Each step is a method, so a test can replace one (say `run_attempt`) and check the loop around it.
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        relay: LogRelay,
+        wake_fd: int,
+        nodes: Sequence[Node],
+        workdir: Workdir | None = None,
+        *,
+        watch: JobWatch | None = None,
+    ) -> None:
+        self.config = config
+        self.workdir = workdir
+        # --workdir: each host's copy (this attempt's), and every sync's, for --report.
+        self.copies: dict[str, HostCopy] = {}
+        self.synced: dict[str, list[HostCopy]] = {}
+        self.backend = backend.get(config.launcher)
+        self.relay = relay
+        self.watch = watch
+        self.wake_fd = wake_fd
+        self.nodes = {node.name: node for node in nodes}
+        self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
+        self.cwd = os.getcwd()
+        # What every rank starts from beneath the contract: the same for every attempt.
+        self.env = job_env(
+            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
+        )
+        self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
+        self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
+        self.heartbeat = Heartbeat(nodes, self.check_every)
+        self.started = time.monotonic()
+        # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
+        self.deadline = self.started + config.timeout if config.timeout else None
+        self.attempts: list[AttemptRecord] = []
+        # What the agents measured, per attempt, for the end-of-run account and --report.
+        self.accounts: list[Attempt] = []
+        self.failure: Failure | None = None
+        self.book = HostBook()
+        self.give_up: GiveUp | None = None
+        self._last_port: int | None = None
+
+    def run(self, plan: Plan) -> Outcome:
+        """Attempts until one ends the job; the last attempt's outcome."""
+        options = self.config.restart
+        while True:
+            index = len(self.attempts)
+            if index:
+                self.relay.note([f"attempt {index}: {_ranks_on_hosts(plan)}"])
+            outcome = self.attempt(index, plan)
+            self.attempts.append(
+                AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
+            )
+            decision = decide(
+                outcome,
+                restarts_done=index,
+                options=options,
+                hosts=plan.nodes,
+                num_proc=plan.world_size,
+                book=self.book,
+                now=time.monotonic(),
+                discovered=self.discover() if outcome.retryable and index < options.max_restarts else (),
+            )
+            if isinstance(decision, GiveUp):
+                self.give_up = decision
+                return outcome
+            self.relay.note(
+                [
+                    f"attempt {index} failed: {decision.reason}; restarting in {options.delay:g}s "
+                    f"(restart {index + 1} of {options.max_restarts})"
+                ]
+            )
+            interrupted = self.pause(options.delay)
+            if interrupted is not None:
+                self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
+                return interrupted
+            plan = make_plan(decision.hosts, decision.num_proc)
+
+    def closing_lines(self) -> list[str]:
+        """Every attempt with its cause (when there was more than one), then why the job did not go on."""
+        lines = []
+        if len(self.attempts) > 1:
+            lines.append(f"{len(self.attempts)} attempts:")
+            lines.extend(
+                f"  attempt {a.index}: {plural(a.world_size, 'rank', 'ranks')} on {', '.join(a.hosts)}: "
+                f"{cause(a.outcome)}"
+                for a in self.attempts
+            )
+        if self.give_up is not None and self.give_up.message and not self.give_up.below_min_np:
+            lines.append(self.give_up.message)
+        return lines
+
+    # -- between attempts
+
+    def discover(self) -> tuple[Host, ...]:
+        script = self.config.restart.discovery_script
+        if script is None:
+            return ()
+        left = TIMEOUT if self.deadline is None else min(TIMEOUT, self.deadline - time.monotonic())
+        if left <= 0:
+            return ()  # --timeout has expired: the job ends before any restart
+        try:
+            return discover(script, left)
+        except DistrunError as err:
+            # A flaky discovery script must not end a job that could go on with the hosts it has.
+            log.warning("%s; going on with the hosts already known", err)
+            return ()
+
+    def pause(self, seconds: float) -> Outcome | None:
+        """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
+        end = time.monotonic() + seconds
+        with Waiter[None](self.wake_fd) as waiter:
+            while True:
+                now = time.monotonic()
+                if self.deadline is not None and now >= self.deadline:
+                    return self.timed_out()
+                left = end - now if self.deadline is None else min(end, self.deadline) - now
+                if end <= now:
+                    return None
+                received, _ = waiter.wait(left)
+                if stops := stopping(received):
+                    return Signalled(stops[0])
+
+    def timed_out(self) -> TimedOut:
+        return TimedOut(self.config.timeout or 0.0)
+
+    def time_left(self) -> float | None:
+        """Seconds until --timeout expires (None: no --timeout); DeadlineReached once it has."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineReached("--timeout expired")
+        return left
+
+    def nodes_for(self, plan: Plan) -> list[Node]:
+        """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
+        wanted = {h.name for h in plan.nodes}
+        for name in [n for n in self.nodes if n not in wanted or self.nodes[n].lost]:
+            node = self.nodes.pop(name)
+            if not node.lost:
+                node.link.close()
+        missing = [h for h in plan.nodes if h.name not in self.nodes]
+        if missing:
+            with progress_line(sys.stderr) as line:
+                fresh = connect(missing, self.config, line)
+            self.heartbeat.add(fresh)
+            self.nodes.update((node.name, node) for node in fresh)
+        return [self.nodes[h.name] for h in plan.nodes]
+
+    def attempt(self, index: int, plan: Plan) -> Outcome:
+        """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
+        try:
+            nodes = self.nodes_for(plan)
+            self.time_left()  # reconnecting took that long
+            return self.run_attempt(index, plan, nodes)
+        except DeadlineReached:
+            return self.timed_out()
+        except HostError as err:
+            if index == 0 or err.host is None:
+                raise
+            if err.host in self.nodes:
+                self.nodes[err.host].drop()
+            return HostLost(err.host, str(err).removeprefix(f"host {err.host}: "))
+
+    # -- one attempt, step by step
+
+    def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
+        # The attempt's own record of each host: nothing of an earlier attempt carries over.
+        hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
+        self.relay.set_hosts(_rank_hosts(plan))
+        master_addr = self.master_addr(nodes)
+        self.probe(hosts, master_addr)
+        if self.workdir is not None:
+            self.copies = self.sync(nodes, self.workdir)
+        self.same_stack(hosts)
+        placed = self.place(plan, hosts)
+        rdzv = self.rendezvous(plan, hosts, master_addr)
+        self.start(attempt, plan, hosts, rdzv, placed)
+        sup = Supervisor(
+            hosts,
+            self.relay,
+            # --timeout bounds the whole job, restarts included.
+            timeout=self.config.timeout,
+            grace=self.config.grace_period,
+            dead_after=self.dead_after,
+            now=self.started,
+            watch=self.watch,
+        )
+        started = time.time()
+        if self.watch is not None:
+            self.watch.attempt_started(hosts, time.monotonic())
+        try:
+            outcome = supervise(sup, self.wake_fd, self.check_every)
+        finally:
+            if self.watch is not None:
+                self.watch.attempt_ended()
+            self.record(attempt, started, sup, hosts)
+        self.relay.finish()
+        return outcome
+
+    def record(self, number: int, started: float, sup: Supervisor, hosts: Sequence[HostAttempt]) -> None:
+        """The attempt's ranks as the agents measured them, for the account and --report."""
+        out = self.config.output_dir
+        progress = self.watch.stragglers.readings() if self.watch is not None else {}
+        ranks = []
+        for host in hosts:
+            for slot in host.slots:
+                m = sup.measured.get(slot.rank)
+                usage = Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None
+                ranks.append(
+                    RankRecord(
+                        slot.rank,
+                        host.name,
+                        pid=(m.pid or None) if m is not None else None,
+                        returncode=m.returncode if m is not None else None,
+                        usage=usage,
+                        log_dir=None if out is None else out / f"rank.{slot.rank}",
+                        progress=progress.get(slot.rank),
+                    )
+                )
+        outcome = sup.outcome()
+        self.accounts.append(
+            Attempt(number, started, time.time(), outcome.name, outcome.exit_code, tuple(ranks))
+        )
+        lines = summarize(outcome, self.relay.stderr_tail)
+        failed = outcome.failure if isinstance(outcome, RankFailed) else None
+        self.failure = None  # the last attempt's, if any: a job that succeeded after restarts has none
+        if lines:
+            self.failure = Failure(
+                failed.rank if failed else None,
+                failed.host if failed else getattr(outcome, "host", None),
+                lines[0],
+                tuple(self.relay.stderr_tail(failed.rank)) if failed else (),
+            )
+
+    def master_addr(self, nodes: Sequence[Node]) -> str:
+        """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
+        addr = self.backend.master_address(
+            self.config.master_addr, [n.local for n in nodes], [n.link for n in nodes]
+        )
+        if addr:
+            return addr
+        rank0 = nodes[0]
+        if not rank0.local:
+            raise HostError(
+                f"host {rank0.name}: reached through a proxy, so its address is unknown; give --master-addr"
+            )
+        raise HostError("every remote host is reached through a proxy; give --master-addr")
+
+    def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
+        """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
+        heartbeat = self.check_every
+        python = interpreter(self.config.python)
+        synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
+        requests = [
+            ProbeRequest(
+                # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
+                ports=len(host.slots) + (2 if i == 0 else 0),
+                cwd="" if synced else self.cwd,
+                route_to=master_addr,
+                python=python,
+                # A local agent needs no heartbeats: its pipe closing says all.
+                heartbeat=heartbeat if host.link.heartbeat else 0.0,
+                dead_after=self.dead_after if host.link.heartbeat else 0.0,
+                script=None if synced else _script(self.config.command),
+                # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
+                stack=len(hosts) > 1,
+            )
+            for i, host in enumerate(hosts)
+        ]
+        nodes = [host.node for host in hosts]
+        remote = any(not n.local for n in nodes)
+        with progress_line(sys.stderr) as line:
+            # Local agents answer at once: a line only where remote hosts may keep one waiting.
+            shown = line if remote else None
+            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+        if self.backend.one_machine_per_host:
+            # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
+            refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
+        for node, host, facts in zip(nodes, hosts, answers, strict=True):
+            log.debug("host %s: %s", node.name, facts)
+            host.facts = facts
+            if self.watch is not None:
+                self.watch.timeline.mark(node.name, "probed", node.probed_at)
+            if not facts.cwd_exists and not synced:
+                raise HostError(
+                    f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
+                )
+            if not facts.script_found:
+                raise CommandNotFound(
+                    f"host {node.name}: {self.config.command[0]} not found in {self.cwd} there"
+                )
+            if self.config.python and not facts.python_found:
+                raise HostError(
+                    f"host {node.name}: interpreter {self.config.python} not found there (see --python)",
+                    host=node.name,
+                )
+
+    def sync(self, nodes: Sequence[Node], workdir: Workdir) -> dict[str, HostCopy]:
+        """Every host's copy of the workdir, each sent only what it lacks (restarts: usually nothing)."""
+        from launcher.agent.store import KEEP
+        from launcher.workdir.sync import sync
+
+        remote = any(not n.local for n in nodes)
+        with progress_line(sys.stderr) as line:
+            copies = sync(
+                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
+                keep=KEEP, relay=self.config.workdir_relay, progress=line if remote else None,
+            )  # fmt: skip
+        for name, copy in copies.items():
+            self.synced.setdefault(name, []).append(copy)
+        direct = [c for c in copies.values() if c.files_sent and c.fed_by is None]
+        relayed = [c for c in copies.values() if c.fed_by is not None]
+        log.info(
+            "workdir %s (%s, %s): sent %s to %s%s", workdir.manifest_hash[:12],
+            plural(len(workdir.files), "file", "files"), _size(workdir.total),
+            _size(sum(c.bytes_sent for c in copies.values())), plural(len(direct), "host", "hosts"),
+            f"; {plural(len(relayed), 'host', 'hosts')} fed by peers "
+            f"({_size(sum(c.bytes_from_peers for c in relayed))})" if relayed else "",
+        )  # fmt: skip
+        return copies
+
+    def workdir_report(self) -> dict[str, object] | None:
+        if self.workdir is None:
+            return None
+        hosts = {
+            name: {
+                "files_sent": sum(c.files_sent for c in copies),
+                "bytes_sent": sum(c.bytes_sent for c in copies),
+                "bytes_from_peers": sum(c.bytes_from_peers for c in copies),
+                "fed_by": sorted({c.fed_by for c in copies if c.fed_by is not None}),
+            }
+            for name, copies in self.synced.items()
+        }
+        return {
+            "root": str(self.workdir.root),
+            "manifest_hash": self.workdir.manifest_hash,
+            "files": len(self.workdir.files),
+            "bytes": self.workdir.total,
+            "bytes_sent": sum(c.bytes_sent for copies in self.synced.values() for c in copies),
+            "hosts": hosts,
+        }
+
+    def same_stack(self, hosts: Sequence[HostAttempt]) -> None:
+        """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
+        if len(hosts) < 2:
+            return
+        from launcher.core.same_software import differences, refuse
+
+        reports = []
+        for host in hosts:
+            values = dict(_facts(host).stack or {})
+            if host.name in self.copies:
+                values["workdir"] = self.copies[host.name].manifest_hash[:12]
+            reports.append((host.name, values))
+        lines = differences(reports)
+        for line in lines:
+            if self.config.allow_mismatch:
+                log.warning("%s (--allow-mismatch: running anyway)", line)
+            else:
+                log.error("%s", line)
+        if lines and not self.config.allow_mismatch:
+            raise refuse(lines)
+
+    def place(self, plan: Plan, hosts: Sequence[HostAttempt]) -> tuple[RankDevices, ...] | None:
+        """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
+
+        A CUDA_VISIBLE_DEVICES that travels to every rank (`-x`, `--env-file` or this shell's, forwarded)
+        replaces every host's own, so it is what chooses the GPUs handed out.
+        """
+        exported = self.env.travelling.get("CUDA_VISIBLE_DEVICES")
+        devices = [HostDevices.from_json(_facts(host).devices) for host in hosts]
+        if exported is not None:
+            devices = [dataclasses.replace(d, visible_devices=exported) for d in devices]
+        placement = self.config.placement
+        if placement.gpus_per_rank is None:
+            gpu_counts = [len(d.visible()) for d in devices]
+            for warning in shared_gpu_warnings(plan, gpu_counts, self.config.command):
+                log.warning("%s", warning)
+        if not placement.active:
+            return None
+        placed, notes = place_ranks(plan, devices, placement)
+        for note in notes:
+            log.warning("%s", note)
+        for line in describe(plan, placed):
+            log.info("%s", line)
+        return placed
+
+    def rendezvous(self, plan: Plan, hosts: Sequence[HostAttempt], master_addr: str) -> Rendezvous:
+        all_local = all(h.node.local for h in hosts)
+        node_addrs = tuple(
+            master_addr if i == 0 or all_local else (_facts(host).route_addr or host.name)
+            for i, host in enumerate(hosts)
+        )
+        # Rank 0's host probed two rendezvous candidates first (see `probe`), then its ranks' ports.
+        candidates, rank0_ports = _facts(hosts[0]).free_ports[:2], _facts(hosts[0]).free_ports[2:]
+        fresh = next(p for p in candidates if p != self._last_port)
+        master_port = self.config.master_port or fresh
+        self._last_port = master_port
+        tf_ports = tuple(
+            tuple(rank0_ports if i == 0 else _facts(host).free_ports)[: len(host.slots)]
+            for i, host in enumerate(hosts)
+        )
+        return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
+
+    def start(
+        self,
+        attempt: int,
+        plan: Plan,
+        hosts: Sequence[HostAttempt],
+        rdzv: Rendezvous,
+        placed: Sequence[RankDevices] | None = None,
+    ) -> None:
+        try:
+            requests = start_requests(
+                self.config, plan, rdzv, self.env, local=[h.node.local for h in hosts],
+                facts=[h.facts for h in hosts], placed=placed, attempt=attempt, run_id=self.run_id,
+                cwd=self.cwd, workdirs=[self.copies[h.name].path for h in hosts] if self.copies else None,
+            )  # fmt: skip
+        except ValueError:
+            # Only two "hosts" that are one machine probe ports apart and can draw the same free port.
+            names = ", ".join(h.name for h in hosts if h.node.local)
+            raise HostError(
+                f"{names} are this same machine and drew the same free port; list it once"
+            ) from None
+        for host, request in zip(hosts, requests, strict=True):
+            host.node.send(START, request)
+            if self.watch is not None:
+                self.watch.timeline.mark(host.name, "started", time.monotonic())
+        log.info(
+            "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
+            rdzv.master_addr, rdzv.master_port,
+        )  # fmt: skip
+
+
+def _scan_workdir(config: LaunchConfig) -> Workdir | None:
+    if config.workdir is None:
+        return None
+    from launcher.workdir.files import missing_script, scan
+
+    workdir = scan(config.workdir, config.workdir_limit)
+    for line in workdir.skipped:
+        log.warning("--workdir %s", line)
+    script = _script(config.command)
+    if missing_script(workdir, script):
+        raise CommandNotFound(f"{script} is not among the files of --workdir {workdir.root}")
+    return workdir
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.1f} KiB"
+
+
+def _facts(host: HostAttempt) -> Facts:
+    assert host.facts is not None, "Job.probe sets every host's facts"
+    return host.facts
+
+
+def _rank_hosts(plan: Plan) -> dict[int, str]:
+    return {s.rank: s.host.name for s in plan.slots}
+
+
+def _ranks_on_hosts(plan: Plan) -> str:
+    return f"{plural(plan.world_size, 'rank', 'ranks')} on {plural(plan.node_count, 'host', 'hosts')}"
+
+
+def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
+    return [plan.node_slots(i) for i in range(plan.node_count)]
+
+
+def _script(command: Sequence[str]) -> str | None:
+    """The script file a `.py` command runs, checked on every host before anything starts."""
+    return command[0] if command and command[0].endswith(".py") else None
+
+
+def _write_report(
+    config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None, outcome: str | None
+) -> None:
+    assert config.report is not None
+    attempts = job.accounts if job is not None else []
+    failure = (job.failure if job is not None else None) or error
+    report = build_report(
+        run_id=job.run_id if job is not None else os.urandom(6).hex(),
+        command=config.command,
+        exit_code=exit_code,
+        attempts=attempts,
+        failure=failure,
+        outcome=outcome,
+        workdir=job.workdir_report() if job is not None else None,
+        stacks=job.watch.dumps if job is not None and job.watch is not None else (),
+        stragglers=job.watch.named if job is not None and job.watch is not None else (),
+        timeline=job.watch.timeline.to_json() if job is not None and job.watch is not None else (),
+    )
+    try:
+        write_report(config.report, report)
+    except (OSError, DistrunError) as err:
+        log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)

@@ -1,0 +1,1 @@
+"""What happened: the end-of-run account, the summary, the report file, the start-up timeline."""

@@ -1,0 +1,83 @@
+"""Where `--report` goes and how it is written: through a symlink and over a regular file as `>` would, whole.
+
+A report replaces only a regular file (or creates one). A symlink is followed, so the link stays and its
+target gets the report, as `distrun ... > link` would do. Anything else at the path (a FIFO, a device such as
+/dev/full, a directory, a socket) is refused: replacing it would destroy what the user pointed at, and
+writing into it would block or fail at the end of a long job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+from launcher.errors import UsageError
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+class ReportPathError(UsageError):
+    """`--report` names something that is not a regular file (or a symlink to one), or cannot be written."""
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def report_target(path: Path) -> Path:
+    """The regular file the report will replace or create: `path`, or where its symlinks lead.
+
+    ReportPathError (one line, naming `path`) when that is anything but a regular file, or its directory is
+    missing or not writable.
+    """
+    target = Path(os.path.realpath(path))
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise ReportPathError(f"--report {path}: {err.strerror or err}") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        shown = f"{path}" if target == Path(os.path.abspath(path)) else f"{path} (-> {target})"
+        raise ReportPathError(f"--report {shown}: is {_kind(mode)}, not a regular file; give a file name")
+    if not target.parent.is_dir():
+        raise ReportPathError(f"--report {path}: directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK):
+        raise ReportPathError(f"--report {path}: cannot write in {target.parent}")
+    return target
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Replace the report at `path` atomically: a reader sees the old file or the new one, never half.
+
+    The temporary file sits beside the real target (so the rename stays on one file system), takes the old
+    file's permission bits, and is removed again if anything fails. OSError (or ReportPathError) on failure.
+    """
+    target = report_target(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by an earlier distrun that had this pid and was killed while writing
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.fchmod(fd, stat.S_IMODE(target.stat().st_mode))
+            # Imported here: the CLI imports this module, and need not load the protocol (about 10 ms).
+            from launcher.agent.protocol import write_all
+
+            write_all(fd, text.encode("utf-8"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,59 @@
+"""The few lines that say how a job ended (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, TimedOut
+from launcher.signals import signal_name
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """`0,1,2,5` -> `0-2,5`."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def describe_exit(ended: RankExit) -> str:
+    if ended.returncode < 0:
+        return f"was killed by {signal_name(-ended.returncode)} (exit code {ended.exit_code})"
+    return f"exited with code {ended.returncode}"
+
+
+def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list[str]:
+    """Lines for the console when the attempt did not simply succeed; [] when it did."""
+    if isinstance(outcome, RankFailed):
+        failed = outcome.failure
+        # Only ranks that were still running were stopped; one that had already exited 0 was not.
+        others = list(outcome.stopped)
+        lines = [
+            f"rank {failed.rank} (host {failed.host}) {describe_exit(failed)}"
+            + (
+                f"; stopped {'rank' if len(others) == 1 else 'ranks'} {format_ranks(others)}"
+                if others
+                else ""
+            )
+        ]
+        tail = stderr_tail(failed.rank)
+        if tail:
+            lines.append(f"last stderr lines of rank {failed.rank}:")
+            lines.extend(f"  {line}" for line in tail)
+        return lines
+    if isinstance(outcome, TimedOut):
+        running = format_ranks(outcome.stopped) or "none"
+        return [f"timed out after {outcome.timeout:g}s; ranks still running were stopped: {running}"]
+    if isinstance(outcome, Signalled):
+        return [f"stopped by {outcome.signal_name}; ranks stopped: {format_ranks(outcome.stopped) or 'none'}"]
+    if isinstance(outcome, HostLost):
+        if outcome.ours:
+            return [f"host {outcome.host} stopped its ranks: {outcome.detail}"]
+        return [f"lost host {outcome.host} ({outcome.detail}); stopped every other host"]
+    return []

@@ -1,1 +1,0 @@
-"""How distrun reaches a host's agent: a local pipe or an SSH channel, behind one `Link` interface."""

@@ -1,0 +1,223 @@
+"""`--workdir DIR`: which files of DIR travel, and their manifest (what `launcher.agent.store` builds copies
+from).
+
+In a git work tree: the files git tracks or could track (`git ls-files --cached --others --exclude-standard`:
+.gitignore honoured, .git itself never sent). Elsewhere: everything but DEFAULT_EXCLUDES. In both, the
+patterns of DIR/.distrunignore (gitignore-like: `name`, `*.ext`, `dir/`, `/anchored/path`, `# comments`) leave
+out more. Symlinks that stay inside DIR travel as symlinks; symlinks leaving it and files that cannot be read
+are skipped, each named in one line. Nothing is sent when the total is above the limit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import stat
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.agent.store import FILE, LINK, manifest_hash
+from launcher.core.plan import plural
+from launcher.errors import UsageError
+
+DEFAULT_LIMIT = 200 << 20
+IGNORE_FILE = ".distrunignore"
+DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", "venv/", "*.pyc", ".mypy_cache/", ".pytest_cache/")
+BIGGEST_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class WorkdirFile:
+    """One entry of the copy: `target` set for a symlink (then `digest` is empty)."""
+
+    path: str  # relative, with "/" separators
+    size: int
+    digest: str = ""
+    executable: bool = False
+    target: str | None = None
+
+    def entry(self) -> list[object]:
+        if self.target is not None:
+            return [self.path, LINK, self.target, 0, False]
+        return [self.path, FILE, self.digest, self.size, self.executable]
+
+
+@dataclass(frozen=True)
+class Workdir:
+    """DIR's files as they will be copied: the manifest, its hash, and what was skipped (one line each)."""
+
+    root: Path
+    files: tuple[WorkdirFile, ...]
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def entries(self) -> list[list[object]]:
+        return [f.entry() for f in self.files]
+
+    @property
+    def manifest_hash(self) -> str:
+        return manifest_hash(self.entries)
+
+    @property
+    def total(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def by_digest(self) -> dict[str, WorkdirFile]:
+        return {f.digest: f for f in self.files if f.target is None}
+
+
+class WorkdirError(UsageError):
+    """--workdir cannot be sent as it is (missing, too big): nothing was sent anywhere."""
+
+
+def parse_ignore(lines: Iterable[str]) -> tuple[str, ...]:
+    """The patterns of an ignore file, blank lines and comments dropped."""
+    return tuple(s for line in lines if (s := line.strip()) and not s.startswith("#"))
+
+
+def ignored(path: str, patterns: Sequence[str], is_dir: bool = False) -> bool:
+    """Whether `path` (relative, "/"-separated) or a directory above it matches one of `patterns`.
+
+    A pattern with a "/" before its end matches the path from DIR's top; one without matches any name
+    along the path; a trailing "/" matches directories only.
+    """
+    parts = path.split("/")
+    for pattern in patterns:
+        dir_only = pattern.endswith("/")
+        bare = pattern.strip("/")
+        anchored = "/" in pattern.rstrip("/")
+        # Every directory above `path`, then `path` itself (a directory only if `is_dir`).
+        for depth in range(1, len(parts) + 1):
+            last = depth == len(parts)
+            if dir_only and last and not is_dir:
+                continue
+            if anchored:
+                if fnmatch.fnmatchcase("/".join(parts[:depth]), bare):
+                    return True
+            elif fnmatch.fnmatchcase(parts[depth - 1], bare):
+                return True
+    return False
+
+
+def _git_files(root: Path) -> list[str] | None:
+    """What git tracks or could track under `root`, or None when `root` is not in a git work tree (or git
+    lists nothing there: an outer repository ignores all of it). WorkdirError when git should answer and
+    cannot: sending everything would ignore .gitignore."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            capture_output=True,
+            check=False,
+        )
+    except OSError as err:
+        if any((d / ".git").exists() for d in (root, *root.parents)):
+            raise WorkdirError(
+                f"--workdir {root} is in a git work tree, but git cannot run here ({err.strerror}) to read"
+                " its .gitignore"
+            ) from None
+        return None
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip()
+        if "not a git repository" in said:
+            return None
+        why = said.splitlines()[0] if said else f"exit {done.returncode}"
+        raise WorkdirError(f"--workdir {root}: git ls-files failed: {why}")
+    return sorted({p for p in done.stdout.decode(errors="surrogateescape").split("\0") if p}) or None
+
+
+def _walk(root: Path, patterns: Sequence[str]) -> list[str]:
+    found = []
+    for here, dirs, files in os.walk(root):
+        rel = os.path.relpath(here, root)
+        prefix = "" if rel == "." else rel.replace(os.sep, "/") + "/"
+        dirs[:] = sorted(d for d in dirs if not ignored(prefix + d, patterns, is_dir=True))
+        # os.walk lists symlinks to directories among `dirs` without entering them: they are entries too.
+        found += [prefix + d for d in dirs if os.path.islink(os.path.join(here, d))]
+        found += [prefix + f for f in files if not ignored(prefix + f, patterns)]
+    return sorted(found)
+
+
+def candidate_paths(root: Path) -> list[str]:
+    """The relative paths that may travel (before reading them)."""
+    try:
+        own = parse_ignore((root / IGNORE_FILE).read_text(encoding="utf-8").splitlines())
+    except FileNotFoundError:
+        own = ()
+    except (OSError, UnicodeDecodeError) as err:
+        raise WorkdirError(f"--workdir: cannot read {root / IGNORE_FILE}: {err}") from None
+    tracked = _git_files(root)
+    if tracked is not None:
+        return [p for p in tracked if not ignored(p, own)]
+    return _walk(root, (*DEFAULT_EXCLUDES, *own))
+
+
+def _hash_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
+    """DIR's files, hashed; WorkdirError when DIR is no directory or the total is above `limit` bytes."""
+    if not root.is_dir():
+        raise WorkdirError(f"--workdir {root}: not a directory")
+    root = root.resolve()
+    paths = candidate_paths(root)
+    files: list[WorkdirFile] = []
+    skipped: list[str] = []
+    for rel in paths:
+        path = root / rel
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            continue  # tracked by git but deleted in the work tree: it is not there to send
+        except OSError as err:
+            skipped.append(f"{rel}: cannot read it ({err.strerror}); skipped")
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(path)
+            inside = os.path.realpath(path)
+            if os.path.isabs(target) or not (inside == str(root) or inside.startswith(str(root) + os.sep)):
+                skipped.append(f"{rel}: a symlink leaving the workdir (to {target}); skipped")
+                continue
+            files.append(WorkdirFile(rel, 0, target=target))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue  # a submodule's directory, a socket or a fifo: nothing to copy
+        try:
+            digest = _hash_file(path)
+        except OSError as err:
+            skipped.append(f"{rel}: cannot read it ({err.strerror}); skipped")
+            continue
+        files.append(WorkdirFile(rel, st.st_size, digest, bool(st.st_mode & stat.S_IXUSR)))
+    workdir = Workdir(root, tuple(files), tuple(skipped))
+    check_limit(workdir, limit)
+    return workdir
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def check_limit(workdir: Workdir, limit: int) -> None:
+    if workdir.total <= limit:
+        return
+    biggest = sorted(workdir.files, key=lambda f: f.size, reverse=True)[:BIGGEST_SHOWN]
+    shown = ", ".join(f"{f.path} ({_mib(f.size)})" for f in biggest)
+    raise WorkdirError(
+        f"--workdir {workdir.root}: {_mib(workdir.total)} in {plural(len(workdir.files), 'file', 'files')}"
+        f" is above the {_mib(limit)} limit; biggest: {shown}. Leave files out in {IGNORE_FILE} (or"
+        " .gitignore), or raise --workdir-limit"
+    )
+
+
+def missing_script(workdir: Workdir, script: str | None) -> bool:
+    """A `.py` command's script that the copy will not have (ranks run in the copy)."""
+    if script is None or os.path.isabs(script):
+        return False
+    return os.path.normpath(script) not in {f.path for f in workdir.files}
