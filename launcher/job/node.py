@@ -50,8 +50,9 @@ class Node:
         self.local = local
         self.reader = FrameReader(after_magic=True)
         self.lost = False
+        # Liveness: written only by its methods (`read`, `excuse`; `missed_beats` from the heartbeat thread,
+        # `attempt_began`), so that every phase of the job judges silence the same way.
         self.last_heard = time.monotonic()
-        self.probed_at = 0.0  # when its agent last answered a probe (the start-up timeline's "probed")
         # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
         # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
         self.beat_gap = 0.0
@@ -92,6 +93,31 @@ class Node:
                     host=self.name,
                 )
         return frames
+
+    # -- liveness
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since its agent was last heard (0 for a local agent: its pipe closing says it died)."""
+        return now - self.last_heard if self.link.heartbeat else 0.0
+
+    def excuse(self, now: float) -> None:
+        """Nobody could be heard until `now` (distrun was stopped, starved, or not listening): that silence is
+        not the host's."""
+        self.last_heard = max(self.last_heard, now)
+
+    def missed_beats(self, gap: float) -> None:
+        """The heartbeat thread did not run for `gap` seconds (its own thread calls this)."""
+        with self._send_lock:
+            self.beat_gap = max(self.beat_gap, gap)
+
+    def attempt_began(self) -> None:
+        """A new attempt judges distrun's own silences afresh."""
+        with self._send_lock:
+            self.beat_gap = 0.0
+
+    def we_were_silent(self, dead_after: float) -> bool:
+        """distrun itself (not the host) went unheard longer than the agent waits: it stopped its ranks."""
+        return self.link.heartbeat and self.beat_gap > dead_after
 
     def drop(self) -> None:
         """The host is gone (or will not finish): no more sends, and its link is torn down."""
@@ -188,6 +214,6 @@ class Heartbeat:
             # the whole process did not run meanwhile (SIGSTOP), when the agents heard nothing either.
             gap = time.monotonic() - sent
             for node in self._nodes:
-                node.beat_gap = max(node.beat_gap, gap)
+                node.missed_beats(gap)
                 node.send(BEAT)
             sent = time.monotonic()

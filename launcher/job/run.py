@@ -32,7 +32,7 @@ from launcher.core.hosts import Host
 from launcher.core.plan import Plan, Slot, make_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
-from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
+from launcher.core.result import HostLost, Outcome, RankFailed, TimedOut
 from launcher.core.start_requests import start_requests
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
 from launcher.errors import (
@@ -45,8 +45,10 @@ from launcher.errors import (
     Interrupted,
 )
 from launcher.job.discovery import TIMEOUT, discover
+from launcher.job.loop import Loop
 from launcher.job.node import Heartbeat, HostAttempt, Node, close_all, connect
-from launcher.job.supervise import Supervisor, probe, supervise
+from launcher.job.pause import Pause
+from launcher.job.supervise import Supervisor, probe_on, supervise
 from launcher.report.account import (
     Attempt,
     Failure,
@@ -57,7 +59,7 @@ from launcher.report.account import (
     write_report,
 )
 from launcher.report.summary import summarize
-from launcher.signals import FORWARDED_SIGNALS, Waiter, caught, signal_pipe, stopping
+from launcher.signals import FORWARDED_SIGNALS, caught, signal_pipe
 
 if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
     from launcher.workdir.files import Workdir
@@ -204,6 +206,10 @@ class Job:
         self.started = time.monotonic()
         # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
         self.deadline = self.started + config.timeout if config.timeout else None
+        # Every phase that waits on the hosts runs on this one loop: signals, the deadline, liveness and
+        # `distrun stacks` are handled alike in each.
+        control = watch.control if watch is not None else None
+        self.loop = Loop(wake_fd, deadline=self.deadline, check_every=self.check_every, control=control)
         self.attempts: list[AttemptRecord] = []
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
@@ -280,18 +286,11 @@ class Job:
 
     def pause(self, seconds: float) -> Outcome | None:
         """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
-        end = time.monotonic() + seconds
-        with Waiter[None](self.wake_fd) as waiter:
-            while True:
-                now = time.monotonic()
-                if self.deadline is not None and now >= self.deadline:
-                    return self.timed_out()
-                left = end - now if self.deadline is None else min(end, self.deadline) - now
-                if end <= now:
-                    return None
-                received, _ = waiter.wait(left)
-                if stops := stopping(received):
-                    return Signalled(stops[0])
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return self.timed_out()
+        pause = Pause(list(self.nodes.values()), seconds, self.dead_after, self.config.timeout or 0.0)
+        self.loop.run(pause)
+        return pause.outcome
 
     def timed_out(self) -> TimedOut:
         return TimedOut(self.config.timeout or 0.0)
@@ -363,7 +362,7 @@ class Job:
         if self.watch is not None:
             self.watch.attempt_started(hosts, time.monotonic())
         try:
-            outcome = supervise(sup, self.wake_fd, self.check_every)
+            outcome = supervise(sup, self.loop)
         finally:
             if self.watch is not None:
                 self.watch.attempt_ended()
@@ -446,7 +445,7 @@ class Job:
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
-            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+            answers, answered_at = probe_on(self.loop, nodes, requests, PROBE_STALL, shown)
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
@@ -454,7 +453,7 @@ class Job:
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
             if self.watch is not None:
-                self.watch.timeline.mark(node.name, "probed", node.probed_at)
+                self.watch.timeline.mark(node.name, "probed", answered_at[node.name])
             if not facts.cwd_exists and not synced:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
@@ -477,7 +476,7 @@ class Job:
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             copies = sync(
-                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
+                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.loop,
                 keep=KEEP, relay=self.config.workdir_relay, progress=line if remote else None,
             )  # fmt: skip
         for name, copy in copies.items():
