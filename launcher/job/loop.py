@@ -15,8 +15,8 @@ import logging
 import signal
 import socket
 import time
-from collections.abc import Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
 from launcher.agent.protocol import SIGNAL, Handlers, SignalRequest, dispatch
 from launcher.diagnose.control import ControlServer, answer_busy
@@ -65,6 +65,11 @@ class Phase(Generic[C]):
     def next_due(self) -> float | None:
         """When (time.monotonic()) it wants `on_tick` besides the loop's regular checks."""
         return None
+
+    def watches(self) -> Sequence[tuple[Any, Callable[[float], bool]]]:
+        """Other fds it waits on (a discovery script's pipes), each with what to call when it is readable;
+        that returns whether to go on watching it."""
+        return ()
 
     def next_wake(self) -> float | None:
         """When it wants `after_events` at the latest, with no tick (the relay's held-back output)."""
@@ -160,6 +165,8 @@ class Loop:
         with Waiter[object](self.wake_fd) as waiter:
             if self.control is not None:
                 waiter.register(self.control, _CONTROL)
+            for fileobj, on_ready in phase.watches():
+                waiter.register(fileobj, (fileobj, on_ready))
             registered: set[int] = set()  # ids of the nodes whose links it reads
             for node, context in phase.sources:
                 if not node.lost and phase.listening(context):
@@ -191,6 +198,10 @@ class Loop:
                         self._on_control(phase, selected)
                         continue
                     node, context = source  # type: ignore[misc]
+                    if not isinstance(node, Node):  # a phase's own fd
+                        if not context(selected):
+                            waiter.unregister(node)
+                        continue
                     frames = node.read()
                     if frames is None:
                         registered.discard(id(node))

@@ -44,7 +44,7 @@ from launcher.errors import (
     HostError,
     Interrupted,
 )
-from launcher.job.discovery import TIMEOUT, discover
+from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.loop import Loop
 from launcher.job.node import Heartbeat, HostAttempt, Node, close_all, connect
 from launcher.job.pause import Pause
@@ -229,6 +229,9 @@ class Job:
             self.attempts.append(
                 AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
             )
+            discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
+            if isinstance(discovered, Outcome):
+                return self.ended_between(discovered)
             decision = decide(
                 outcome,
                 restarts_done=index,
@@ -237,7 +240,7 @@ class Job:
                 num_proc=plan.world_size,
                 book=self.book,
                 now=time.monotonic(),
-                discovered=self.discover() if outcome.retryable and index < options.max_restarts else (),
+                discovered=discovered,
             )
             if isinstance(decision, GiveUp):
                 self.give_up = decision
@@ -250,9 +253,13 @@ class Job:
             )
             interrupted = self.pause(options.delay)
             if interrupted is not None:
-                self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
-                return interrupted
+                return self.ended_between(interrupted)
             plan = make_plan(decision.hosts, decision.num_proc)
+
+    def ended_between(self, outcome: Outcome) -> Outcome:
+        """A signal or --timeout between attempts ends the job with that outcome."""
+        self.failure = Failure(None, None, summarize(outcome, self.relay.stderr_tail)[0])
+        return outcome
 
     def closing_lines(self) -> list[str]:
         """Every attempt with its cause (when there was more than one), then why the job did not go on."""
@@ -270,7 +277,9 @@ class Job:
 
     # -- between attempts
 
-    def discover(self) -> tuple[Host, ...]:
+    def discover(self) -> tuple[Host, ...] | Outcome:
+        """The hosts the discovery script lists now; a signal or --timeout meanwhile ends the job (its
+        outcome)."""
         script = self.config.restart.discovery_script
         if script is None:
             return ()
@@ -278,7 +287,18 @@ class Job:
         if left <= 0:
             return ()  # --timeout has expired: the job ends before any restart
         try:
-            return discover(script, left)
+            phase = Discovering(
+                script, left, list(self.nodes.values()), self.dead_after, self.config.timeout or 0.0
+            )
+            try:
+                self.loop.run(phase)
+            finally:
+                phase.close()
+            if phase.outcome is not None:
+                return phase.outcome
+            if phase.error is not None:
+                raise phase.error
+            return phase.hosts
         except DistrunError as err:
             # A flaky discovery script must not end a job that could go on with the hosts it has.
             log.warning("%s; going on with the hosts already known", err)
