@@ -10,9 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import stat
 import struct
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +123,35 @@ class ControlServer:
         self.sock.close()
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+@contextlib.contextmanager
+def answering(server: ControlServer | None, doing: str) -> Iterator[None]:
+    """While the job's loop cannot run (the connections open before it: SSH handshakes on threads), a thread
+    answers `distrun stacks` with what the job is doing, so that nobody waits for the handshakes."""
+    if server is None:
+        yield
+        return
+    stop_r, stop_w = os.pipe()
+
+    def serve() -> None:
+        while True:
+            readable, _, _ = select.select([server.sock.fileno(), stop_r], [], [])
+            if stop_r in readable:
+                return
+            conn = server.accept()
+            if conn is not None:
+                answer_busy(conn, doing)
+
+    thread = threading.Thread(target=serve, name="control", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        os.write(stop_w, b"x")
+        thread.join()
+        os.close(stop_r)
+        os.close(stop_w)
 
 
 def answer_busy(conn: socket.socket, doing: str) -> None:

@@ -34,6 +34,7 @@ from launcher.core.rendezvous import Rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, TimedOut
 from launcher.core.start_requests import start_requests
+from launcher.diagnose.control import answering
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
 from launcher.errors import (
     EXIT_INTERNAL,
@@ -111,7 +112,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
         for signum in caught(FORWARDED_SIGNALS):
             signal.signal(signum, lambda *_: None)
-        with progress_line(sys.stderr) as line:
+        with progress_line(sys.stderr) as line, answering(watch.control, "starting: connecting to its hosts"):
             nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
         connected = time.monotonic()
         watch.timeline.order(node.name for node in nodes)
@@ -333,7 +334,9 @@ class Job:
                 node.link.close()
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
-            with progress_line(sys.stderr) as line:
+            control = self.watch.control if self.watch is not None else None
+            doing = f"restarting: connecting to {plural(len(missing), 'host', 'hosts')}"
+            with progress_line(sys.stderr) as line, answering(control, doing):
                 fresh = connect(missing, self.config, line)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
@@ -347,6 +350,10 @@ class Job:
             return self.run_attempt(index, plan, nodes)
         except DeadlineReached:
             return self.timed_out()
+        except Interrupted as err:
+            if index == 0:
+                raise  # nothing ran yet: no outcome, only the signal's exit code
+            return Signalled(err.exit_code - 128)
         except HostError as err:
             if index == 0 or err.host is None:
                 raise
