@@ -32,7 +32,7 @@ from launcher.core.hosts import Host
 from launcher.core.plan import Plan, Slot, make_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
-from launcher.core.result import HostLost, Outcome, RankFailed, TimedOut
+from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
 from launcher.core.start_requests import start_requests
 from launcher.diagnose.control import answering
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
