@@ -114,13 +114,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line, answering(watch.control, "starting: connecting to its hosts"):
             nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
-        connected = time.monotonic()
-        watch.timeline.order(node.name for node in nodes)
-        for node in nodes:
-            # Hosts the fan-out did not report (this machine's): connected and agent up as connect() returned.
-            if "agent" not in watch.timeline.marks(node.name):
-                watch.timeline.mark(node.name, "connected", connected)
-                watch.timeline.mark(node.name, "agent", connected)
+        watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
             job = Job(config, relay, wake_fd, nodes, workdir, watch=watch)
             try:
@@ -432,6 +426,13 @@ class Job:
                 tuple(self.relay.stderr_tail(failed.rank)) if failed else (),
             )
 
+    def mark(self, phase: str, when: dict[str, float]) -> None:
+        """The start-up timeline's marks of a phase the job's steps reach (the connections are marked as they
+        open, the first output as it comes), host by host: when (time.monotonic()) each got there."""
+        if self.watch is not None:
+            for host, at in when.items():
+                self.watch.timeline.mark(host, phase, at)
+
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
         addr = self.backend.master_address(
@@ -473,14 +474,13 @@ class Job:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
             answers, answered_at = probe_on(self.loop, nodes, requests, PROBE_STALL, shown)
+        self.mark("probed", answered_at)
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, facts)
             host.facts = facts
-            if self.watch is not None:
-                self.watch.timeline.mark(node.name, "probed", answered_at[node.name])
             if not facts.cwd_exists and not synced:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
@@ -622,10 +622,11 @@ class Job:
             raise HostError(
                 f"{names} are this same machine and drew the same free port; list it once"
             ) from None
+        sent = {}
         for host, request in zip(hosts, requests, strict=True):
             host.node.send(START, request)
-            if self.watch is not None:
-                self.watch.timeline.mark(host.name, "started", time.monotonic())
+            sent[host.name] = time.monotonic()
+        self.mark("started", sent)
         log.info(
             "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
             rdzv.master_addr, rdzv.master_port,
