@@ -55,7 +55,7 @@ def _slow_python(tmp: Path) -> tuple[Path, Path]:
     return python, gate
 
 
-def _argv(phase: str, tmp: Path, timeout: float | None) -> list[str]:
+def _argv(phase: str, tmp: Path, timeout: float | None, delay: float) -> list[str]:
     options = ["--timeout", f"{timeout:g}"] if timeout else []
     if phase == "probe":
         python, _ = _slow_python(tmp)
@@ -78,12 +78,12 @@ def _argv(phase: str, tmp: Path, timeout: float | None) -> list[str]:
         (work / "data.txt").write_text("some data\n")
         return [*options, "-np", "1", "--workdir", str(work), "true"]
     if phase == "pause":
-        return [*options, "-np", "1", "--max-restarts", "1", "--restart-delay", "600", "false"]
+        return [*options, "-np", "1", "--max-restarts", "1", "--restart-delay", f"{delay:g}", "false"]
     return [*options, "-np", "1", "python3", "-c", "import time; time.sleep(600)"]
 
 
 @contextmanager
-def held(phase: str, tmp: Path, timeout: float | None = None) -> Iterator[Held]:
+def held(phase: str, tmp: Path, timeout: float | None = None, delay: float = 600) -> Iterator[Held]:
     cache = tmp / "cache"
     cache.mkdir(mode=0o700)
     env = clean_env(DISTRUN_CACHE_DIR=str(cache), XDG_RUNTIME_DIR=str(tmp))
@@ -93,7 +93,7 @@ def held(phase: str, tmp: Path, timeout: float | None = None) -> Iterator[Held]:
         (cache / "workdir").mkdir(mode=0o700)
         lock_fd = os.open(cache / "workdir" / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-    argv = [sys.executable, str(SCRIPTS / "distrun_fake_backend.py"), *_argv(phase, tmp, timeout)]
+    argv = [sys.executable, str(SCRIPTS / "distrun_fake_backend.py"), *_argv(phase, tmp, timeout, delay)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp)
     try:
         with never_left_running(proc):
@@ -200,4 +200,34 @@ def test_ctrl_z_suspends_every_phase_and_fg_resumes_it(phase: str, tmp_path: Pat
         job.proc.send_signal(signal.SIGINT)
         _, err = job.proc.communicate(timeout=60)
     assert job.proc.returncode == 130, err.decode()
+    assert_none_left(job, left)
+
+
+# What ends the job when a host's agent dies in each phase; between attempts it is only reconnected.
+LOST = {
+    "probe": "the distrun agent exited before answering",
+    "sync": "the link closed while syncing the workdir",
+    "running": "lost host",
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_host_lost_in_any_phase_is_noticed_at_once(phase: str, tmp_path: Path) -> None:
+    """An agent killed: before ranks run, exit 3 naming the host; between attempts the host is reconnected
+    for the next attempt; while ranks run, the attempt ends as a lost host."""
+    with held(phase, tmp_path, delay=10) as job:
+        reached(job, phase)
+        left = descendants(job.proc)
+        agent = psutil.Process(job.proc.pid).children()[0]  # a host's agent: no rank runs under distrun
+        agent.kill()
+        _, err = job.proc.communicate(timeout=120)
+    text = err.decode()
+    if phase == "pause":
+        # Reconnected: the second attempt ran (and failed as the first: `false`).
+        assert job.proc.returncode == 1, text
+        assert "its agent's link closed before the restart; reconnecting it" in text, text
+        assert "2 attempts:" in text, text
+    else:
+        assert job.proc.returncode == 3, text
+        assert LOST[phase] in text, text
     assert_none_left(job, left)
