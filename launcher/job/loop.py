@@ -167,11 +167,14 @@ class Loop:
                 waiter.register(self.control, _CONTROL)
             for fileobj, on_ready in phase.watches():
                 waiter.register(fileobj, (fileobj, on_ready))
-            registered: set[int] = set()  # ids of the nodes whose links it reads
+            # The links it reads, by id(node): their fds as registered, for a link torn down (fd closed) since
+            # can no longer say its number.
+            registered: dict[int, int] = {}
             for node, context in phase.sources:
                 if not node.lost and phase.listening(context):
-                    waiter.register(node.link, (node, context))
-                    registered.add(id(node))
+                    fd = node.link.fileno()
+                    waiter.register(fd, (node, context))
+                    registered[id(node)] = fd
             next_check = now + self.check_every
             handlers = phase.handlers
             while not phase.done:
@@ -204,15 +207,13 @@ class Loop:
                         continue
                     frames = node.read()
                     if frames is None:
-                        registered.discard(id(node))
-                        waiter.unregister(node.link)
+                        waiter.unregister(registered.pop(id(node)))
                         phase.on_closed(context, selected)
                         continue
                     for frame in frames:
                         dispatch(handlers, frame, context, selected)
                     if not phase.listening(context):
-                        registered.discard(id(node))
-                        waiter.unregister(node.link)
+                        waiter.unregister(registered.pop(id(node)))
                 now = time.monotonic()
                 phase.after_events(now)
                 if now - selected > self.check_every:
@@ -229,8 +230,7 @@ class Loop:
                     for node, context in phase.sources:
                         # A host the tick gave up is read no more (its link is torn down).
                         if id(node) in registered and not phase.listening(context):
-                            registered.discard(id(node))
-                            waiter.unregister(node.link)
+                            waiter.unregister(registered.pop(id(node)))
 
     def _excuse(self, phase: Phase[C], now: float) -> None:
         for node, _ in phase.sources:
