@@ -1,8 +1,10 @@
-"""A host lost between attempts (issue 24): the pause before a restart listens to the agents as every other
-phase does, so a host that goes silent there is dropped at once and reconnected for the next attempt."""
+"""Phases of the job over SSH (issue 24): the pause before a restart listens to the agents as every other
+phase does, so a host that goes silent there is dropped at once and reconnected for the next attempt; while
+the hosts are being connected, `distrun stacks` is answered at once."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import pytest
 
 from tests.multihost.cluster import Cluster
 from tests.multihost.test_launch_ssh import assert_clean
-from tests.support import REPO, SCRIPTS, attempt_world, start_distrun
+from tests.support import REPO, SCRIPTS, attempt_world, distrun_argv, start_distrun, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -52,4 +54,35 @@ def test_a_host_silent_during_the_restart_pause_is_reconnected_for_the_next_atte
             proc.communicate()
     assert proc.returncode == 0, rest.decode()
     assert attempt_world(tmp_path, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
+    assert_clean(cluster)
+
+
+def test_distrun_stacks_is_answered_while_the_hosts_are_being_connected(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Before the job's loop runs (SSH handshakes on threads), `distrun stacks` still answers at once."""
+    env = cluster.env(PYTHONPATH=str(REPO), XDG_RUNTIME_DIR=str(tmp_path))
+    cluster.link_down("h2")  # its handshake waits: the connect phase lasts
+    try:
+        proc = start_distrun("-H", "h1:1,h2:1", "true", env=env)
+        try:
+
+            def asked() -> subprocess.CompletedProcess[str] | None:
+                done = subprocess.run(
+                    distrun_argv("stacks", str(proc.pid)), capture_output=True, text=True, env=env, timeout=60
+                )
+                return done if done.returncode != 1 else None  # 1: its control socket is not up yet
+
+            done = wait_until(asked, 60, "distrun stacks to reach the job")
+            assert done.returncode == 75, done.stderr
+            assert "it is starting: connecting to its hosts" in done.stderr
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        cluster.link_up("h2")
+    assert proc.returncode == 130, err.decode()
     assert_clean(cluster)
