@@ -37,7 +37,7 @@ from launcher.console.writer import use_color
 from launcher.core.command import interpreter
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
-from launcher.core.plan import make_plan
+from launcher.core.plan import build_plan
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
 from launcher.job.node import Node, close_all
@@ -175,7 +175,7 @@ def check_hosts(
 
 
 def run_check(config: LaunchConfig) -> int:
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    plan = build_plan(config.plan_inputs)
     # --workdir: which hosts hold the copy a launch would run (bad input, as at launch, before any host).
     workdir = scan(config.workdir, config.workdir_limit) if config.workdir is not None else None
     hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]

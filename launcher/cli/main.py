@@ -35,7 +35,7 @@ from launcher.core.devices import Placement
 from launcher.core.env import CONTRACT_NAMES, parse_exports, parse_rank_filter
 from launcher.core.forward import parse_env_file
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
-from launcher.core.plan import implicit_localhost, make_plan, plural
+from launcher.core.plan import PlanInputs, build_plan, implicit_localhost, plural
 from launcher.core.scrub import SCRUBBER
 from launcher.entry import without_gc
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
@@ -406,7 +406,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
         launcher = "srun" if allocation is not None else backend.DEFAULT
     hosts = hosts or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
     refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
-    plan = make_plan(hosts, num_proc, oversubscribe)
+    plan = build_plan(PlanInputs(hosts, num_proc, oversubscribe))
     ranks = values["ranks"]
     placement = Placement(values["gpus_per_rank"], values["bind_cores"], values["numa_binding"])
     label = sources.label

@@ -8,6 +8,7 @@ from typing import Literal
 
 from launcher.core.devices import Placement
 from launcher.core.hosts import Host
+from launcher.core.plan import PlanInputs
 
 PrefixMode = Literal["rank", "host", "none"]
 HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
@@ -95,3 +96,7 @@ class LaunchConfig:
     @property
     def placement(self) -> Placement:
         return Placement(self.gpus_per_rank, self.bind_cores, self.numa_binding)
+
+    @property
+    def plan_inputs(self) -> PlanInputs:
+        return PlanInputs(self.hosts, self.num_proc, self.oversubscribe)
