@@ -500,15 +500,15 @@ _LAUNCH_ONLY = frozenset(
 
 def check_command(launch: click.Command) -> click.Command:
     """`distrun check` with the options of `launch` that apply to it (the backends' among them)."""
-    left_out = [p for p in launch.params if p.name in _LAUNCH_ONLY]
 
     @click.pass_context
     def check(ctx: click.Context, /, **options: Any) -> int:
         """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory,
         disk, clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per
         host."""
-        defaults = {p.name: p.type_cast_value(ctx, p.get_default(ctx)) for p in left_out if p.name}
-        given = {**defaults, **options, "command": ("check",)}
+        # The launch's own defaults for what check leaves out (no DISTRUN_* variable read for them).
+        with launch.make_context("distrun", ["check"], auto_envvar_prefix=None) as defaults:
+            given = {**defaults.params, **options, "command": ("check",)}
         values, sources = merge_config_file(ctx, given, ignore=_LAUNCH_ONLY)
         request = _build_request(values, sources, backends_of(launch))
         _configure_logging(request.verbose)
