@@ -18,6 +18,7 @@ from launcher.errors import UsageError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 LAUNCHER_ENV = "DISTRUN_LAUNCHER"
+CONFIG_ENV = "DISTRUN_CONFIG"
 
 
 def _spec(option: BackendOption) -> tuple[list[str], dict[str, Any]]:
@@ -76,25 +77,44 @@ def backend_values(
     }
 
 
-def named_launcher(
-    argv: Sequence[str], params: Sequence[click.Parameter], environ: Mapping[str, str]
-) -> str | None:
-    """The `--launcher` value before COMMAND (the command line's, else DISTRUN_LAUNCHER), read the way click
-    will: options that take a value skip it, and the first word that is no option is the command."""
+def _given(argv: Sequence[str], params: Sequence[click.Parameter], flag: str) -> str | None:
+    """`flag`'s value before COMMAND, read the way click will: options that take a value skip it, and the
+    first word that is no option is the command."""
     takes_value = {
         opt for p in params if isinstance(p, click.Option) and not p.is_flag and not p.count for opt in p.opts
     }
+    value = None
     words = iter(argv)
     for word in words:
         if word == "--" or not word.startswith("-"):
             break
-        if word.startswith("--launcher="):
-            return word.partition("=")[2]
-        if word == "--launcher":
-            return next(words, None)
-        if word in takes_value:
+        if word.startswith(f"{flag}="):
+            value = word.partition("=")[2]
+        elif word == flag:
+            value = next(words, None)
+        elif word in takes_value:
             next(words, None)
-    return environ.get(LAUNCHER_ENV) or None
+    return value
+
+
+def named_launcher(
+    argv: Sequence[str], params: Sequence[click.Parameter], environ: Mapping[str, str]
+) -> str | None:
+    """The `--launcher` a command line will have, known before parsing it: the command line's, else
+    DISTRUN_LAUNCHER, else the --config file's (DISTRUN_CONFIG's) `launcher` key."""
+    name = _given(argv, params, "--launcher") or environ.get(LAUNCHER_ENV)
+    if name:
+        return name
+    config = _given(argv, params, "--config") or environ.get(CONFIG_ENV)
+    if not config:
+        return None
+    from launcher.cli.config_file import load_config_file
+
+    try:
+        value = load_config_file(config).get("launcher", (None, 0))[0]
+    except UsageError:  # said where click would say it, after --help and the command line's own errors
+        return None
+    return str(value) if value else None
 
 
 def backends_of(command: click.Command) -> tuple[Backend, ...]:

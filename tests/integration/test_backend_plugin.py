@@ -90,6 +90,16 @@ def test_a_backend_from_an_entry_point_is_named_by_the_environment_too(
     assert log.read_text() == "fake-x\n"
 
 
+def test_a_backend_from_an_entry_point_is_named_by_a_config_file_too(
+    tmp_path: Path, installed: dict[str, str]
+) -> None:
+    log, config = tmp_path / "opened.log", tmp_path / "distrun.yaml"
+    config.write_text(f"launcher: fake\nfake-log: {log}\nhosts: [fake-y:1]\n")
+    done = run_distrun("--config", config, "true", env=installed)
+    assert done.returncode == 0, done.stderr.decode()
+    assert log.read_text() == "fake-y\n"
+
+
 def test_a_backends_options_show_in_help_only_once_it_is_named(installed: dict[str, str]) -> None:
     named = run_distrun("--launcher", "fake", "--help", env=installed)
     assert named.returncode == 0

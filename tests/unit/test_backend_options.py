@@ -50,6 +50,16 @@ def test_the_environment_names_the_launcher_when_the_command_line_does_not() -> 
     assert named_launcher(["--launcher", "ssh", "t.py"], cli.params, {"DISTRUN_LAUNCHER": "fake"}) == "ssh"
 
 
+def test_a_config_file_names_the_launcher_when_nothing_else_does(tmp_path: Path) -> None:
+    config = tmp_path / "distrun.yaml"
+    config.write_text("launcher: fake\n")
+    assert named_launcher(["--config", str(config), "t.py"], cli.params, {}) == "fake"
+    assert named_launcher(["t.py"], cli.params, {"DISTRUN_CONFIG": str(config)}) == "fake"
+    assert named_launcher(["--launcher", "ssh", "--config", str(config), "t.py"], cli.params, {}) == "ssh"
+    config.write_text("num-proc: 2\n")
+    assert named_launcher(["--config", str(config), "t.py"], cli.params, {}) is None
+
+
 def test_a_declaration_becomes_the_click_option_it_describes(tmp_path: Path) -> None:
     port = click_option(BackendOption("x-port", "Port.", int, minimum=1, maximum=9))
     assert port.opts == ["--x-port"] and isinstance(port.type, click.IntRange)
