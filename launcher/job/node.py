@@ -30,6 +30,7 @@ from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
 from launcher.core.plan import Slot
+from launcher.diagnose.control import ControlServer, answering
 from launcher.errors import HostError
 
 log = logging.getLogger(__name__)
@@ -155,18 +156,28 @@ class HostAttempt:
         self.finished = True
 
 
-def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:
+def connect(
+    hosts: Sequence[Host],
+    config: LaunchConfig,
+    progress: ProgressFn | None = None,
+    *,
+    control: ControlServer | None = None,
+    doing: str = "starting: connecting to its hosts",
+) -> list[Node]:
     """A Node per host, in the order given; all or nothing (HostError names the first failing host).
 
     The backend (`--launcher`) says which hosts are this machine and starts the agents of the others;
-    `progress` hears how far that got. This machine's hosts get a local agent over pipes.
+    `progress` hears how far that got. This machine's hosts get a local agent over pipes. While remote hosts
+    are reached (the job's loop cannot run then), `distrun stacks` on `control` is told `doing`.
     """
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     remote = [h for h, is_local in zip(hosts, local, strict=True) if not is_local]
     with opening(abort) as links:
         if remote:  # first: it is what can fail
-            links.update(chosen.open(remote, config, progress))
+            # Only around the handshakes, which may take long: local agents fork, which wants one thread.
+            with answering(control, doing):
+                links.update(chosen.open(remote, config, progress))
         links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
     return [
         Node(h, links[h.name], is_local, next(_agent_ids)) for h, is_local in zip(hosts, local, strict=True)

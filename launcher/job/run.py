@@ -34,7 +34,6 @@ from launcher.core.rendezvous import Rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
 from launcher.core.start_requests import start_requests
-from launcher.diagnose.control import answering
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
 from launcher.errors import (
     EXIT_INTERNAL,
@@ -112,8 +111,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
         for signum in caught(FORWARDED_SIGNALS):
             signal.signal(signum, lambda *_: None)
-        with progress_line(sys.stderr) as line, answering(watch.control, "starting: connecting to its hosts"):
-            nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
+        with progress_line(sys.stderr) as line:
+            hook = watch.timeline.hook(line, time.monotonic)
+            nodes = connect(plan.nodes, config, hook, control=watch.control)
         watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
             job = Job(config, relay, wake_fd, nodes, workdir, watch=watch)
@@ -330,8 +330,8 @@ class Job:
         if missing:
             control = self.watch.control if self.watch is not None else None
             doing = f"restarting: connecting to {plural(len(missing), 'host', 'hosts')}"
-            with progress_line(sys.stderr) as line, answering(control, doing):
-                fresh = connect(missing, self.config, line)
+            with progress_line(sys.stderr) as line:
+                fresh = connect(missing, self.config, line, control=control, doing=doing)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
