@@ -28,8 +28,6 @@ log = logging.getLogger(__name__)
 
 C = TypeVar("C")  # what a phase knows a host by (a Node, an attempt's HostAttempt), handed to its handlers
 
-_CONTROL = object()  # the control socket's registration
-
 
 def forward_signal(nodes: Sequence[Node], signum: int) -> None:
     """Have every agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
@@ -162,9 +160,11 @@ class Loop:
         for node, _ in phase.sources:
             node.excuse(now)  # nobody listened to it before this phase
         deadline_told = False
-        with Waiter[object](self.wake_fd) as waiter:
+        # Registrations: (node, context) for a link, (fd, on_ready) for a phase's own fd, None for the control
+        # socket.
+        with Waiter[tuple[Any, Any] | None](self.wake_fd) as waiter:
             if self.control is not None:
-                waiter.register(self.control, _CONTROL)
+                waiter.register(self.control, None)
             for fileobj, on_ready in phase.watches():
                 waiter.register(fileobj, (fileobj, on_ready))
             # The links it reads, by id(node): their fds as registered, for a link torn down (fd closed) since
@@ -197,10 +197,10 @@ class Loop:
                 if received:
                     phase.on_signals(received, selected)
                 for source in ready:
-                    if source is _CONTROL:
+                    if source is None:
                         self._on_control(phase, selected)
                         continue
-                    node, context = source  # type: ignore[misc]
+                    node, context = source
                     if not isinstance(node, Node):  # a phase's own fd
                         if not context(selected):
                             waiter.unregister(node)
