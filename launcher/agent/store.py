@@ -313,6 +313,8 @@ class Store:
         """Store one object, after checking that `data` hashes to `digest`."""
         if hashlib.sha256(data).hexdigest() != digest:
             raise StoreError(f"content of {digest[:12]}... arrived corrupted")
+        if self._has_object(digest, len(data)):
+            return  # copies link it: replacing it would store the content twice
         final = self.object_path(digest)
         os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
         # No fsync: a killed process or a cut link leaves at most a file in tmp/; what a crash of the whole
