@@ -318,3 +318,40 @@ def test_a_rank_that_edits_its_copy_changes_no_later_job_on_any_host(setup: Setu
     hosts = json.loads(report.read_text())["workdir"]["hosts"]
     assert {h: v["files_sent"] for h, v in hosts.items()} == {"h1": 1, "h2": 2}
     assert "sent 0 B to 0 hosts" not in both.stderr.decode()
+
+
+def test_a_full_disk_on_a_host_leaves_nothing_that_fails_later_syncs(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Issue 27, item 2, over SSH: h1's cache is a 3 MiB tmpfs; a 4 MiB project fails there with the host's
+    error and leaves no unfinished file, and a small project then runs, twice."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # Mounted before the cluster exists: its hosts' mount namespaces start as copies of this machine's.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], check=True)
+    try:
+        cluster = make_cluster(1)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        cluster.bind("h1", disk, CACHE)
+        env = cluster.env(PYTHONPATH=str(REPO))
+        big = tmp_path / "big"
+        big.mkdir()
+        (big / "train.py").write_text("print('big')\n")
+        for i in range(4):
+            (big / f"part{i}.bin").write_bytes(os.urandom(1 << 20))
+        small = tmp_path / "small"
+        small.mkdir()
+        (small / "train.py").write_text("print('small')\n")
+        for project in (big, small):
+            cluster.hide_path("h1", project)
+        cut = run_distrun("-H", "h1:1", "--workdir", big, "train.py", env=env, timeout=120)
+        assert cut.returncode == 3, cut.stderr.decode()
+        assert "h1" in cut.stderr.decode() and "No space left on device" in cut.stderr.decode()
+        assert os.listdir(disk / "workdir" / "tmp") == []
+        for attempt in range(2):
+            fits = run_distrun("-H", "h1:1", "--workdir", small, "train.py", env=env, timeout=120)
+            assert fits.returncode == 0, f"attempt {attempt}: {fits.stderr.decode()}"
+            assert fits.stdout.decode().splitlines() == ["[0] small"]
+        assert os.listdir(disk / "workdir" / "tmp") == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
