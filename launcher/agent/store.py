@@ -118,6 +118,12 @@ def _remove(path: str) -> None:
             os.unlink(path)
 
 
+def _parents(path: str) -> list[str]:
+    """The directories above a relative path, outermost first: `a/b/c` -> `a`, `a/b`."""
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 def _untouched(st: os.stat_result, size: int, mode: int) -> bool:
     """A regular file as distrun left it: its size, its mode, the STAMP mtime (cheap: no content read)."""
     return (
@@ -243,11 +249,15 @@ class Store:
         it shares an inode with (a hard link written through) is removed, to be sent again."""
         root = self.tree_path(mhash)
         bad = []
+        dirs: dict[str, bool] = {}  # a directory of the copy: whether it is one (not a symlink, say)
         for entry in entries:
             path, kind, value, size, mode = entry
             if not _safe(path):
                 raise StoreError(f"refusing the path {path!r}")
             dest = os.path.join(root, path)
+            if not all(self._is_dir(root, d, dirs) for d in _parents(path)):
+                bad.append(entry)  # reached through a symlink or worse: what lies there is not the copy's
+                continue
             try:
                 st = os.lstat(dest)
             except OSError:
@@ -269,6 +279,15 @@ class Store:
                     if os.path.samestat(os.lstat(obj), st):
                         os.unlink(obj)
         return bad
+
+    @staticmethod
+    def _is_dir(root: str, rel: str, known: dict[str, bool]) -> bool:
+        if rel not in known:
+            try:
+                known[rel] = stat.S_ISDIR(os.lstat(os.path.join(root, rel)).st_mode)
+            except OSError:
+                known[rel] = False
+        return known[rel]
 
     # -- adding
 
@@ -419,6 +438,10 @@ class Store:
         fixed = []
         for entry in self.check(entries, mhash):
             dest = os.path.join(root, entry[0])
+            for parent in _parents(entry[0]):  # never written through a symlink a rank left in its place
+                where = os.path.join(root, parent)
+                if os.path.lexists(where) and (os.path.islink(where) or not os.path.isdir(where)):
+                    _remove(where)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             if os.path.isdir(dest) and not os.path.islink(dest):
                 _remove(dest)

@@ -62,6 +62,15 @@ def _into_directory(path: Path) -> None:
     (path / "inside").write_text("x")
 
 
+def _directory_elsewhere(directory: Path) -> None:
+    """The directory moved out and a symlink to it left in its place: repairs must not write through it."""
+    elsewhere = directory.parent.parent / "elsewhere"
+    shutil.move(directory, elsewhere)
+    directory.symlink_to(elsewhere)
+    (elsewhere / "v.txt").chmod(0o644)
+    (elsewhere / "v.txt").write_text("elsewhere\n")
+
+
 CHANGES: dict[str, Callable[[Path], None]] = {
     "written in place": _write_through,
     "replaced by a rename": _replace,
@@ -71,6 +80,7 @@ CHANGES: dict[str, Callable[[Path], None]] = {
     "touched": lambda path: os.utime(path, (1, 1)),
     "turned into a directory": _into_directory,
     "its directory removed": lambda path: shutil.rmtree(path.parent),
+    "its directory a symlink elsewhere": lambda path: _directory_elsewhere(path.parent),
 }
 
 
@@ -83,7 +93,11 @@ def test_a_copy_changed_in_any_way_is_put_right_before_the_next_job(tmp_path: Pa
     CHANGES[change](copy / "sub" / "v.txt")
 
     wanted = store.missing(entries, mhash)
-    if change in ("written in place", "truncated"):  # through the hard link: the object changed, sent again
+    if change in (
+        "written in place",
+        "truncated",
+        "its directory a symlink elsewhere",
+    ):  # through the hard link: the object changed, sent again
         assert wanted == [v_digest]
         assert not os.path.exists(store.object_path(v_digest))
         store.put(v_digest, b"original\n")
@@ -94,6 +108,7 @@ def test_a_copy_changed_in_any_way_is_put_right_before_the_next_job(tmp_path: Pa
     assert store.check(entries, mhash) == []
     assert stat.S_IMODE((copy / "sub" / "v.txt").stat().st_mode) == 0o444
     assert hashlib.sha256(Path(store.object_path(v_digest)).read_bytes()).hexdigest() == v_digest
+    assert not (copy / "sub").is_symlink()
 
 
 def test_a_changed_symlink_and_an_untouched_copy(tmp_path: Path) -> None:
