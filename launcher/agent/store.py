@@ -181,6 +181,8 @@ class Store:
         self.tmp = os.path.join(self.root, "tmp")
         for d in (self.objects, self.trees, self.tmp):
             os.makedirs(d, mode=0o700, exist_ok=True)
+        self.pending: set[str] = set()  # what the sync in progress needs (`missing`): never dropped for room
+        self._adding_fd: int | None = None
 
     # -- paths
 
@@ -201,9 +203,30 @@ class Store:
         fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)
+            self._adding_fd = fd
             yield
         finally:
+            self._adding_fd = None
             os.close(fd)
+
+    def make_room(self) -> bool:
+        """After a full disk while adding: remove what neither a copy nor this sync needs (the objects of a
+        sync that the full disk cut, leftovers in tmp/), if no other job adds to the cache now; whether
+        anything was removed. So a sync that filled the disk never keeps a later one that fits from running.
+        """
+        fd = self._adding_fd
+        if fd is None:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # from shared: only if no one else adds
+        except OSError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a failed conversion has dropped the shared lock: back to it
+            return False
+        try:
+            meta = self._meta()
+            return self._drop_objects(meta, self.pending) + self._clear_tmp() > 0
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_SH)
 
     def use(self, mhash: str) -> int:
         """Mark the copy in use until the returned fd is closed (the agent closes it when the job ends)."""
@@ -236,6 +259,7 @@ class Store:
     def missing(self, entries: list[list[Any]], mhash: str) -> list[str]:
         """The content hashes this host lacks to build the copy, or to put right what changed in it since it
         was built (`check`): none when the copy is as its name says."""
+        self.pending = set(digests(entries))
         if os.path.isdir(self.tree_path(mhash)):
             needed = {e[2]: int(e[3]) for e in self.check(entries, mhash) if e[1] == FILE}
         else:
@@ -338,8 +362,14 @@ class Store:
         os.makedirs(os.path.dirname(final), mode=0o700, exist_ok=True)
         # No fsync: a killed process or a cut link leaves at most a file in tmp/; what a crash of the whole
         # host could leave under the name is caught by its size or hash (`_has_object`, `_source`).
-        with self._writing(digest, final, OBJECT_MODE) as fd:
-            write_sparse(fd, _blocks(data), len(data))
+        try:
+            with self._writing(digest, final, OBJECT_MODE) as fd:
+                write_sparse(fd, _blocks(data), len(data))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.make_room():
+                raise
+            with self._writing(digest, final, OBJECT_MODE) as fd:
+                write_sparse(fd, _blocks(data), len(data))
 
     def _restamp(self, path: str, mode: int) -> None:
         os.chmod(path, mode)
@@ -497,20 +527,28 @@ class Store:
             base = name.split(".")[0]
             if base not in meta and not name.endswith(".lock"):
                 self._remove_tree(base)
-        needed = {d for m in meta.values() for d in m.get("digests", ())}
+        self._drop_objects(meta)
+        self._clear_tmp()
+        return removed
+
+    def _drop_objects(self, meta: dict[str, dict[str, Any]], keep: Any = frozenset()) -> int:
+        """Remove the objects (with their variants by mode) that no copy in `meta` needs, nor `keep`."""
+        needed = {d for m in meta.values() for d in m.get("digests", ())} | set(keep)
+        removed = 0
         for sub in os.listdir(self.objects):
             for name in os.listdir(os.path.join(self.objects, sub)):
-                if sub + name.split(".")[0] not in needed:  # with its variants by mode
+                if sub + name.split(".")[0] not in needed:
                     with contextlib.suppress(OSError):
                         os.unlink(os.path.join(self.objects, sub, name))
-        for name in os.listdir(self.tmp):  # nobody adds now (we hold the lock): all of it is leftovers
-            path = os.path.join(self.tmp, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
+                        removed += 1
         return removed
+
+    def _clear_tmp(self) -> int:
+        """Remove everything in tmp/; only while holding the cache's lock exclusively (nobody adds)."""
+        names = os.listdir(self.tmp)
+        for name in names:
+            _remove(os.path.join(self.tmp, name))
+        return len(names)
 
     def _remove_tree(self, mhash: str) -> bool:
         path = self.tree_path(mhash)

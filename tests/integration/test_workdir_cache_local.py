@@ -106,6 +106,8 @@ def test_a_sync_cut_by_a_full_disk_leaves_nothing_that_fails_later_ones(
     small.mkdir()
     (small / "edit.py").write_text(EDITOR)
     (small / "v.txt").write_text("small\n")
+    # More than the cut sync left free, less than the disk: what that sync stored is given up for it.
+    (small / "data.bin").write_bytes(os.urandom(3 << 19))
     for attempt in range(2):  # the first that fits, and the one after it
         fits = _launch(small, small_disk)
         assert fits.returncode == 0, f"attempt {attempt}: {fits.stderr.decode()}"

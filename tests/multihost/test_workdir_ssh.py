@@ -342,6 +342,8 @@ def test_a_full_disk_on_a_host_leaves_nothing_that_fails_later_syncs(
         small = tmp_path / "small"
         small.mkdir()
         (small / "train.py").write_text("print('small')\n")
+        # More than the cut sync left free, less than the disk: what that sync stored is given up for it.
+        (small / "data.bin").write_bytes(os.urandom(3 << 19))
         for project in (big, small):
             cluster.hide_path("h1", project)
         cut = run_distrun("-H", "h1:1", "--workdir", big, "train.py", env=env, timeout=120)

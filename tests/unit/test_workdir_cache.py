@@ -5,6 +5,7 @@ nothing a failed or killed transfer wrote stays in tmp/."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -248,3 +249,30 @@ def test_a_file_that_changes_while_it_is_sent_is_bad_input_naming_it(tmp_path: P
     assert str(err.value).startswith("--workdir: train.py ")
     # The sync's wait passes a sender's HostError on as it is: so it ends the launch with its own code.
     assert isinstance(err.value, HostError) and err.value.host is None
+
+
+def test_room_is_made_only_of_what_no_copy_and_no_sync_needs_and_only_when_no_one_else_adds(
+    tmp_path: Path,
+) -> None:
+    store = Store(str(tmp_path))
+    entries, mhash = _stored(store, FILES)
+    orphan, wanted = b"of a sync the disk cut", b"of this sync"
+    for data in (orphan, wanted):
+        store.put(hashlib.sha256(data).hexdigest(), data)
+    (Path(store.tmp) / "left-behind").write_bytes(b"x")
+    other = Store(str(tmp_path))
+    with store.adding():
+        store.missing([*entries, _entry("w.bin", wanted)], "another-copy")
+        with other.adding():
+            assert not store.make_room(), "another job adds: nothing is removed"
+        assert os.path.exists(store.object_path(hashlib.sha256(orphan).hexdigest()))
+        assert store.make_room()
+        with pytest.raises(BlockingIOError):  # still held shared: a pruner cannot start meanwhile
+            fd = os.open(os.path.join(store.root, "lock"), os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            finally:
+                os.close(fd)
+    assert not os.path.exists(store.object_path(hashlib.sha256(orphan).hexdigest()))
+    assert os.path.exists(store.object_path(hashlib.sha256(wanted).hexdigest()))
+    assert os.listdir(store.tmp) == [] and store.check(entries, mhash) == []
