@@ -41,10 +41,6 @@ class WorkdirFile:
     mode: int = 0o644
     target: str | None = None
 
-    @property
-    def executable(self) -> bool:
-        return bool(self.mode & stat.S_IXUSR)
-
     def entry(self) -> list[object]:
         if self.target is not None:
             return [self.path, LINK, self.target, 0, False]
