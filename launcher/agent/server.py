@@ -33,6 +33,7 @@ import sys
 import time
 from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
+from launcher.agent.environment import rank_environment, start_environment
 from launcher.agent.protocol import (
     BEAT,
     BLOB,
@@ -69,8 +70,6 @@ from launcher.agent.protocol import (
     encode,
     encode_hello,
     encode_message,
-    rank_environment,
-    start_environment,
     write_all,
 )
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
