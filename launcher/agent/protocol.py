@@ -94,8 +94,8 @@ class ProbeRequest:
     listen: bool = False
     connect_to: str | None = None
     connect_port: int = 0
-    # Report `stack` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
-    stack: bool = False
+    # Report `software` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
+    software: bool = False
     # `distrun check --workdir`: say whether this host's cache holds the copy of that manifest hash.
     workdir_hash: str = ""
 
@@ -134,8 +134,8 @@ class Facts:
     listen_port: int = 0
     tcp_port: int = 0
     tcp_error: str | None = None
-    # Only when the probe asked `stack`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
-    stack: dict[str, str] | None = None
+    # Only when the probe asked `software`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
+    software: dict[str, str] | None = None
     workdir_cached: bool | None = None  # None: not asked
 
 
