@@ -16,13 +16,14 @@ from launcher.backends.bootstrap import SHIPPED, bootstrap_args, shipped_sources
 
 @pytest.fixture
 def python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An interpreter that counts its starts, with a fake torch first on its path."""
+    """An interpreter that counts its starts, whose path is its own fake site (a fake torch) and the standard
+    library: this machine's site-packages (a real torch, NCCL) and user site stay out of it (-s -S)."""
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
     (site / "torch" / "__init__.py").write_text("")
     (site / "torch" / "version.py").write_text("__version__ = '9.9.0'\ncuda = None\n")
     wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\necho x >> {tmp_path / "starts"}\nexec {sys.executable} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho x >> {tmp_path / "starts"}\nexec {sys.executable} -s -S "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("PYTHONPATH", str(site))
     return wrapper
