@@ -1,6 +1,6 @@
-"""The job's one wait loop: every phase that waits on the hosts (the probe, the workdir sync, the pause before
-a restart, a running attempt) runs on `Loop`, so that `--timeout`, Ctrl-C, Ctrl-Z, a lost host and `distrun
-stacks` are handled the same way in each.
+"""The job's one wait loop: every phase that waits on the hosts (the probe, the workdir sync, the host
+discovery and the pause before a restart, a running attempt) runs on `Loop`, so that `--timeout`, Ctrl-C,
+Ctrl-Z, a lost host and `distrun stacks` are handled the same way in each.
 
 `Loop` owns what every phase shares: the signal pipe, the job's deadline, the clock's stalls (this process
 stopped or starved), the hosts' liveness, the control socket, and reading frames, which it hands to the
@@ -11,7 +11,6 @@ lost host HostError), and a phase overrides only what differs (the running attem
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
 import time
@@ -23,8 +22,6 @@ from launcher.diagnose.control import ControlServer, answer_busy
 from launcher.errors import DeadlineReached, HostError, Interrupted
 from launcher.job.node import Node
 from launcher.signals import Waiter, signal_name, stopping, suspend_self
-
-log = logging.getLogger(__name__)
 
 C = TypeVar("C")  # what a phase knows a host by (a Node, an attempt's HostAttempt), handed to its handlers
 
