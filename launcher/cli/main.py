@@ -39,7 +39,7 @@ from launcher.core.plan import implicit_localhost, make_plan, plural
 from launcher.core.scrub import SCRUBBER
 from launcher.entry import without_gc
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
-from launcher.report.file import ReportPathError, report_target
+from launcher.report.file import ReportPathError, check_room
 
 ENV_PREFIX = "DISTRUN"
 # What distrun sets in each rank's environment, not settings of distrun (see launcher/core/env.py).
@@ -359,7 +359,7 @@ def _report_path(value: str | None, label: str) -> Path | None:
         return None
     path = Path(value).expanduser()
     try:
-        report_target(path)
+        check_room(path)
     except ReportPathError as err:
         raise ReportPathError(str(err).replace("--report", label, 1)) from None
     return path
