@@ -366,8 +366,10 @@ class Agent:
         *,
         clock: Callable[[], float] = time.monotonic,
         start_process: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+        err_fd: int = 2,
     ) -> None:
         self.clock = clock
+        self.err_fd = err_fd  # where the agent says why it gave up (an SSH channel's stderr)
         self.start_process = start_process
         self.in_fd = in_fd
         self.out_fd = out_fd
@@ -431,6 +433,19 @@ class Agent:
             write_all(self.out_fd, frame)
         except OSError:
             self._lost_launcher()
+
+    def _give_up(self, silent: float) -> None:
+        """The launcher's silence outlasted our patience. Said on stderr, which reaches the launcher as the
+        reason its channel closed should the network come back: the agent, not distrun, ended the job here."""
+        if self.launcher_gone:
+            return
+        said = (
+            f"distrun agent: gave up on distrun after {silent:.0f}s without a word from it "
+            f"(it waits {self.dead_after:g}s): stopped the ranks\n"
+        )
+        with contextlib.suppress(OSError):
+            os.write(self.err_fd, said.encode())
+        self._lost_launcher()
 
     def _lost_launcher(self) -> None:
         if not self.launcher_gone:
@@ -683,7 +698,7 @@ class Agent:
                 silent = now - self.last_heard > self.dead_after and not self.paused
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
                 if self.dead_after and silent and control_open and not _readable(self.in_fd):
-                    self._lost_launcher()
+                    self._give_up(now - self.last_heard)
             for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))

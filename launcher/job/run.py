@@ -45,7 +45,7 @@ from launcher.errors import (
     Interrupted,
 )
 from launcher.job.discovery import TIMEOUT, discover
-from launcher.job.node import Heartbeat, HostAttempt, Node, close_all, connect
+from launcher.job.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
 from launcher.job.supervise import Supervisor, probe, supervise
 from launcher.report.account import (
     Attempt,
@@ -434,7 +434,7 @@ class Job:
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if host.link.heartbeat else 0.0,
-                dead_after=self.dead_after if host.link.heartbeat else 0.0,
+                dead_after=agent_patience(self.dead_after) if host.link.heartbeat else 0.0,
                 script=None if synced else _script(self.config.command),
                 # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
                 stack=len(hosts) > 1,

@@ -38,7 +38,7 @@ from launcher.console.relay import LogRelay
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import DeadlineReached, HostError, Interrupted
-from launcher.job.node import HostAttempt, Node
+from launcher.job.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
 from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, Waiter, signal_name, stopping, suspend_self
 
 log = logging.getLogger(__name__)
@@ -264,11 +264,12 @@ class Supervisor:
         host.drop()
         node = host.node
         # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
-        ours = node.link.heartbeat and node.beat_gap > self.dead_after
+        waits = agent_patience(self.dead_after)
+        ours = node.link.heartbeat and node.beat_gap > waits
         if ours:
             detail = (
                 f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
-                f"{self.dead_after:g}s its agents wait for it (--ssh-keepalive x 5)"
+                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s)"
             )
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 

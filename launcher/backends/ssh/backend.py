@@ -20,6 +20,7 @@ from launcher.backends.locality import (
     refuse_this_machine_twice,
     runs_here,
 )
+from launcher.backends.ssh.tcp import acked_ago, cap_backoff
 from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig, SshOptions
 from launcher.core.hosts import Host
@@ -42,8 +43,11 @@ class SshLink:
         # Through a ProxyJump tunnel the socket is a channel, and neither address means anything here.
         self.peer_addr: str | None = getattr(client, "peer_addr", None)
         self.local_addr: str | None = None
+        self._sock: socket.socket | None = None
         if isinstance(transport.sock, socket.socket):
+            self._sock = transport.sock
             self.local_addr = str(transport.sock.getsockname()[0])
+            cap_backoff(transport.sock)
         self._channel = transport.open_session()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.
         self._channel.exec_command(command)
@@ -73,6 +77,11 @@ class SshLink:
         with contextlib.suppress(OSError, EOFError):
             while self._channel.recv_stderr_ready():
                 self._stderr += self._channel.recv_stderr(READ_SIZE)
+
+    def acked_ago(self) -> float | None:
+        """Seconds since the host's kernel acknowledged our bytes (see launcher.backends.ssh.tcp); None
+        through a tunnel, whose acknowledgements are the jump host's."""
+        return acked_ago(self._sock) if self._sock is not None else None
 
     def diagnostics(self) -> str:
         self._drain_stderr()
