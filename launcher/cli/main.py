@@ -129,6 +129,14 @@ class Request:
     help="When no rank has written anything for SECONDS, show every rank's stacks (once per stall).",
 )
 @_option(
+    "--startup-timeout",
+    type=float,
+    metavar="SECONDS",
+    default=180.0,
+    show_default=True,
+    help="Give up on a host whose login shell and agent have not started and answered in SECONDS.",
+)
+@_option(
     "--stack-tool",
     type=click.Choice(["auto", "py-spy", "python"]),
     default="auto",
@@ -436,6 +444,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
         stall_timeout=None
         if values["stall_timeout"] is None
         else _seconds(values["stall_timeout"], label("stall_timeout", "--stall-timeout")),
+        startup_timeout=_seconds(values["startup_timeout"], label("startup_timeout", "--startup-timeout")),
         stack_tool=values["stack_tool"],
         straggler_window=_seconds(values["straggler_after"], label("straggler_after", "--straggler-after")),
         restart=_restart_options(values, plan.world_size),

@@ -62,12 +62,16 @@ class Node:
         self.local = local
         self.reader = FrameReader(after_magic=True)
         self.lost = False
-        self._heard = self._frame_at = time.monotonic()
+        self._heard = time.monotonic()
+        self._frame_at: float | None = None  # when its agent last sent anything (None: not started)
         self._acked = link.acked_ago if isinstance(link, Acknowledging) else None
         # After an outage the host's TCP holds its agent's bytes back until its next retransmission, up to
         # about twice the outage later (RTO doubling): for that long its kernel's acknowledgements of our
         # bytes stand in for its agent's word. A host that only acknowledges beyond that has a silent agent.
+        # (Before it sent anything, its login shell runs: --startup-timeout bounds that.)
         self._acks_count_for = 2 * dead_after + AGENT_MARGIN
+        self.hello_at: float | None = None  # when its agent said HELLO: its login shell was done
+        self._login_said = ""  # what the login shell had written to stderr by then
         self.probed_at = 0.0  # when its agent last answered a probe (the start-up timeline's "probed")
         # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
         # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
@@ -87,7 +91,7 @@ class Node:
         if self._acked is not None:
             now = time.monotonic()
             ago = self._acked()
-            if ago is not None and now - self._frame_at < self._acks_count_for:
+            if ago is not None and (self._frame_at is None or now - self._frame_at < self._acks_count_for):
                 heard = max(heard, now - ago)
         return heard
 
@@ -114,16 +118,20 @@ class Node:
             return []
         if not data:
             return None
-        self._heard = self._frame_at = time.monotonic()
+        self._heard = time.monotonic()
         frames = self.reader.feed(data)
         if frames and frames[0].kind == HELLO:
             hello = decode_message(Hello, frames.pop(0).payload)
+            self.hello_at = self._heard
+            self._login_said = self.link.diagnostics()
             if hello.version != VERSION:
                 raise HostError(
                     f"host {self.name}: its distrun agent speaks protocol version {hello.version}, "
                     f"this launcher {VERSION}; use the same distrun on both sides",
                     host=self.name,
                 )
+        if self.hello_at is not None:  # the agent's, not the login shell's
+            self._frame_at = self._heard
         return frames
 
     def drop(self) -> None:
@@ -132,8 +140,21 @@ class Node:
         self.link.abort()
 
     def diagnostics(self) -> str:
-        """What the agent (or the host's login shell before it) said besides frames, for error messages."""
-        said = (self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()).strip()
+        """The last line the agent said besides frames, for error messages; before the agent started, the
+        last line of the host's login shell. Once the agent runs, what the login shell printed (pyenv's
+        complaints, a banner) is no cause of anything and is left out."""
+        if self.hello_at is None:
+            said = self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()
+        else:
+            said = self.link.diagnostics().removeprefix(self._login_said)
+        said = said.strip()
+        return said.splitlines()[-1] if said else ""
+
+    def login_output(self) -> str:
+        """The last line the host's login shell printed (stdout or stderr) before its agent started."""
+        said = self.reader.preamble.decode(errors="replace") + "\n"
+        said += self._login_said if self.hello_at is not None else self.link.diagnostics()
+        said = said.strip()
         return said.splitlines()[-1] if said else ""
 
 

@@ -446,7 +446,15 @@ class Job:
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
-            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+            answers = probe(
+                nodes,
+                requests,
+                PROBE_STALL,
+                self.wake_fd,
+                shown,
+                deadline_at=self.deadline,
+                startup=self.config.startup_timeout,
+            )
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])

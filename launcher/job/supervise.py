@@ -39,6 +39,7 @@ from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signal
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import DeadlineReached, HostError, Interrupted
 from launcher.job.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
+from launcher.job.startup import StartupWatch
 from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, Waiter, signal_name, stopping, suspend_self
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def probe(
     progress: ProgressFn | None = None,
     *,
     deadline_at: float | None = None,
+    startup: float | None = None,
 ) -> list[Facts]:
     """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
 
@@ -70,11 +72,14 @@ def probe(
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     `deadline_at` (time.monotonic()): --timeout's end, which raises DeadlineReached.
+    `startup`: --startup-timeout; a host still alive (logging in) is then waited for past the stall time, up
+    to that many seconds (launcher.job.startup).
     """
     for node, request in zip(nodes, requests, strict=True):
         node.send(PROBE, request)
     started = time.monotonic()
     deadline = StallDeadline(stall, started)
+    watch = StartupWatch(startup, started, stall) if startup else None
     answers: dict[int, Facts] = {}  # by id(node)
     with Waiter[Node](wake_fd) as waiter:
 
@@ -96,13 +101,24 @@ def probe(
             if deadline_at is not None and now >= deadline_at:
                 raise DeadlineReached("--timeout expired while the agents were being probed")
             remaining = deadline.remaining(now)
+            missing_nodes = [n for n in nodes if id(n) not in answers]
+            if watch is not None and watch.left(now) <= 0:
+                raise watch.give_up(missing_nodes[0], now)
             if remaining <= 0:
-                missing = next(n for n in nodes if id(n) not in answers)
-                answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
-                raise HostError(
-                    f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
-                    host=missing.name,
-                )
+                silent = [n for n in missing_nodes if watch is None or not watch.alive(n, now)]
+                if silent:
+                    missing = silent[0]
+                    answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
+                    raise HostError(
+                        f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
+                        host=missing.name,
+                    )
+                assert watch is not None
+                log.warning("%s", watch.waiting(missing_nodes, len(nodes), now))
+                deadline.progressed(now)
+                remaining = deadline.remaining(now)
+            if watch is not None:
+                remaining = min(remaining, watch.left(now))
             if deadline_at is not None:
                 remaining = min(remaining, deadline_at - now)
             received, ready = waiter.wait(remaining)
