@@ -61,6 +61,16 @@ class Acknowledging(Protocol):
         ...
 
 
+@runtime_checkable
+class Prefaced(Protocol):
+    """A link whose agent starts from a login shell that may print first (SSH): what it said can be read
+    while the link is open, unlike `Link.diagnostics`, which may wait for the agent's end."""
+
+    def said_so_far(self) -> str:
+        """Everything the host wrote on stderr until now, without waiting."""
+        ...
+
+
 def abort(link: Link) -> None:
     """`link.abort()`, as a callback: `Link.abort` itself is the protocol's empty stub, not the link's own."""
     link.abort()

@@ -24,7 +24,7 @@ from launcher.agent.protocol import (
     encode_message,
 )
 from launcher.backends import api as backend
-from launcher.backends.link import Acknowledging, Link, abort, opening
+from launcher.backends.link import Acknowledging, Link, Prefaced, abort, opening
 from launcher.backends.local import LocalTransport
 from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
@@ -123,7 +123,7 @@ class Node:
         if frames and frames[0].kind == HELLO:
             hello = decode_message(Hello, frames.pop(0).payload)
             self.hello_at = self._heard
-            self._login_said = self.link.diagnostics()
+            self._login_said = self._said_so_far()
             if hello.version != VERSION:
                 raise HostError(
                     f"host {self.name}: its distrun agent speaks protocol version {hello.version}, "
@@ -153,9 +153,13 @@ class Node:
     def login_output(self) -> str:
         """The last line the host's login shell printed (stdout or stderr) before its agent started."""
         said = self.reader.preamble.decode(errors="replace") + "\n"
-        said += self._login_said if self.hello_at is not None else self.link.diagnostics()
+        said += self._login_said if self.hello_at is not None else self._said_so_far()
         said = said.strip()
         return said.splitlines()[-1] if said else ""
+
+    def _said_so_far(self) -> str:
+        # Only a login shell prints before the agent; other links' diagnostics may wait for the agent's end.
+        return self.link.said_so_far() if isinstance(self.link, Prefaced) else ""
 
 
 @dataclass(eq=False)

@@ -28,8 +28,9 @@ _KINDS = (
 )
 
 
-# What the start reserves, briefly, to show the report will fit: a large job's account is tens of KiB.
-PROBE_BYTES = 256 * 1024
+# What the start allocates, briefly, to show a report fits: a small job's account (a large one's is tens of
+# KiB; what fills the disk during the run is still found at the end, with a warning and the old report kept).
+PROBE_BYTES = 16 * 1024
 
 
 class ReportPathError(UsageError):

@@ -27,8 +27,11 @@ class AnsweringMachine(FakeLink):
     def acked_ago(self) -> float:
         return 0.0
 
-    def diagnostics(self) -> str:
+    def said_so_far(self) -> str:
         return "pyenv: cannot rehash: couldn't acquire lock"
+
+    def diagnostics(self) -> str:
+        return self.said_so_far()
 
 
 def _facts(name: str) -> bytes:

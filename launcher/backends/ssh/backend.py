@@ -87,6 +87,9 @@ class SshLink:
         self._drain_stderr()
         return self._stderr.decode(errors="replace").strip()
 
+    def said_so_far(self) -> str:
+        return self.diagnostics()
+
     def close_input(self) -> None:
         with contextlib.suppress(OSError, EOFError):
             self._channel.shutdown_write()  # the agent sees EOF on stdin
