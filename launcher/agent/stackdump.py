@@ -16,6 +16,8 @@ Two ways, chosen per host:
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import py_compile
@@ -57,11 +59,58 @@ class Never(Warning):
 """
 
 
+DIR_PREFIX = "distrun-stacks-"
+# Held (flock) by the agent whose directory it is, for as long as it lives: the kernel lets go of it however
+# the agent ends, SIGKILL included, so a directory whose lock can be taken is a leftover.
+LOCK_NAME = "agent.lock"
+
+
+def _leftover(path: str) -> bool:
+    """Whether `path` is a dump directory of this user whose agent is gone. One without a lock file is left
+    alone: its agent is still making it (or it is an earlier release's, whose agent may live)."""
+    try:
+        info = os.lstat(path)
+        if not (info.st_uid == os.getuid() and os.path.isdir(path) and not os.path.islink(path)):
+            return False
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            raise
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def remove_leftovers(tmp: str) -> list[str]:
+    """Remove the dump directories in `tmp` that agents killed with SIGKILL left (no agent can remove its
+    own then); the directories removed."""
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(DIR_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(tmp, name)
+        if _leftover(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class DumpDir:
     """The agent's private directory: the hook module, and the files the ranks' dumps are written to."""
 
     def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix="distrun-stacks-")  # mode 0700
+        remove_leftovers(tempfile.gettempdir())
+        self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")  # mode 0700
+        # O_CLOEXEC: a rank must not hold the lock after its agent died.
+        self._lock = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         source = os.path.join(self.path, HOOK_MODULE + ".py")
         with open(source, "w") as f:
             f.write(HOOK_SOURCE)
@@ -87,6 +136,7 @@ class DumpDir:
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
 
 
 def find_py_spy() -> str | None:
@@ -108,6 +158,32 @@ def _catches(pid: int, signum: int) -> bool | None:
     except OSError:
         return None
     return False
+
+
+def _state(pid: int) -> str:
+    """The state letter of /proc/PID/status (`R`, `S`, `T` stopped, `t` stopped by a tracer, `Z` ...); "" when
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1]
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
+def unreadable_state(pid: int) -> str:
+    """Why a process in its present state cannot give its stacks, at once; "" when it can be asked. A stopped
+    process runs no signal handler and py-spy finds no interpreter in it: asking would only wait."""
+    state = _state(pid)
+    if state in ("", "Z", "X"):
+        return "it has exited"
+    if state == "T":
+        return f"it is stopped (SIGSTOP or SIGTSTP; kill -CONT {pid} resumes it)"
+    if state == "t":
+        return "it is stopped by a debugger (tracing stop)"
+    return ""
 
 
 def _program(pid: int) -> str:
@@ -209,7 +285,10 @@ class _One:
         # Native frames need the symbols of every library (seconds for libtorch): past two thirds of the wait,
         # py-spy is asked again for the Python frames alone, which takes a fraction of a second.
         self.native_until: float | None = now + wait * 2 / 3
-        if py_spy:
+        state = unreadable_state(self.pid)
+        if state:
+            self._done(error=state)
+        elif py_spy:
             self._py_spy(native=True)
         else:
             self._signal()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -155,6 +156,33 @@ def _other_ranks(output_dir: Path, ranks: Iterable[int]) -> list[int]:
     return sorted(found)
 
 
+_STACKS_FILE = re.compile(r"stacks-(\d+)-[\w-]+\.txt")
+
+
+def earlier_stacks(output_dir: Path) -> list[str]:
+    """The `stacks-N-REASON.txt` files an earlier run left in `output_dir`, by number."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(output_dir):
+            match = _STACKS_FILE.fullmatch(entry.name)
+            if match:
+                found.append((int(match[1]), entry.name))
+    return [name for _, name in sorted(found)]
+
+
+def first_stacks_number(output_dir: Path | None) -> int:
+    """The number of this job's first stacks file: after an earlier run's, which it then never replaces."""
+    if output_dir is None:
+        return 1
+    numbers = [int(m[1]) for m in map(_STACKS_FILE.fullmatch, earlier_stacks(output_dir)) if m]
+    return max(numbers, default=0) + 1
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    shown = names if len(names) <= most else [*names[: most - 1], f"... ({len(names)} files)"]
+    return ", ".join(shown)
+
+
 @dataclass(frozen=True)
 class LogOptions:
     prefix: Literal["rank", "host", "none"] = "rank"
@@ -192,6 +220,15 @@ class LogRelay:
                     options.output_dir,
                     ", ".join(f"rank.{r}" for r in stale),
                     len(hosts),
+                )
+            stacks = earlier_stacks(options.output_dir)
+            if stacks:
+                log.warning(
+                    "--output-dir %s: %s from an earlier run; left as they are (this job's stacks begin "
+                    "at stacks-%d)",
+                    options.output_dir,
+                    _listed(stacks),
+                    first_stacks_number(options.output_dir),
                 )
         terminal = same_terminal(out_fd, err_fd) and os.environ.get("TERM") != "dumb"
         self._terminal = terminal

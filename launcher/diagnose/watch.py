@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.agent.protocol import STACKS, StackReply, StacksRequest
-from launcher.console.relay import LogRelay
+from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.diagnose.control import ControlError, ControlServer, answer
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
@@ -81,6 +81,8 @@ class JobWatch:
         self._hosts: dict[int, str] = {}
         self.timeline = Timeline(time.monotonic())
         self._timeline_told = False
+        # An earlier run's stacks files in a reused --output-dir stay; this job's are numbered after them.
+        self._first_file = first_stacks_number(options.output_dir)
 
     def close(self) -> None:
         if self.control is not None:
@@ -225,7 +227,7 @@ class JobWatch:
     def _write(self, dump: StackDump, lines: list[str]) -> Path | None:
         if self.options.output_dir is None:
             return None
-        path = self.options.output_dir / f"stacks-{len(self.dumps)}-{dump.reason}.txt"
+        path = self.options.output_dir / f"stacks-{self._first_file + len(self.dumps) - 1}-{dump.reason}.txt"
         try:
             path.write_text("\n".join(lines) + "\n", encoding="utf-8")
         except OSError as err:
