@@ -29,6 +29,8 @@ import tempfile
 from typing import Any
 
 HOOK_MODULE = "distrun_rankhook"
+# What the agent adds to each rank's environment for the hook: a distrun started inside a rank sees them.
+HOOK_VARIABLES = ("DISTRUN_STACK_DIR", "DISTRUN_STACK_SIGNAL")
 # A real-time signal: the user's own SIGUSR1/SIGUSR2 handlers (which distrun forwards) stay untouched.
 STACK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 2
 # faulthandler writes in several calls: the dump is complete once the file stopped growing for this long.
@@ -123,9 +125,10 @@ class DumpDir:
         path = env.get("PYTHONPATH")
         warnings = env.get("PYTHONWARNINGS")
         hook = f"ignore::{HOOK_MODULE}.Never"
+        directory, signal_number = HOOK_VARIABLES
         return {
-            "DISTRUN_STACK_DIR": self.path,
-            "DISTRUN_STACK_SIGNAL": str(STACK_SIGNAL),
+            directory: self.path,
+            signal_number: str(STACK_SIGNAL),
             # After the user's entries: what their imports find stays the same.
             "PYTHONPATH": path + os.pathsep + self.path if path else self.path,
             "PYTHONWARNINGS": warnings + "," + hook if warnings else hook,

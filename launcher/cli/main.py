@@ -27,7 +27,7 @@ from launcher import __version__, release_start_guard
 from launcher.backends import api as backend
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
 from launcher.backends.slurm.allocation import allocation_from_env
-from launcher.cli.config_file import ENV_LEVEL, Sources, merge_config_file
+from launcher.cli.config_file import ENV_LEVEL, Sources, bad_value_message, merge_config_file
 from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
@@ -618,6 +618,9 @@ def _run(argv: Sequence[str]) -> int:
     except DistrunError as err:
         _error(str(err))
         return err.exit_code
+    except click.BadParameter as err:
+        _error(bad_value_message(err))
+        return err.exit_code
     except click.ClickException as err:
         _error(err.format_message())
         return err.exit_code
@@ -639,9 +642,12 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             # Only when there is a stray variable: these imports cost start-up time.
             import difflib
 
+            from launcher.agent.stackdump import HOOK_VARIABLES
             from launcher.agent.store import CACHE_DIR_VAR
 
             if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (README, --workdir)
+                continue
+            if name in HOOK_VARIABLES:  # what each rank's agent adds for the stack hook
                 continue
 
             close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)

@@ -136,7 +136,7 @@ class JobWatch:
         answered = {int(r["rank"]) for r in reply.ranks}
         pending.stacks.extend(RankStacks.from_json(host.name, r) for r in reply.ranks)
         pending.stacks.extend(
-            RankStacks(slot.rank, host.name, error="not running")
+            RankStacks(slot.rank, host.name, error="it has exited")
             for slot in host.slots
             if slot.rank not in answered
         )

@@ -601,8 +601,8 @@ class Job:
             if self.watch is not None:
                 self.watch.timeline.mark(host.name, "started", time.monotonic())
         log.info(
-            "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
-            rdzv.master_addr, rdzv.master_port,
+            "started %s on %s; rendezvous at %s:%d", plural(plan.world_size, "rank", "ranks"),
+            plural(plan.node_count, "host", "hosts"), rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
 
 

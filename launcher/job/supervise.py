@@ -35,6 +35,7 @@ from launcher.agent.protocol import (
 )
 from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.console.relay import LogRelay
+from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import DeadlineReached, HostError, Interrupted
@@ -189,7 +190,7 @@ class Supervisor:
         self.stop_at = now
         if self.watch is not None:
             self.watch.stopping()
-        log.info("stopping every rank: %s", type(self.cause).__name__)
+        log.info("stopping every rank: %s", describe_cause(self.cause))
         self._send_all(STOP, StopRequest(signal_name(first)))
 
     def _running(self) -> list[Node]:
