@@ -37,18 +37,55 @@ STACK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 2
 SETTLE_SECONDS = 0.05
 # How often the agent looks at a gathering in progress.
 POLL_SECONDS = 0.02
+# faulthandler stops at 100 frames (innermost first), writing "  ..." for the rest: then the whole stacks
+# come from a Python handler chained behind it, which runs as soon as the main thread runs Python code.
+FULL_WAIT = 0.5
+TRUNCATED = "  ..."
 HOOK_SOURCE = """\
 import faulthandler, os
 
+_where = os.environ.get("DISTRUN_STACK_DIR")
+
+
+def _whole(signum, frame):
+    "Every thread's whole stack as JSON; faulthandler, in C, answered first but stops at 100 frames."
+    try:
+        import json, sys, threading
+
+        names = dict((t.ident, t.name) for t in threading.enumerate())
+        main, here = threading.main_thread().ident, threading.get_ident()
+        threads = []
+        for ident, top in sys._current_frames().items():
+            top = frame if ident == here else top
+            frames = []
+            while top is not None:
+                frames.append([top.f_code.co_name, top.f_code.co_filename, top.f_lineno or 0])
+                top = top.f_back
+            frames.reverse()
+            threads.append({"name": names.get(ident, ""), "main": ident == main, "frames": frames})
+        path = os.path.join(_where, "%d.whole" % os.getpid())
+        with open(path + ".tmp", "w") as f:
+            json.dump(threads, f)
+        os.replace(path + ".tmp", path)
+    except Exception:
+        pass
+
 
 def _install():
-    where, signum = os.environ.get("DISTRUN_STACK_DIR"), os.environ.get("DISTRUN_STACK_SIGNAL")
-    if not where or not signum:
+    signum = os.environ.get("DISTRUN_STACK_SIGNAL")
+    if not _where or not signum:
         return
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(os.path.join(where, "%d.stack" % os.getpid()), flags, 0o600)
-        faulthandler.register(int(signum), file=fd, all_threads=True, chain=False)
+        fd = os.open(os.path.join(_where, "%d.stack" % os.getpid()), flags, 0o600)
+        try:
+            import signal
+
+            signal.signal(int(signum), _whole)
+            chain = True
+        except (OSError, ValueError, RuntimeError, AttributeError):
+            chain = False
+        faulthandler.register(int(signum), file=fd, all_threads=True, chain=chain)
     except (OSError, ValueError, RuntimeError, AttributeError):
         pass
 
@@ -136,6 +173,9 @@ class DumpDir:
 
     def stack_file(self, pid: int) -> str:
         return os.path.join(self.path, f"{pid}.stack")
+
+    def whole_file(self, pid: int) -> str:
+        return os.path.join(self.path, f"{pid}.whole")
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -233,6 +273,8 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
         if line.startswith(("Thread 0x", "Current thread 0x")):
             ident = line.split()[1] if line.startswith("Thread") else line.split()[2]
             threads.append({"name": "", "ident": ident, "frames": []})
+        elif line.rstrip() == TRUNCATED and threads:
+            threads[-1]["truncated"] = True  # the outermost frames are missing
         elif line.startswith('  File "') and threads:
             # '  File "path", line N in func'
             path, _, rest = line[len('  File "') :].rpartition('", line ')
@@ -246,6 +288,18 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
     if threads:
         threads[-1]["main"] = True
     return threads
+
+
+def parse_whole(text: str) -> list[dict[str, Any]]:
+    """The hook's Python handler's dump (every thread's whole stack, outermost first) as threads."""
+    threads = []
+    for thread in json.loads(text):
+        frames = [[str(f[0]), str(f[1]), int(f[2])] for f in thread.get("frames") or []]
+        threads.append(
+            {"name": str(thread.get("name") or ""), "main": bool(thread.get("main")), "frames": frames}
+        )
+    # faulthandler's order: the main thread last.
+    return sorted(threads, key=lambda t: bool(t["main"]))
 
 
 def parse_py_spy(text: str, pid: int) -> list[dict[str, Any]]:
@@ -285,6 +339,9 @@ class _One:
         self.size = -1
         self.changed = now
         self.py_spy = py_spy
+        # faulthandler's dump when it was cut at its frame limit, while the whole one is awaited.
+        self.cut: list[dict[str, Any]] | None = None
+        self.whole_until = 0.0
         # Native frames need the symbols of every library (seconds for libtorch): past two thirds of the wait,
         # py-spy is asked again for the Python frames alone, which takes a fraction of a second.
         self.native_until: float | None = now + wait * 2 / 3
@@ -335,6 +392,8 @@ class _One:
                 self._done(error=self.py_spy_error or "no stack hook in it (a Python started with -I or -E?)")
             return
         try:
+            if os.path.exists(self.dir.whole_file(self.pid)):
+                os.unlink(self.dir.whole_file(self.pid))  # an earlier request's
             os.truncate(self.dir.stack_file(self.pid), 0)
             os.kill(self.pid, STACK_SIGNAL)
         except OSError as exc:
@@ -367,6 +426,9 @@ class _One:
             self.py_spy_error = "py-spy: " + (lines[-1] if lines else f"exit {code}")
             self._signal()
             return
+        if self.cut is not None:
+            self._await_whole(now)
+            return
         try:
             size = os.path.getsize(self.dir.stack_file(self.pid))
         except OSError:
@@ -375,10 +437,29 @@ class _One:
             self.size, self.changed = size, now
         elif size and now - self.changed >= SETTLE_SECONDS:
             with open(self.dir.stack_file(self.pid), errors="replace") as f:
-                self._done("faulthandler", parse_faulthandler(f.read()))
+                threads = parse_faulthandler(f.read())
+            if any(t.get("truncated") for t in threads):
+                self.cut, self.whole_until = threads, now + FULL_WAIT
+                self._await_whole(now)
+            else:
+                self._done("faulthandler", threads)
+
+    def _await_whole(self, now: float) -> None:
+        """The whole stacks, once the rank's Python handler wrote them; the cut ones (marked) when it does
+        not run soon (its main thread is blocked outside Python)."""
+        try:
+            with open(self.dir.whole_file(self.pid)) as f:
+                self._done("faulthandler", parse_whole(f.read()))
+            return
+        except (OSError, ValueError, TypeError, IndexError):
+            pass
+        if now >= self.whole_until and self.cut is not None:
+            self._done("faulthandler", self.cut)
 
     def give_up(self, waited: float) -> None:
-        if self.result is None:
+        if self.result is None and self.cut is not None:
+            self._done("faulthandler", self.cut)
+        elif self.result is None:
             self._stop_py_spy()
             self._done(error=f"no stacks within {waited:g}s")
 

@@ -25,6 +25,7 @@ from typing import Literal
 from launcher.agent.protocol import write_all
 from launcher.console.redraws import RedrawDisplay, RedrawLines, StatusArea
 from launcher.console.writer import Console, same_terminal
+from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import UsageError
 
@@ -216,10 +217,10 @@ class LogRelay:
             if stale:
                 # Left, not deleted: they are an earlier run's logs, which the user may still want.
                 log.warning(
-                    "--output-dir %s: %s from an earlier run (this job has %d ranks); left as they are",
+                    "--output-dir %s: %s from an earlier run (this job has %s); left as they are",
                     options.output_dir,
                     ", ".join(f"rank.{r}" for r in stale),
-                    len(hosts),
+                    plural(len(hosts), "rank", "ranks"),
                 )
             stacks = earlier_stacks(options.output_dir)
             if stacks:

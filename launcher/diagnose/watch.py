@@ -219,7 +219,8 @@ class JobWatch:
         if pending.reason != "request":
             self.relay.note([f"{head} ({pending.reason}):"])
             self.relay.block(body)
-        path = self._write(dump, [head + ":", *body])
+        # The file keeps every frame as read; the console and `distrun stacks` get the readable form.
+        path = self._write(dump, [head + ":", *dump.lines(full=True)])
         text = "\n".join([head + ":", *body, *([f"written to {path}"] if path else [])]) + "\n"
         for client in pending.clients:
             answer(client, text)
