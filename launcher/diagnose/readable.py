@@ -50,20 +50,29 @@ def package_of(file: str) -> str:
 
 
 def _collapse(text: str, opening: str, closing: str) -> str:
-    """Every outermost `<...>` (or `(...)`) with its contents replaced by `<...>`; unbalanced text is kept."""
+    """Every outermost `<...>` (or `(...)`) with contents replaced by `<...>` (`()` stays); unbalanced text is
+    kept as it is."""
     out: list[str] = []
     depth = 0
+    inner = 0
     for char in text:
         if char == opening:
             if depth == 0:
-                out.append(opening + "...")
+                out.append(opening)
+                inner = 0
+            else:
+                inner += 1
             depth += 1
         elif char == closing and depth:
             depth -= 1
             if depth == 0:
-                out.append(closing)
+                out.append(("..." if inner else "") + closing)
+            else:
+                inner += 1
         elif depth == 0:
             out.append(char)
+        else:
+            inner += 1
     return text if depth else "".join(out)
 
 
@@ -77,7 +86,8 @@ def shorten_symbol(name: str, limit: int = SYMBOL_LIMIT) -> str:
         return f"\0{len(operators) - 1}\0"
 
     short = _OPERATORS.sub(hide, name)
-    short = _collapse(_collapse(short, "<", ">"), "(", ")")
+    # Parentheses first: a template argument may hold `(a > b)`.
+    short = _collapse(_collapse(short, "(", ")"), "<", ">")
     short = re.sub(r"\0(\d+)\0", lambda m: operators[int(m[1])], short)
     if len(short) > limit:
         half = (limit - 3) // 2
