@@ -7,6 +7,7 @@ which decides between -H and --hostfile and names the source in messages.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,8 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
 
 
 # Options naming files: in a config file they are relative to the file, not to where distrun runs.
-_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report", "workdir"})
+# (Options of type click.Path, a backend's files among them, are such too.)
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "env_file", "report", "workdir"})
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def _config_value(param: click.Parameter, given: ConfigValue, base: Path, label:
                 # click would truncate 2.7 to 2 silently.
                 text = given.written[index] if index < len(given.written) else str(item)
                 raise UsageError(f"{label}: expected a whole number, got {text}")
-    if param.name in _PATH_OPTIONS:
+    if param.name in _PATH_OPTIONS or isinstance(param.type, click.Path):
         items = [str(base / Path(str(item)).expanduser()) for item in items]
         value = items if param.multiple else items[0]
     return value
@@ -163,10 +165,13 @@ class Sources:
         return self.labels.get(name, flag)
 
 
-def merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], Sources]:
+def merge_config_file(
+    ctx: click.Context, options: dict[str, Any], ignore: Collection[str] = ()
+) -> tuple[dict[str, Any], Sources]:
     """Fill options still at their defaults from the --config file; report each option's precedence level.
 
     Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
+    Keys naming an option in `ignore` (another command's, of a file both read) are passed over.
     """
     values = dict(options)
     sources = Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
@@ -185,6 +190,8 @@ def merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict
         raw, line = given.value, given.line
         name = key.replace("-", "_")
         label = f"{path}:{line}: {key}"
+        if name in ignore and name not in params:
+            continue
         if name not in params:
             raise UsageError(f"{path}:{line}: unknown option {key!r}")
         if name in seen:

@@ -29,7 +29,7 @@ from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.core.forward import job_env
 from launcher.core.hosts import Host
-from launcher.core.plan import Plan, Slot, make_plan, plural
+from launcher.core.plan import Plan, Slot, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
@@ -72,7 +72,7 @@ HEARTBEAT = 1.0
 
 def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    plan = build_plan(config.plan_inputs)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
         out_fd,
@@ -246,7 +246,7 @@ class Job:
             if interrupted is not None:
                 self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
                 return interrupted
-            plan = make_plan(decision.hosts, decision.num_proc)
+            plan = build_plan(self.config.plan_inputs.resized(decision.hosts, decision.num_proc))
 
     def closing_lines(self) -> list[str]:
         """Every attempt with its cause (when there was more than one), then why the job did not go on."""

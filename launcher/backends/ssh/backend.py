@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from launcher.agent.protocol import READ_SIZE
 from launcher.backends.api import Backend, CheckedLink
@@ -20,8 +20,9 @@ from launcher.backends.locality import (
     refuse_this_machine_twice,
     runs_here,
 )
+from launcher.backends.ssh.options import SSH_OPTIONS, SshOptions, parse_ssh_options
 from launcher.console.progress import ProgressFn
-from launcher.core.config import LaunchConfig, SshOptions
+from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
 from launcher.errors import HostError
 
@@ -161,6 +162,10 @@ class SshBackend(Backend):
     """`--launcher ssh` (the default outside Slurm)."""
 
     name = "ssh"
+    options = SSH_OPTIONS
+
+    def parse_options(self, values: Mapping[str, Any], label: Callable[[str], str]) -> SshOptions:
+        return parse_ssh_options(values, label)
 
     def local_hosts(self, hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
         """Which hosts are this machine (they run through a local agent, without SSH).
