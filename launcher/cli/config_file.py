@@ -175,9 +175,13 @@ def merge_config_file(
     """
     values = dict(options)
     sources = Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
-    # A value from the environment is named as the user set it: DISTRUN_TIMEOUT, not --timeout.
+    # A value from the environment is named as the user set it, with the option it sets:
+    # `DISTRUN_TIMEOUT (--timeout)`, not `--timeout`.
+    by_name = {p.name: p for p in ctx.command.params if p.name}
     sources.labels.update(
-        (name, env_name(ctx, name)) for name, level in sources.levels.items() if level == ENV_LEVEL
+        (name, f"{env_name(ctx, name)} ({option_name(by_name[name])})")
+        for name, level in sources.levels.items()
+        if level == ENV_LEVEL and name in by_name
     )
     path = options["config"]
     if path is None:

@@ -323,7 +323,7 @@ def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, st
     in_file = sources.file_counts.get("export", 0)
     exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
     from_env = sources.levels["export"] == ENV_LEVEL
-    label = f"{ENV_PREFIX}_EXPORT" if from_env else sources.label("export", "-x")
+    label = sources.label("export", "-x")  # DISTRUN_EXPORT (-x/--export) where it came from there
     exports.update(parse_exports(given[in_file:], os.environ, label, split_on_blanks=from_env))
     return tuple(exports.items())
 

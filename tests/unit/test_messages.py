@@ -50,9 +50,16 @@ def error_of(capsys: pytest.CaptureFixture[str], *args: str) -> str:
         ),
         ({"DISTRUN_PREFIX": "rnk"}, "Invalid value for DISTRUN_PREFIX (--prefix): 'rnk' is not one of"),
         ({"DISTRUN_TIMEOUT": "soon"}, "Invalid value for DISTRUN_TIMEOUT (--timeout): 'soon' is not a valid"),
-        ({"DISTRUN_TIMEOUT": "0"}, "DISTRUN_TIMEOUT must be a positive number of seconds, got 0"),
-        ({"DISTRUN_HOSTS": "a:x"}, "DISTRUN_HOSTS entry 'a:x': slots must be a positive integer"),
-        ({"DISTRUN_PYTHON": "two words"}, "DISTRUN_PYTHON 'two words': expected one word"),
+        ({"DISTRUN_TIMEOUT": "0"}, "DISTRUN_TIMEOUT (--timeout) must be a positive number of seconds, got 0"),
+        (
+            {"DISTRUN_HOSTS": "a:x"},
+            "DISTRUN_HOSTS (-H/--hosts) entry 'a:x': slots must be a positive integer",
+        ),
+        ({"DISTRUN_PYTHON": "two words"}, "DISTRUN_PYTHON (--python) 'two words': expected one word"),
+        (
+            {"DISTRUN_SSH_KEEPALIVE": "-2"},
+            "DISTRUN_SSH_KEEPALIVE (--ssh-keepalive) must be a positive number",
+        ),
     ],
 )
 def test_a_distrun_variables_error_names_the_variable_and_its_option(
