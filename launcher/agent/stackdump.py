@@ -42,30 +42,34 @@ POLL_SECONDS = 0.02
 FULL_WAIT = 0.5
 TRUNCATED = "  ..."
 HOOK_SOURCE = """\
-import faulthandler, os
+import _thread, faulthandler, os, sys
 
 _where = os.environ.get("DISTRUN_STACK_DIR")
 
 
 def _whole(signum, frame):
-    "Every thread's whole stack as JSON; faulthandler, in C, answered first but stops at 100 frames."
+    \"""Every thread's whole stack; faulthandler, in C, answered first but stops at 100 frames. It runs in
+    the main thread between two bytecodes of whatever that was doing, so it takes no lock (threading's own
+    would deadlock a main thread interrupted while holding it) and imports nothing.\"""
     try:
-        import json, sys, threading
-
-        names = dict((t.ident, t.name) for t in threading.enumerate())
-        main, here = threading.main_thread().ident, threading.get_ident()
-        threads = []
+        threading = sys.modules.get("threading")
+        active = dict(getattr(threading, "_active", None) or {})
+        here = _thread.get_ident()
+        lines = []
         for ident, top in sys._current_frames().items():
             top = frame if ident == here else top
+            thread = active.get(ident)
+            name = getattr(thread, "_name", "") if thread is not None else ""
+            lines.append("thread\\t%d\\t%s" % (ident == here, str(name).replace("\\n", " ")))
             frames = []
             while top is not None:
-                frames.append([top.f_code.co_name, top.f_code.co_filename, top.f_lineno or 0])
+                code = top.f_code
+                frames.append("%d\\t%s\\t%s" % (top.f_lineno or 0, code.co_name, code.co_filename))
                 top = top.f_back
-            frames.reverse()
-            threads.append({"name": names.get(ident, ""), "main": ident == main, "frames": frames})
+            lines.extend(reversed(frames))
         path = os.path.join(_where, "%d.whole" % os.getpid())
         with open(path + ".tmp", "w") as f:
-            json.dump(threads, f)
+            f.write("\\n".join(lines) + "\\n")
         os.replace(path + ".tmp", path)
     except Exception:
         pass
@@ -291,14 +295,15 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
 
 
 def parse_whole(text: str) -> list[dict[str, Any]]:
-    """The hook's Python handler's dump (every thread's whole stack, outermost first) as threads."""
-    threads = []
-    for thread in json.loads(text):
-        frames = [[str(f[0]), str(f[1]), int(f[2])] for f in thread.get("frames") or []]
-        threads.append(
-            {"name": str(thread.get("name") or ""), "main": bool(thread.get("main")), "frames": frames}
-        )
-    # faulthandler's order: the main thread last.
+    """The hook's Python handler's dump as threads: a `thread MAIN NAME` line each (tab-separated), then its
+    frames outermost first as `LINE FUNCTION FILE`. The main thread comes last, as in faulthandler's."""
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        fields = line.split("\t", 2)
+        if fields[0] == "thread" and len(fields) == 3:
+            threads.append({"name": fields[2], "main": fields[1] == "1", "frames": []})
+        elif len(fields) == 3 and threads:
+            threads[-1]["frames"].append([fields[1], fields[2], int(fields[0])])
     return sorted(threads, key=lambda t: bool(t["main"]))
 
 

@@ -51,6 +51,24 @@ def test_a_deep_recursion_from_two_callers_is_two_groups(tmp_path: Path) -> None
     assert lines[-1].startswith("verdict: the ranks are in 2 different places"), shown
 
 
+def test_a_deep_stack_blocked_outside_python_is_marked_as_cut(tmp_path: Path) -> None:
+    """No Python code runs to read the whole stacks: faulthandler's innermost 100 frames are all there is,
+    and the output says so instead of calling the ranks' place the same without a word."""
+    env = _own_runtime(tmp_path)
+    job = start_distrun(
+        "-np", "2", "--stack-tool", "python", "--grace-period", "1", SCRIPTS / "stack_cases.py", tmp_path,
+        "deep-in-c", env=env,
+    )  # fmt: skip
+    with never_left_running(job):
+        wait_for_files(tmp_path, "*.pid", 2)
+        shown = ask_stacks_until(job.pid, "stacks cut at 100 frames", env)
+    assert "ranks 0-1 (2 of 2) on localhost:" in shown, shown
+    assert "    ... outer frames not read (faulthandler stops at 100)" in shown, shown
+    assert shown.splitlines()[-1].endswith(
+        "; ranks 0-1: stacks cut at 100 frames, they may differ further out"
+    )
+
+
 def test_a_stopped_rank_is_named_at_once(tmp_path: Path) -> None:
     env = _own_runtime(tmp_path)
     job = start_distrun(

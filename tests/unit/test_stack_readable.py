@@ -169,13 +169,12 @@ def test_a_cut_faulthandler_dump_is_marked_and_the_verdict_says_so() -> None:
 
 def test_the_whole_dump_of_the_hooks_python_handler_is_read() -> None:
     text = (
-        '[{"name": "loader", "main": false, "frames": [["run", "/x/threading.py", 9]]},'
-        ' {"name": "MainThread", "main": true,'
-        ' "frames": [["<module>", "/job/t.py", 1], ["walk", "/job/t.py", 7]]}]'
+        "thread\t1\tMainThread\n1\t<module>\t/job/t.py\n7\twalk\t/job/a\tb.py\n"
+        "thread\t0\tloader\n9\trun\t/x/threading.py\n"
     )
     threads = parse_whole(text)
-    assert [t["main"] for t in threads] == [False, True]
-    assert threads[1]["frames"] == [["<module>", "/job/t.py", 1], ["walk", "/job/t.py", 7]]
+    assert [(t["name"], t["main"]) for t in threads] == [("loader", False), ("MainThread", True)]
+    assert threads[1]["frames"] == [["<module>", "/job/t.py", 1], ["walk", "/job/a\tb.py", 7]]
     assert "truncated" not in threads[1]
 
 
