@@ -39,7 +39,7 @@ SETTLE_SECONDS = 0.05
 POLL_SECONDS = 0.02
 # faulthandler stops at 100 frames (innermost first), writing "  ..." for the rest: then the whole stacks
 # come from a Python handler chained behind it, which runs as soon as the main thread runs Python code.
-FULL_WAIT = 0.5
+WHOLE_WAIT = 0.5
 TRUNCATED = "  ..."
 HOOK_SOURCE = """\
 import _thread, faulthandler, os, sys
@@ -444,7 +444,7 @@ class _One:
             with open(self.dir.stack_file(self.pid), errors="replace") as f:
                 threads = parse_faulthandler(f.read())
             if any(t.get("truncated") for t in threads):
-                self.cut, self.whole_until = threads, now + FULL_WAIT
+                self.cut, self.whole_until = threads, now + WHOLE_WAIT
                 self._await_whole(now)
             else:
                 self._done("faulthandler", threads)
