@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
+from launcher.agent.environment import rank_environment, start_environment
 from launcher.agent.protocol import (
     BEAT,
     BLOB,
@@ -70,13 +71,11 @@ from launcher.agent.protocol import (
     encode,
     encode_hello,
     encode_message,
-    rank_environment,
-    start_environment,
     write_all,
 )
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
-from launcher.agent.software import TORCH_PROBE, ask, stack, which
+from launcher.agent.software import TORCH_PROBE, ask, software_of, which
 from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
 from launcher.agent.store import has_copy
 
@@ -264,8 +263,8 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     extra: dict[str, Any] = {}
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
-    if request.stack:
-        extra["stack"] = stack(request.python or sys.executable)
+    if request.software:
+        extra["software"] = software_of(request.python or sys.executable)
     if request.workdir_hash:
         extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:

@@ -28,7 +28,7 @@ from launcher.check.verdict import (
     findings,
     row,
     same_machines,
-    stack_findings,
+    software_findings,
     table,
     verdict,
     workdir_line,
@@ -153,7 +153,7 @@ def check_hosts(
                 python=python,
                 route_to=rank0_addr if i > 0 else None,
                 check=True,
-                stack=True,
+                software=True,
                 workdir_hash=workdir_hash,
                 connect_to=rank0_addr if others else None,
                 connect_port=listen_port if others else 0,
@@ -199,7 +199,7 @@ def run_check(config: LaunchConfig) -> int:
         f
         for c in checks
         for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
-    ] + stack_findings(checks, config.allow_mismatch)
+    ] + software_findings(checks, config.allow_mismatch)
     if chosen.one_machine_per_host:
         problems += same_machines(checks)
     lines = table([row(c) for c in checks])

@@ -411,7 +411,7 @@ class LogRelay:
         """distrun's own lines that read as one block (every rank's stacks): on stderr, not prefixed."""
         if lines:
             self._display.before_lines()
-            self._console.write("stderr", "".join(f"{line}\n" for line in lines).encode())
+            self._console.write("stderr", SCRUBBER("".join(f"{line}\n" for line in lines)).encode())
         self.flush()
 
     def finish(self) -> None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from launcher.agent.protocol import STACKS, StackReply, StacksRequest
 from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
+from launcher.core.scrub import SCRUBBER
 from launcher.diagnose.control import ControlError, ControlServer, answer
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.job.node import HostAttempt
@@ -223,14 +224,14 @@ class JobWatch:
         path = self._write(dump, [head + ":", *dump.lines(full=True)])
         text = "\n".join([head + ":", *body, *([f"written to {path}"] if path else [])]) + "\n"
         for client in pending.clients:
-            answer(client, text)
+            answer(client, SCRUBBER(text))
 
     def _write(self, dump: StackDump, lines: list[str]) -> Path | None:
         if self.options.output_dir is None:
             return None
         path = self.options.output_dir / f"stacks-{self._first_file + len(self.dumps) - 1}-{dump.reason}.txt"
         try:
-            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            path.write_text(SCRUBBER("\n".join(lines) + "\n"), encoding="utf-8")
         except OSError as err:
             log.warning("cannot write %s: %s", path, err.strerror or err)
             return None

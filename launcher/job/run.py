@@ -345,7 +345,7 @@ class Job:
         self.probe(hosts, master_addr)
         if self.workdir is not None:
             self.copies = self.sync(nodes, self.workdir)
-        self.same_stack(hosts)
+        self.same_software(hosts)
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
@@ -437,7 +437,7 @@ class Job:
                 dead_after=self.dead_after if host.link.heartbeat else 0.0,
                 script=None if synced else _script(self.config.command),
                 # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
-                stack=len(hosts) > 1,
+                software=len(hosts) > 1,
             )
             for i, host in enumerate(hosts)
         ]
@@ -514,7 +514,7 @@ class Job:
             "hosts": hosts,
         }
 
-    def same_stack(self, hosts: Sequence[HostAttempt]) -> None:
+    def same_software(self, hosts: Sequence[HostAttempt]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
         if len(hosts) < 2:
             return
@@ -522,7 +522,7 @@ class Job:
 
         reports = []
         for host in hosts:
-            values = dict(_facts(host).stack or {})
+            values = dict(_facts(host).software or {})
             if host.name in self.copies:
                 values["workdir"] = self.copies[host.name].manifest_hash[:12]
             reports.append((host.name, values))
