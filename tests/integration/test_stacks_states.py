@@ -6,6 +6,7 @@ SIGKILL, deep recursion, a stopped rank, an unwritable runtime directory, a rank
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,9 +159,13 @@ def test_an_xdg_runtime_dir_of_another_user_falls_back_to_the_per_uid_directory(
 def test_a_rank_inside_pytest_shows_its_test_not_pytest(tmp_path: Path) -> None:
     env = {**_own_runtime(tmp_path), "READY_DIR": str(tmp_path)}
     out_dir = tmp_path / "logs"
+    # Away from this repository: its pytest configuration and conftest.py are not the rank's.
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(SCRIPTS / "under_pytest.py", project / "test_under_pytest.py")
     job = start_distrun(
         "-np", "1", "--stack-tool", "python", "--output-dir", out_dir, sys.executable, "-m", "pytest", "-q",
-        "-p", "no:cacheprovider", SCRIPTS / "under_pytest.py", env=env,
+        "-p", "no:cacheprovider", "test_under_pytest.py", env=env, cwd=project,
     )  # fmt: skip
     with never_left_running(job):
         wait_for_files(tmp_path, "*.pid", 1)

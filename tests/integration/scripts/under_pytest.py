@@ -1,7 +1,7 @@
 """A rank that is a test inside pytest: pytest and pluggy put ~30 frames above the test's own.
 
-Run as `python -m pytest -q -p no:cacheprovider under_pytest.py` with READY_DIR in the environment: the test
-writes READY_DIR/RANK.pid and sleeps.
+Copied to a project of its own as test_under_pytest.py and run there as `python -m pytest -q
+test_under_pytest.py` with READY_DIR in the environment: the test writes READY_DIR/RANK.pid and sleeps.
 """
 
 import os
