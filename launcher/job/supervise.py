@@ -35,6 +35,7 @@ from launcher.agent.protocol import (
 )
 from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.console.relay import LogRelay
+from launcher.core.plan import plural
 from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.diagnose.watch import JobWatch
@@ -125,7 +126,9 @@ def probe(
                     )
                 for frame in frames:
                     dispatch(handlers, frame, node)
-    log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
+    log.debug(
+        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - started
+    )
     return [answers[id(node)] for node in nodes]
 
 
