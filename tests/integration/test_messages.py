@@ -4,9 +4,12 @@ without class names, plurals, no "none" lists."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+from launcher.agent.protocol import Facts
+from launcher.core.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
 from tests.support import clean_env, run_distrun
 
 
@@ -36,9 +39,16 @@ def test_a_directory_as_the_command_is_named_as_a_shell_would_and_as_localhost(t
 
 
 def test_v_names_the_cause_in_words_and_counts_agree(tmp_path: Path) -> None:
-    done = run_distrun("-v", "-np", "1", "--timeout", "1", "sleep", "60")
+    done = run_distrun("-vv", "-np", "1", "--timeout", "1", "sleep", "60")
     err = done.stderr.decode()
     assert done.returncode == 124, err
+    # No record's repr (`Facts(hostname=...)`), no class name, no "(s)" plural.
+    classes = (Facts, RankFailed, HostLost, Signalled, TimedOut, Succeeded)
+    assert [c.__name__ for c in classes if c.__name__ in err] == [], err
+    assert not re.search(r"\b[A-Z]\w+\(\w+=", err), err
+    assert "(s)" not in err
+    assert "distrun: probe: 1 agent answered" in err
+    assert "distrun: host localhost: hostname " in err
     assert "distrun: started 1 rank on 1 host;" in err
     assert "distrun: stopping every rank: timed out after 1s\n" in err
     assert "TimedOut" not in err
