@@ -249,11 +249,12 @@ def verdict(groups: Sequence[Group], world_size: int) -> str:
     )
 
 
-def _thread_lines(thread: ThreadStack, full: bool) -> list[str]:
+def _thread_lines(thread: ThreadStack, full: bool, verdicts: bool) -> list[str]:
+    """`verdicts`: the thread is the one the verdict reads (its frames the verdict names stay whole)."""
     frames = thread.frames
     if full:
         return [frame.text() for frame in frames]
-    keep = verdict_frames(thread) if thread.main else set()
+    keep = verdict_frames(thread) if verdicts else set()
     shown = readable([f.file for f in frames], [f.func for f in frames], [f.native for f in frames], keep)
     return [
         line.mark if line.frame is None else frames[line.frame].text(short=line.frame not in keep)
@@ -295,7 +296,8 @@ class StackDump:
                 out.append(f"  {name}:")
                 if thread.truncated:
                     out.append(f"    ... outer frames not read (faulthandler stops at {CUT_AT})")
-                out.extend(f"    {line}" for line in _thread_lines(thread, full))
+                lines = _thread_lines(thread, full, thread is group.sample.main_stack)
+                out.extend(f"    {line}" for line in lines)
                 if not thread.frames:
                     out.append("    (no Python frame)")
         out.append(f"verdict: {self.verdict}")
