@@ -21,6 +21,7 @@ every host as source, next to launcher/agent/protocol.py; hence its length.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import select
@@ -498,8 +499,14 @@ class Agent:
             except (OSError, subprocess.SubprocessError) as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
-                reason = exc if isinstance(exc, OSError) else f"cannot pin it to cores {r.cpus}"
-                msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {reason}\n"
+                reason = (
+                    _exec_problem(exc, r.argv)
+                    if isinstance(exc, OSError)
+                    else f"cannot pin it to cores {r.cpus}"
+                )
+                # The host as the launcher names it (its summary says `localhost`, not this machine's name).
+                host = env.get(HOSTNAME_VAR) or socket.gethostname()
+                msg = f"distrun: cannot start rank {r.rank} on {host}: {reason}\n"
                 self.send(ERR, r.rank, msg.encode())
                 self.send_message(EXIT, RankExited(code), r.rank)
                 continue
@@ -738,6 +745,23 @@ class Agent:
                 self._finish_attempt(now)
             if not self.started and (exiting or self.launcher_gone or not control_open):
                 return 0
+
+
+# The rank's host, as the launcher names it (launcher/core/env.py's contract).
+HOSTNAME_VAR = "DISTRUN_HOSTNAME"
+
+
+def _exec_problem(exc: OSError, argv: list[str]) -> str:
+    """Why a command could not run, as a shell says it: `train: is a directory`, `x: Permission denied`
+    (exec says EACCES for a directory too)."""
+    program = exc.filename or (argv[0] if argv else "")
+    if exc.errno == errno.EACCES and program and os.path.isdir(program):
+        return f"{program}: is a directory"
+    if exc.errno == errno.ENOENT and program and "/" not in program:
+        return f"{program}: command not found"
+    if exc.strerror:
+        return f"{program}: {exc.strerror}" if program else exc.strerror
+    return str(exc)
 
 
 def serve(in_fd: int, out_fd: int) -> int:

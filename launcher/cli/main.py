@@ -29,7 +29,7 @@ from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
 from launcher.backends.ssh.options import HostKeyPolicy, SshOptions
 from launcher.cli.backend_options import backend_values, backends_of, declared, named_launcher, with_backend
-from launcher.cli.config_file import ENV_LEVEL, Sources, merge_config_file
+from launcher.cli.config_file import ENV_LEVEL, Sources, bad_value_message, merge_config_file
 from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
@@ -331,7 +331,7 @@ def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, st
     in_file = sources.file_counts.get("export", 0)
     exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
     from_env = sources.levels["export"] == ENV_LEVEL
-    label = f"{ENV_PREFIX}_EXPORT" if from_env else sources.label("export", "-x")
+    label = sources.label("export", "-x")  # DISTRUN_EXPORT (-x/--export) where it came from there
     exports.update(parse_exports(given[in_file:], os.environ, label, split_on_blanks=from_env))
     return tuple(exports.items())
 
@@ -666,6 +666,9 @@ def _run(argv: Sequence[str]) -> int:
     except DistrunError as err:
         _error(str(err))
         return err.exit_code
+    except click.BadParameter as err:
+        _error(bad_value_message(err))
+        return err.exit_code
     except click.ClickException as err:
         _error(err.format_message())
         return err.exit_code
@@ -687,9 +690,12 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             # Only when there is a stray variable: these imports cost start-up time.
             import difflib
 
+            from launcher.agent.stackdump import HOOK_VARIABLES
             from launcher.agent.store import CACHE_DIR_VAR
 
             if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (README, --workdir)
+                continue
+            if name in HOOK_VARIABLES:  # what each rank's agent adds for the stack hook
                 continue
 
             close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)

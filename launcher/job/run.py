@@ -459,7 +459,7 @@ class Job:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
-            log.debug("host %s: %s", node.name, facts)
+            log.debug("host %s: %s", node.name, _facts_text(facts))
             host.facts = facts
             if self.watch is not None:
                 self.watch.timeline.mark(node.name, "probed", node.probed_at)
@@ -609,8 +609,8 @@ class Job:
             if self.watch is not None:
                 self.watch.timeline.mark(host.name, "started", time.monotonic())
         log.info(
-            "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
-            rdzv.master_addr, rdzv.master_port,
+            "started %s on %s; rendezvous at %s:%d", plural(plan.world_size, "rank", "ranks"),
+            plural(plan.node_count, "host", "hosts"), rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
 
 
@@ -678,3 +678,9 @@ def _write_report(
         write_report(config.report, report)
     except (OSError, DistrunError) as err:
         log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)
+
+
+def _facts_text(facts: Facts) -> str:
+    """-vv's line of what a host's agent reported: each known field as `name value`, no record's repr."""
+    known = {k: v for k, v in dataclasses.asdict(facts).items() if v not in (None, "", [], {})}
+    return "; ".join(f"{name.replace('_', ' ')} {value}" for name, value in known.items())

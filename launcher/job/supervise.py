@@ -35,6 +35,8 @@ from launcher.agent.protocol import (
 )
 from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.console.relay import LogRelay
+from launcher.core.plan import plural
+from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import DeadlineReached, HostError, Interrupted
@@ -140,7 +142,9 @@ def probe(
                     )
                 for frame in frames:
                     dispatch(handlers, frame, node)
-    log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
+    log.debug(
+        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - started
+    )
     return [answers[id(node)] for node in nodes]
 
 
@@ -205,7 +209,7 @@ class Supervisor:
         self.stop_at = now
         if self.watch is not None:
             self.watch.stopping()
-        log.info("stopping every rank: %s", type(self.cause).__name__)
+        log.info("stopping every rank: %s", describe_cause(self.cause))
         self._send_all(STOP, StopRequest(signal_name(first)))
 
     def _running(self) -> list[Node]:

@@ -400,7 +400,7 @@ def test_x_on_the_command_line_adds_to_the_file_exports(
     ("text", "message"),
     [
         ("num-proc: 2.7\n", "c.yaml:1: num-proc: expected a whole number, got 2.7"),
-        ("timeout: 5\nnum-proc: yes\n", "c.yaml:2: num-proc: expected a whole number, got True"),
+        ("timeout: 5\nnum-proc: yes\n", "c.yaml:2: num-proc: expected a whole number, got yes"),
         ("timeout: 5\ntimeout: 6\n", "c.yaml:2: 'timeout' is already set at line 1"),
         ("timeout: 0\n", "c.yaml:1: timeout must be a positive number of seconds, got 0"),
         ("grace-period: -1\n", "c.yaml:1: grace-period must be a positive number of seconds"),
