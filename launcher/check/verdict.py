@@ -103,8 +103,9 @@ def findings(
         found.append(
             Finding(
                 host,
-                f"{check.slots} slots but {gpus} GPUs",
-                f"give it at most {gpus} slots ({hosts_option} {host}:{gpus}) so no two ranks share a GPU",
+                f"{plural(check.slots, 'slot', 'slots')} but {plural(gpus, 'GPU', 'GPUs')}",
+                f"give it at most {plural(gpus, 'slot', 'slots')} ({hosts_option} {host}:{gpus}) "
+                "so no two ranks share a GPU",
                 fatal=False,
             )
         )

@@ -111,10 +111,10 @@ def named_launcher(
     from launcher.cli.config_file import load_config_file
 
     try:
-        value = load_config_file(config).get("launcher", (None, 0))[0]
+        given = load_config_file(config).get("launcher")
     except UsageError:  # said where click would say it, after --help and the command line's own errors
         return None
-    return str(value) if value else None
+    return str(given.value) if given is not None and given.value else None
 
 
 def backends_of(command: click.Command) -> tuple[Backend, ...]:

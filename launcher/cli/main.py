@@ -29,7 +29,7 @@ from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
 from launcher.backends.ssh.options import HostKeyPolicy, SshOptions
 from launcher.cli.backend_options import backend_values, backends_of, declared, named_launcher, with_backend
-from launcher.cli.config_file import ENV_LEVEL, Sources, merge_config_file
+from launcher.cli.config_file import ENV_LEVEL, Sources, bad_value_message, merge_config_file
 from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
@@ -41,7 +41,7 @@ from launcher.core.plan import PlanInputs, build_plan, implicit_localhost, plura
 from launcher.core.scrub import SCRUBBER
 from launcher.entry import without_gc
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
-from launcher.report.file import ReportPathError, report_target
+from launcher.report.file import ReportPathError, check_room
 
 ENV_PREFIX = "DISTRUN"
 # What distrun sets in each rank's environment, not settings of distrun (see launcher/core/env.py).
@@ -129,6 +129,14 @@ class Request:
     type=float,
     metavar="SECONDS",
     help="When no rank has written anything for SECONDS, show every rank's stacks (once per stall).",
+)
+@_option(
+    "--startup-timeout",
+    type=float,
+    metavar="SECONDS",
+    default=180.0,
+    show_default=True,
+    help="Give up on a host whose login shell and agent have not started and answered in SECONDS.",
 )
 @_option(
     "--stack-tool",
@@ -323,7 +331,7 @@ def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, st
     in_file = sources.file_counts.get("export", 0)
     exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
     from_env = sources.levels["export"] == ENV_LEVEL
-    label = f"{ENV_PREFIX}_EXPORT" if from_env else sources.label("export", "-x")
+    label = sources.label("export", "-x")  # DISTRUN_EXPORT (-x/--export) where it came from there
     exports.update(parse_exports(given[in_file:], os.environ, label, split_on_blanks=from_env))
     return tuple(exports.items())
 
@@ -334,7 +342,7 @@ def _report_path(value: str | None, label: str) -> Path | None:
         return None
     path = Path(value).expanduser()
     try:
-        report_target(path)
+        check_room(path)
     except ReportPathError as err:
         raise ReportPathError(str(err).replace("--report", label, 1)) from None
     return path
@@ -430,6 +438,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources, backends: Sequen
         stall_timeout=None
         if values["stall_timeout"] is None
         else _seconds(values["stall_timeout"], label("stall_timeout", "--stall-timeout")),
+        startup_timeout=_seconds(values["startup_timeout"], label("startup_timeout", "--startup-timeout")),
         stack_tool=values["stack_tool"],
         straggler_window=_seconds(values["straggler_after"], label("straggler_after", "--straggler-after")),
         restart=_restart_options(values, plan.world_size),
@@ -657,6 +666,9 @@ def _run(argv: Sequence[str]) -> int:
     except DistrunError as err:
         _error(str(err))
         return err.exit_code
+    except click.BadParameter as err:
+        _error(bad_value_message(err))
+        return err.exit_code
     except click.ClickException as err:
         _error(err.format_message())
         return err.exit_code
@@ -678,9 +690,12 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             # Only when there is a stray variable: these imports cost start-up time.
             import difflib
 
+            from launcher.agent.stackdump import HOOK_VARIABLES
             from launcher.agent.store import CACHE_DIR_VAR
 
             if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (README, --workdir)
+                continue
+            if name in HOOK_VARIABLES:  # what each rank's agent adds for the stack hook
                 continue
 
             close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)

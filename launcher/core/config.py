@@ -60,6 +60,7 @@ class LaunchConfig:
     console_ranks: frozenset[int] | None = None
     timeout: float | None = None
     stall_timeout: float | None = None  # show every rank's stacks when no rank wrote anything this long
+    startup_timeout: float = 180.0  # a host's login shell and agent start, until its agent answers
     stack_tool: Literal["auto", "py-spy", "python"] = "auto"
     straggler_window: float = 60.0  # a rank slower than the others this long is named
     grace_period: float = 5.0

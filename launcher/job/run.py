@@ -46,7 +46,7 @@ from launcher.errors import (
 )
 from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.loop import Loop
-from launcher.job.node import Heartbeat, HostAttempt, Node, close_all, connect
+from launcher.job.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, probe_on, supervise
 from launcher.report.account import (
@@ -461,7 +461,7 @@ class Job:
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if host.link.heartbeat else 0.0,
-                dead_after=self.dead_after if host.link.heartbeat else 0.0,
+                dead_after=agent_patience(self.dead_after) if host.link.heartbeat else 0.0,
                 script=None if synced else _script(self.config.command),
                 # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
                 software=len(hosts) > 1,
@@ -473,13 +473,15 @@ class Job:
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
-            answers, answered_at = probe_on(self.loop, nodes, requests, PROBE_STALL, shown)
+            answers, answered_at = probe_on(
+                self.loop, nodes, requests, PROBE_STALL, shown, startup=self.config.startup_timeout
+            )
         self.mark("probed", answered_at)
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
-            log.debug("host %s: %s", node.name, facts)
+            log.debug("host %s: %s", node.name, _facts_text(facts))
             host.facts = facts
             if not facts.cwd_exists and not synced:
                 raise HostError(
@@ -628,8 +630,8 @@ class Job:
             sent[host.name] = time.monotonic()
         self.mark("started", sent)
         log.info(
-            "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
-            rdzv.master_addr, rdzv.master_port,
+            "started %s on %s; rendezvous at %s:%d", plural(plan.world_size, "rank", "ranks"),
+            plural(plan.node_count, "host", "hosts"), rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
 
 
@@ -697,3 +699,9 @@ def _write_report(
         write_report(config.report, report)
     except (OSError, DistrunError) as err:
         log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)
+
+
+def _facts_text(facts: Facts) -> str:
+    """-vv's line of what a host's agent reported: each known field as `name value`, no record's repr."""
+    known = {k: v for k, v in dataclasses.asdict(facts).items() if v not in (None, "", [], {})}
+    return "; ".join(f"{name.replace('_', ' ')} {value}" for name, value in known.items())

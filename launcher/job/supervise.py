@@ -34,12 +34,15 @@ from launcher.agent.protocol import (
 )
 from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.console.relay import LogRelay
+from launcher.core.plan import plural
+from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.diagnose.control import answer_busy
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import HostError
 from launcher.job.loop import Loop, Phase, forward_signal
-from launcher.job.node import HostAttempt, Node
+from launcher.job.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
+from launcher.job.startup import StartupWatch
 from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, signal_name, suspend_self
 
 log = logging.getLogger(__name__)
@@ -50,9 +53,12 @@ TEARDOWN_SLACK = 5.0
 
 class ProbePhase(Phase[Node]):
     """Waiting for every agent's FACTS. The wait follows progress: it gives up only when no agent at all has
-    answered for `stall` seconds (see `probe`)."""
+    answered for `stall` seconds, or, given `startup` (--startup-timeout), once no host still starting is
+    alive (see `probe`)."""
 
-    def __init__(self, nodes: Sequence[Node], stall: float, progress: ProgressFn | None) -> None:
+    def __init__(
+        self, nodes: Sequence[Node], stall: float, progress: ProgressFn | None, startup: float | None = None
+    ) -> None:
         # No liveness by heartbeat here: the stall deadline names a silent host.
         super().__init__([(node, node) for node in nodes], dead_after=float("inf"))
         self.nodes = list(nodes)
@@ -60,6 +66,7 @@ class ProbePhase(Phase[Node]):
         self.progress = progress
         self.began = time.monotonic()
         self.deadline = StallDeadline(stall, self.began)
+        self.startup = StartupWatch(startup, self.began, stall) if startup else None
         self.answers: dict[int, Facts] = {}  # by id(node)
         self.answered_at: dict[str, float] = {}  # when each host's agent answered
         self.handlers = {FACTS: self._on_facts}
@@ -76,7 +83,9 @@ class ProbePhase(Phase[Node]):
         return f"starting: waiting for the agents' answers{answered}"
 
     def next_due(self) -> float | None:
-        return self.deadline.at
+        if self.startup is None:
+            return self.deadline.at
+        return min(self.deadline.at, self.startup.started + self.startup.limit)
 
     def _on_facts(self, node: Node, now: float, frame: Frame, facts: Facts) -> None:
         self.answers[id(node)] = facts
@@ -86,13 +95,21 @@ class ProbePhase(Phase[Node]):
             self.progress(Progress("waiting for agents", len(self.nodes), len(self.answers)))
 
     def on_tick(self, now: float) -> None:
+        missing = [n for n in self.nodes if id(n) not in self.answers]
+        if self.startup is not None and self.startup.left(now) <= 0:
+            raise self.startup.give_up(missing[0], now)
         if self.deadline.remaining(now) <= 0:
-            missing = next(n for n in self.nodes if id(n) not in self.answers)
-            answered = f"; {len(self.answers)} of {len(self.nodes)} answered" if len(self.nodes) > 1 else ""
-            raise HostError(
-                f"host {missing.name}: no answer from the distrun agent within {self.stall:g}s{answered}",
-                host=missing.name,
-            )
+            silent = [n for n in missing if self.startup is None or not self.startup.alive(n, now)]
+            if silent:
+                name, total = silent[0].name, len(self.nodes)
+                answered = f"; {len(self.answers)} of {total} answered" if total > 1 else ""
+                raise HostError(
+                    f"host {name}: no answer from the distrun agent within {self.stall:g}s{answered}",
+                    host=name,
+                )
+            assert self.startup is not None
+            log.warning("%s", self.startup.waiting(missing, len(self.nodes), now))
+            self.deadline.progressed(now)
 
     def on_closed(self, node: Node, now: float) -> None:
         detail = node.diagnostics()
@@ -113,6 +130,7 @@ def probe(
     progress: ProgressFn | None = None,
     *,
     deadline_at: float | None = None,
+    startup: float | None = None,
 ) -> list[Facts]:
     """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
 
@@ -122,9 +140,11 @@ def probe(
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     `wake_fd`: the job's Loop (or a signal pipe's fd, for a loop of its own that ends at `deadline_at`,
     time.monotonic(): --timeout's end, which raises DeadlineReached).
+    `startup`: --startup-timeout; a host still alive (logging in) is then waited for past the stall time, up
+    to that many seconds (launcher.job.startup).
     """
     loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, deadline=deadline_at, check_every=1.0)
-    return probe_on(loop, nodes, requests, stall, progress)[0]
+    return probe_on(loop, nodes, requests, stall, progress, startup=startup)[0]
 
 
 def probe_on(
@@ -133,15 +153,19 @@ def probe_on(
     requests: Sequence[ProbeRequest],
     stall: float,
     progress: ProgressFn | None = None,
+    *,
+    startup: float | None = None,
 ) -> tuple[list[Facts], dict[str, float]]:
     """`probe` on the job's loop; also when each host answered (time.monotonic(), for the timeline)."""
     for node, request in zip(nodes, requests, strict=True):
         node.send(PROBE, request)
-    phase = ProbePhase(nodes, stall, progress)
+    phase = ProbePhase(nodes, stall, progress, startup)
     if progress is not None:
         progress(Progress("waiting for agents", len(nodes)))
     loop.run(phase)
-    log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - phase.began)
+    log.debug(
+        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - phase.began
+    )
     return [phase.answers[id(node)] for node in nodes], phase.answered_at
 
 
@@ -219,7 +243,7 @@ class Supervisor(Phase[HostAttempt]):
         self.stop_at = now
         if self.watch is not None:
             self.watch.stopping()
-        log.info("stopping every rank: %s", type(self.cause).__name__)
+        log.info("stopping every rank: %s", describe_cause(self.cause))
         self._send_all(STOP, StopRequest(signal_name(first)))
 
     def _running(self) -> list[Node]:
@@ -298,11 +322,12 @@ class Supervisor(Phase[HostAttempt]):
         host.drop()
         node = host.node
         # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
-        ours = node.we_were_silent(self.dead_after)
+        waits = agent_patience(self.dead_after)
+        ours = node.we_were_silent(waits)
         if ours:
             detail = (
                 f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
-                f"{self.dead_after:g}s its agents wait for it (--ssh-keepalive x 5)"
+                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s)"
             )
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 
