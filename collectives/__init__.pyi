@@ -6,8 +6,12 @@ from collectives.compression import *
 from collectives.context import *
 from collectives.data import *
 from collectives.errors import *
+from collectives.features import *
+from collectives.join import *
 from collectives.lr import *
 from collectives.metrics import *
+from collectives.objects import *
 from collectives.ops import *
 from collectives.optimizer import *
+from collectives.process_sets import *
 from collectives.reduce_op import *
