@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("ShardSampler", "shard_indices"), "data"),
     **dict.fromkeys(
         (
+            "ArgumentError",
             "CollectivesError",
             "EnvironmentContractError",
             "GradientSyncError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CollectivesError",
     "EnvironmentContractError",
     "GradientSyncError",
@@ -53,3 +54,7 @@ class MismatchError(CollectivesError):
 
 class HorovodInternalError(CollectivesError):
     """Horovod's name for a failed collective, kept so that ``except hvd.HorovodInternalError`` works."""
+
+
+class ArgumentError(CollectivesError, ValueError):
+    """A collective's arguments are invalid on this rank (Horovod raises ValueError for these)."""

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.context import _require
+from collectives.errors import ArgumentError
 from collectives.negotiation import Call, Kind, negotiate
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 
@@ -23,7 +24,7 @@ def broadcast_object(
     context = _require("broadcast_object")
     groups = groups_of(process_set, "broadcast_object")
     if root_rank not in groups.ranks:
-        raise ValueError(f"broadcast_object: root_rank {root_rank} is not a rank of {process_set!r}")
+        raise ArgumentError(f"broadcast_object: root_rank {root_rank} is not a rank of {process_set!r}")
     negotiate(Call(Kind.BROADCAST_OBJECT, name, root=root_rank), groups)
     if groups.size == 1:
         return obj

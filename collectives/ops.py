@@ -18,7 +18,7 @@ import torch.distributed as dist
 from collectives.buckets import fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _Context, _require
-from collectives.errors import CollectivesError
+from collectives.errors import ArgumentError, CollectivesError
 from collectives.negotiation import Call, Kind, dtype_code, negotiate, shape_digest
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
@@ -67,7 +67,7 @@ _in_flight: set[str] = set()
 
 
 class Handle(Generic[T]):
-    """An operation in flight; :meth:`wait` (or :func:`synchronize`) blocks until done, then gives its result."""
+    """An operation in flight; :meth:`wait` (or :func:`synchronize`) blocks until done and gives the result."""
 
     def __init__(self, works: Sequence[dist.Work], finish: Callable[[], T], name: str | None = None) -> None:
         self._works = list(works)
@@ -98,7 +98,7 @@ def _claim(name: str | None) -> None:
     if name is None:
         return
     if name in _in_flight:
-        raise ValueError(
+        raise ArgumentError(
             f"an operation named {name!r} is in flight already: synchronize it before reusing the name"
         )
     _in_flight.add(name)
@@ -129,7 +129,7 @@ def _op_from(average: bool | ReduceOp | None, op: ReduceOp | None) -> ReduceOp:
     if isinstance(average, ReduceOp):
         average, op = None, average if op is None else op
     if average is not None and op is not None:
-        raise ValueError("pass either op or the deprecated average, not both")
+        raise ArgumentError("pass either op or the deprecated average, not both")
     if op is None:
         return ReduceOp.SUM if average is False else ReduceOp.AVERAGE
     if not isinstance(op, ReduceOp):
@@ -525,7 +525,7 @@ def sparse_allreduce_async(
     callable for :func:`synchronize` that gives the (uncoalesced) sparse sum, or average."""
     reduce_op = _op_from(None, op)
     if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise ValueError(f"sparse_allreduce supports Sum and Average, got {reduce_op}")
+        raise ArgumentError(f"sparse_allreduce supports Sum and Average, got {reduce_op}")
     # Gathered along the first dimension, so the (ndim, nnz) indices travel transposed.
     indices = allgather_async(
         tensor._indices().t().contiguous(), None if name is None else f"{name}.indices", process_set
@@ -670,7 +670,7 @@ def _broadcast_start(  # noqa: PLR0917 (Horovod's signature)
     _require(what)
     groups = groups_of(process_set, what)
     if root_rank not in groups.ranks:
-        raise ValueError(f"{what}: root_rank {root_rank} is not a rank of {process_set!r}")
+        raise ArgumentError(f"{what}: root_rank {root_rank} is not a rank of {process_set!r}")
     if not blocking:
         _claim(name)
     try:
@@ -697,7 +697,7 @@ def _broadcast_start(  # noqa: PLR0917 (Horovod's signature)
 
 def broadcast_async_(
     tensor: torch.Tensor,
-    root_rank: int,
+    root_rank: int = 0,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle[torch.Tensor]:
@@ -707,7 +707,7 @@ def broadcast_async_(
 
 def broadcast_async(
     tensor: torch.Tensor,
-    root_rank: int,
+    root_rank: int = 0,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Handle[torch.Tensor]:
@@ -717,7 +717,7 @@ def broadcast_async(
 
 def broadcast_(
     tensor: torch.Tensor,
-    root_rank: int,
+    root_rank: int = 0,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
@@ -746,7 +746,7 @@ class _BroadcastFunction(torch.autograd.Function):
 
 def broadcast(
     tensor: torch.Tensor,
-    root_rank: int,
+    root_rank: int = 0,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
@@ -765,21 +765,21 @@ def broadcast(
 def _split_counts(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None, size: int) -> list[int]:
     rows = tensor.shape[0] if tensor.dim() > 0 else 0
     if tensor.dim() == 0:
-        raise ValueError("alltoall needs a tensor of at least one dimension")
+        raise ArgumentError("alltoall needs a tensor of at least one dimension")
     if splits is None:
         if rows % size:
-            raise ValueError(
+            raise ArgumentError(
                 f"alltoall without splits needs the first dimension ({rows}) divisible by {size}"
             )
         return [rows // size] * size
     if isinstance(splits, torch.Tensor):
         if splits.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"alltoall splits must be an int32 or int64 tensor, got {splits.dtype}")
+            raise ArgumentError(f"alltoall splits must be an int32 or int64 tensor, got {splits.dtype}")
         send = [int(s) for s in splits.tolist()]
     else:
         send = [int(s) for s in splits]
     if len(send) != size or sum(send) != rows or min(send) < 0:
-        raise ValueError(f"alltoall splits {send} must be {size} non-negative counts summing to {rows}")
+        raise ArgumentError(f"alltoall splits {send} must be {size} non-negative counts summing to {rows}")
     return send
 
 
@@ -896,7 +896,7 @@ def _reducescatter_now(  # noqa: PLR0917 (Horovod's signature)
     context = _require(what)
     groups = groups_of(process_set, what)
     if tensor.dim() == 0:
-        raise ValueError(f"{what} needs a tensor of at least one dimension")
+        raise ArgumentError(f"{what} needs a tensor of at least one dimension")
     negotiate(
         Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
         groups,
@@ -958,7 +958,7 @@ def reducescatter(  # noqa: PLR0917 (Horovod's signature)
     """Reduce ``tensor`` across ranks and return this rank's rows of the first dimension; differentiable."""
     reduce_op = _op_from(None, op)
     if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
-        raise ValueError(f"reducescatter supports Sum and Average, got {reduce_op}")
+        raise ArgumentError(f"reducescatter supports Sum and Average, got {reduce_op}")
     wire, ctx = compression.compress(tensor)
     if _needs_grad(wire):
         result: torch.Tensor = _ReducescatterFunction.apply(  # type: ignore[no-untyped-call]

@@ -37,7 +37,7 @@ from collectives import join as join_module
 from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
-from collectives.errors import CollectivesError, GradientSyncError
+from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
 from collectives.negotiation import Call, Kind, Pending, negotiate_async
 from collectives.objects import broadcast_object
 from collectives.ops import broadcast_, sparse_allreduce_async
@@ -209,7 +209,7 @@ class DistributedOptimizer:
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             raise CollectivesError(f"DistributedOptimizer supports op=Average or op=Sum, got {op}")
         if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
-            raise ValueError("gradient_predivide_factor not supported with op != Average")
+            raise ArgumentError("gradient_predivide_factor not supported with op != Average")
         if backward_passes_per_step < 1:
             raise CollectivesError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
@@ -284,7 +284,7 @@ class DistributedOptimizer:
             return None
         if isinstance(groups, int):
             if groups <= 0:
-                raise ValueError(f"groups must be a positive number or lists of parameters, got {groups}")
+                raise ArgumentError(f"groups must be a positive number or lists of parameters, got {groups}")
             per = -(-len(params) // groups)
             runs = [params[i : i + per] for i in range(0, len(params), per)]
         else:
@@ -364,11 +364,11 @@ class DistributedOptimizer:
         names = [name for name, _ in named]
         duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
         if duplicates:
-            raise ValueError(f"named_parameters has duplicate names: {duplicates}")
+            raise ArgumentError(f"named_parameters has duplicate names: {duplicates}")
         by_param = {p: name for name, p in named}
         missing = [i for i, p in enumerate(in_optimizer) if p not in by_param]
         if missing:
-            raise ValueError(
+            raise ArgumentError(
                 f"{len(missing)} parameter(s) of the optimizer are missing from named_parameters; pass "
                 "model.named_parameters() for the same model the optimizer was built from"
             )

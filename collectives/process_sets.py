@@ -19,7 +19,7 @@ from typing import Any
 import torch.distributed as dist
 
 from collectives.context import _require
-from collectives.errors import CollectivesError
+from collectives.errors import ArgumentError, CollectivesError
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -114,16 +114,16 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     context = _require("add_process_set")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.ranks is None or not ps.ranks:
-        raise ValueError("add_process_set needs a non-empty list of ranks")
+        raise ArgumentError("add_process_set needs a non-empty list of ranks")
     size = context.topology.size
     if ps.ranks[0] < 0 or ps.ranks[-1] >= size:
-        raise ValueError(f"process set ranks {ps.ranks} must lie in [0, {size})")
+        raise ArgumentError(f"process set ranks {ps.ranks} must lie in [0, {size})")
     if ps.process_set_id is not None:
-        raise ValueError(f"{ps!r} is registered already")
+        raise ArgumentError(f"{ps!r} is registered already")
     same = [i for i, g in _registered.items() if list(g.ranks) == ps.ranks]
     negotiate(Call(Kind.ADD_PROCESS_SET, shape=tuple(ps.ranks)), _registered[0])
     if same:
-        raise ValueError(f"a process set with ranks {ps.ranks} is registered already (id {same[0]})")
+        raise ArgumentError(f"a process set with ranks {ps.ranks} is registered already (id {same[0]})")
     data = dist.new_group(ps.ranks) if size > 1 else None
     control = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
     me = context.topology.rank
