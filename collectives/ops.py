@@ -67,7 +67,7 @@ _in_flight: set[str] = set()
 
 
 class Handle(Generic[T]):
-    """An operation in flight; :meth:`wait` (or :func:`synchronize`) blocks until done and gives the result."""
+    """An operation in flight; :meth:`wait` (or :func:`synchronize`) blocks until done, gives the result."""
 
     def __init__(self, works: Sequence[dist.Work], finish: Callable[[], T], name: str | None = None) -> None:
         self._works = list(works)
