@@ -70,7 +70,7 @@ _LAZY: dict[str, str] = {
         ),
         "features",
     ),
-    **dict.fromkeys(("barrier", "join"), "join"),
+    **dict.fromkeys(("barrier", "join"), "coordination"),
     **dict.fromkeys(("ScalingRule", "WarmupSchedule", "scale_lr"), "lr"),
     **dict.fromkeys(("average_metrics", "reduce_metrics"), "metrics"),
     **dict.fromkeys(("allgather_object", "broadcast_object"), "objects"),

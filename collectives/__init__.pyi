@@ -7,7 +7,7 @@ from collectives.context import *
 from collectives.data import *
 from collectives.errors import *
 from collectives.features import *
-from collectives.join import *
+from collectives.coordination import *
 from collectives.lr import *
 from collectives.metrics import *
 from collectives.objects import *

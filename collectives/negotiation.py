@@ -138,6 +138,12 @@ def _row_tensor(call: Call) -> torch.Tensor:
     return cached
 
 
+def _gather(out: torch.Tensor, row: torch.Tensor, group: Any, async_op: bool) -> Any:
+    # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(out, row, group=group, async_op=async_op)
+
+
 class Pending:
     """An exchange in flight (the optimizer starts its own while backward runs); :meth:`wait` checks it."""
 
@@ -145,9 +151,7 @@ class Pending:
         self._call = call
         self._groups = groups
         self._out = torch.empty(groups.size * ROW, dtype=torch.int64)
-        self._work = dist.all_gather_into_tensor(
-            self._out, _row_tensor(call), group=groups.control, async_op=True
-        )
+        self._work = _gather(self._out, _row_tensor(call), groups.control, async_op=True)
 
     def wait(self) -> Agreement:
         if self._work is not None:
@@ -168,7 +172,7 @@ def negotiate(call: Call, groups: _Groups) -> Agreement:
     if groups.size == 1:
         return Agreement([call.row()], ())
     out = torch.empty(groups.size * ROW, dtype=torch.int64)
-    dist.all_gather_into_tensor(out, _row_tensor(call), group=groups.control)
+    _gather(out, _row_tensor(call), groups.control, async_op=False)
     return _verdict(call, groups, out.view(groups.size, ROW).tolist())
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from collectives import join as join_module
+from collectives import coordination
 from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
@@ -257,7 +257,7 @@ class DistributedOptimizer:
                 (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
             ).encode()
         )
-        join_module.joinable_optimizers[self._digest] = self
+        coordination.joinable_optimizers[self._digest] = self
         self._retire_previous_owners(params)
         self._ref = weakref.ref(self)
         for p in params:
