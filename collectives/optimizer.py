@@ -14,9 +14,9 @@ autograd orders differ.
 Without compression the gradients become views of the bucket buffers after the first step (DDP's
 ``gradient_as_bucket_view``): the reduced bucket is the gradient, with no copy back, and a backward pass into
 an existing gradient accumulates straight into its slot. Once per step the ranks agree, on the gloo control
-group and while backward runs, that they are all stepping an optimizer of the same layout, so a rank that
-does something else makes both raise instead of hang; a rank that has called ``join()`` takes part with
-zeros.
+group and before the first bucket moves, that they are all stepping an optimizer of the same layout, so a
+rank that does something else makes both raise instead of hang; a rank that has called ``join()`` takes
+part with zeros.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
-from collectives.negotiation import Call, Kind, Pending, negotiate_async
+from collectives.negotiation import Call, Kind, negotiate
 from collectives.objects import broadcast_object
 from collectives.ops import broadcast_, sparse_allreduce_async
 from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
@@ -251,7 +251,8 @@ class DistributedOptimizer:
         # Sparse gradients of this step, by parameter index: reduced apart from the buckets.
         self._sparse: dict[int, torch.Tensor] = {}
         self._sparse_params: set[int] = set()
-        self._check: Pending | None = None
+        # Whether the ranks have agreed, this step, that they are all stepping this layout.
+        self._verified = False
         self._digest = zlib.crc32(
             repr(
                 (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
@@ -409,14 +410,21 @@ class DistributedOptimizer:
                 grad = None
         bucket.fill(position, grad)
 
-    def _start_check(self) -> None:
-        if self._check is None:
-            self._check = negotiate_async(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
+    def _verify_step(self) -> None:
+        """Agree with the other ranks, once per step and before any bucket moves, that all of them step an
+        optimizer of this layout; otherwise raise on every rank, with no allreduce left in flight."""
+        if self._verified:
+            return
+        try:
+            negotiate(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
+        except BaseException:
+            self._reset()
+            raise
+        self._verified = True
 
-    def _launch_in_order(self, check: bool = True) -> None:
+    def _launch_in_order(self) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
-            if check:
-                self._start_check()
+            self._verify_step()
             self._buckets[self._next_launch].launch(self._groups.data)
             self._next_launch += 1
 
@@ -428,7 +436,7 @@ class DistributedOptimizer:
             for position, filled in enumerate(bucket.filled):
                 if not filled:
                     self._fill(bucket, position)
-        self._launch_in_order(check=False)
+        self._launch_in_order()
         for bucket in self._buckets:
             if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
@@ -444,11 +452,8 @@ class DistributedOptimizer:
         """
         if self._synchronized:
             return
-        self._start_check()
-        check, self._check = self._check, None
+        self._verify_step()
         try:
-            if check is not None:
-                check.wait()
             self._complete_buckets()
         except BaseException:
             self._reset()
@@ -502,10 +507,12 @@ class DistributedOptimizer:
         for key in self._pass_counts:
             self._pass_counts[key] = 0
         self._next_launch = 0
-        self._check = None
+        self._verified = False
 
     def _join_step(self) -> None:
         """Take part, with zeros, in the step of the ranks that have not joined (see ``collectives.join``)."""
+        # join() has exchanged this step's round already.
+        self._verified = True
         try:
             for bucket in self._buckets:
                 for position, filled in enumerate(bucket.filled):

@@ -37,10 +37,15 @@ def run_distrun(
 
 
 def worker_job(
-    size: int, outdir: Path, env: dict[str, str] | None = None, timeout: float = JOB_TIMEOUT_S
+    size: int,
+    outdir: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = JOB_TIMEOUT_S,
+    worker: Path = WORKER,
 ) -> tuple[int, list[Any], Path]:
-    """The collectives worker on `size` ranks: what the `job` fixtures give their tests."""
-    run_distrun(size, WORKER, str(outdir), env=env, timeout=timeout)
+    """A worker (the collectives worker by default) on `size` ranks: what the `job` fixtures give their
+    tests."""
+    run_distrun(size, worker, str(outdir), env=env, timeout=timeout)
     results = [torch.load(outdir / f"rank{r}.pt", weights_only=False) for r in range(size)]
     return size, results, outdir
 
