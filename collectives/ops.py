@@ -545,6 +545,26 @@ def sparse_allreduce_async(
 
 # ---------------------------------------------------------------------------------------------- allgather
 
+# Types that both gloo and NCCL carry. Collectives that only move data (allgather, broadcast, alltoall) send
+# any other type (int16, bool, ...) as its bytes, which is exact.
+_CARRIED = {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64}
+
+
+def _rows_of(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (at least 1-d, contiguous) as a (rows, width) tensor of a type the backend carries."""
+    rows = tensor.shape[0]
+    width = 1
+    for d in tensor.shape[1:]:
+        width *= d
+    flat = tensor.reshape(rows, width)
+    return flat if tensor.dtype in _CARRIED else flat.view(torch.uint8)
+
+
+def _from_rows(rows: torch.Tensor, dtype: torch.dtype, trailing: Sequence[int]) -> torch.Tensor:
+    """The inverse of :func:`_rows_of` for ``rows`` rows of ``trailing``-shaped items of ``dtype``."""
+    typed = rows if rows.dtype == dtype else rows.view(dtype)
+    return typed.reshape(rows.shape[0], *trailing)
+
 
 def _all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async_op: bool) -> Any:
     # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
@@ -578,17 +598,22 @@ def _allgather_start(
         raise
     firsts = [agreement.free(i)[0] for i in range(groups.size)] if groups.size > 1 else [local.shape[0]]
     longest = max(firsts)
-    trailing = local.shape[1:]
-    gathered = torch.empty((groups.size * longest, *trailing), dtype=local.dtype, device=local.device)
+    trailing = tuple(local.shape[1:])
+    rows = _rows_of(local.contiguous())
+    gathered = torch.empty((groups.size * longest, rows.shape[1]), dtype=rows.dtype, device=local.device)
     if all(first == longest for first in firsts):
-        send = local.contiguous()
-        finish: Callable[[], torch.Tensor] = lambda: gathered  # noqa: E731
-    else:
-        send = torch.zeros((longest, *trailing), dtype=local.dtype, device=local.device)
-        send[: local.shape[0]] = local
+        send = rows
 
         def finish() -> torch.Tensor:
-            return torch.cat([gathered[r * longest : r * longest + firsts[r]] for r in range(groups.size)])
+            return _from_rows(gathered, local.dtype, trailing)
+
+    else:
+        send = torch.zeros((longest, rows.shape[1]), dtype=rows.dtype, device=local.device)
+        send[: local.shape[0]] = rows
+
+        def finish() -> torch.Tensor:
+            pieces = [gathered[r * longest : r * longest + firsts[r]] for r in range(groups.size)]
+            return _from_rows(torch.cat(pieces), local.dtype, trailing)
 
     if blocking:
         _all_gather_into(gathered, send, groups.data, False)
@@ -646,7 +671,7 @@ def grouped_allgather_async(
         allgather_async(t, None if name is None else f"{name}.{i}", process_set)
         for i, t in enumerate(tensors)
     ]
-    return Handle([], lambda: [h.wait() for h in handles])
+    return Handle([w for h in handles for w in h._works], lambda: [h.wait() for h in handles])
 
 
 def grouped_allgather(
@@ -688,11 +713,21 @@ def _broadcast_start(  # noqa: PLR0917 (Horovod's signature)
     except BaseException:
         _in_flight.discard(name or "")
         raise
+    # The bytes of a type the backend lacks, in place when the tensor is contiguous.
+    carried = tensor
+    if tensor.dtype not in _CARRIED:
+        carried = tensor.contiguous().reshape(-1).view(torch.uint8)
+
+    def finish() -> torch.Tensor:
+        if carried.data_ptr() != tensor.data_ptr():
+            tensor.copy_(carried.view(tensor.dtype).view(tensor.shape))
+        return tensor
+
     if blocking:
-        dist.broadcast(tensor, src=root_rank, group=groups.data)
-        return Handle([], lambda: tensor)
-    work = dist.broadcast(tensor, src=root_rank, group=groups.data, async_op=True)
-    return Handle([work], lambda: tensor, name)
+        dist.broadcast(carried, src=root_rank, group=groups.data)
+        return Handle([], finish)
+    work = dist.broadcast(carried, src=root_rank, group=groups.data, async_op=True)
+    return Handle([work], finish, name)
 
 
 def broadcast_async_(
@@ -808,17 +843,22 @@ def _alltoall_start(  # noqa: PLR0917 (Horovod's signature)
     counts = torch.tensor(send, dtype=torch.int64, device=device)
     dist.all_to_all_single(received_counts, counts, group=groups.data)
     receive = [int(c) for c in received_counts.cpu()]
-    out = torch.empty((sum(receive), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    rows = _rows_of(tensor.detach().contiguous())
+    out = torch.empty((sum(receive), rows.shape[1]), dtype=rows.dtype, device=tensor.device)
     received = torch.tensor(receive, dtype=torch.int32)
     work = dist.all_to_all_single(
         out,
-        tensor.detach().contiguous(),
+        rows,
         output_split_sizes=receive,
         input_split_sizes=send,
         group=groups.data,
         async_op=not blocking,
     )
-    return Handle([] if blocking else [work], lambda: (out, received), None if blocking else name)
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        return _from_rows(out, tensor.dtype, tuple(tensor.shape[1:])), received
+
+    return Handle([] if blocking else [work], finish, None if blocking else name)
 
 
 class _AlltoallFunction(torch.autograd.Function):
@@ -877,13 +917,7 @@ def alltoall(
 # ---------------------------------------------------------------------------------------------- reducescatter
 
 
-def _reduce_scatter_into(output: torch.Tensor, flat_input: torch.Tensor, op: Any, group: Any) -> None:
-    # reduce_scatter_single replaces the deprecated reduce_scatter_tensor in newer torch.
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    fn(output, flat_input, op=op, group=group)
-
-
-def _reducescatter_now(  # noqa: PLR0917 (Horovod's signature)
+def _reducescatter_start(  # noqa: PLR0917 (Horovod's signature)
     tensor: torch.Tensor,
     op: ReduceOp,
     name: str | None,
@@ -891,16 +925,23 @@ def _reducescatter_now(  # noqa: PLR0917 (Horovod's signature)
     postscale: float,
     process_set: ProcessSet,
     what: str,
-) -> torch.Tensor:
+    blocking: bool,
+) -> Handle[torch.Tensor]:
     """This rank's rows of the reduction; as in Horovod the lower ranks get one extra row when uneven."""
     context = _require(what)
     groups = groups_of(process_set, what)
     if tensor.dim() == 0:
         raise ArgumentError(f"{what} needs a tensor of at least one dimension")
-    negotiate(
-        Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
-        groups,
-    )
+    if not blocking:
+        _claim(name)
+    try:
+        negotiate(
+            Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
+            groups,
+        )
+    except BaseException:
+        _in_flight.discard(name or "")
+        raise
     world, me = groups.size, groups.index or 0
     rows = tensor.shape[0]
     base, extra = divmod(rows, world)
@@ -911,14 +952,21 @@ def _reducescatter_now(  # noqa: PLR0917 (Horovod's signature)
     torch_op, divisor = _reduction(op, work, context, world)
     if extra == 0:
         out = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
-        _reduce_scatter_into(out, work.contiguous(), torch_op, groups.data)
+        # reduce_scatter_single replaces the deprecated reduce_scatter_tensor in newer torch.
+        fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        pending = fn(out, work.contiguous(), op=torch_op, group=groups.data, async_op=not blocking)
     else:
         # Uneven rows: the collective wants equal slices, and padding costs as much as reducing it all.
-        dist.all_reduce(work, op=torch_op, group=groups.data)
-        out = work[start : start + count].clone()
-    _divide(out, divisor)
-    _scale(out, postscale)
-    return out
+        out = work
+        pending = dist.all_reduce(work, op=torch_op, group=groups.data, async_op=not blocking)
+
+    def finish() -> torch.Tensor:
+        result = out if extra == 0 else out[start : start + count].clone()
+        _divide(result, divisor)
+        _scale(result, postscale)
+        return result
+
+    return Handle([] if blocking else [pending], finish, None if blocking else name)
 
 
 class _ReducescatterFunction(torch.autograd.Function):
@@ -935,7 +983,9 @@ class _ReducescatterFunction(torch.autograd.Function):
         process_set: ProcessSet,
     ) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
-        return _reducescatter_now(tensor, op, name, prescale, postscale, process_set, "reducescatter")
+        return _reducescatter_start(
+            tensor, op, name, prescale, postscale, process_set, "reducescatter", True
+        ).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -965,9 +1015,9 @@ def reducescatter(  # noqa: PLR0917 (Horovod's signature)
             wire, reduce_op, name, prescale_factor, postscale_factor, process_set
         )
     else:
-        result = _reducescatter_now(
-            wire, reduce_op, name, prescale_factor, postscale_factor, process_set, "reducescatter"
-        )
+        result = _reducescatter_start(
+            wire, reduce_op, name, prescale_factor, postscale_factor, process_set, "reducescatter", True
+        ).wait()
     out: torch.Tensor = compression.decompress(result, ctx)
     return out
 
@@ -980,16 +1030,20 @@ def reducescatter_async(  # noqa: PLR0917 (Horovod's signature)
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle[torch.Tensor]:
-    """A reducescatter whose handle is complete on return (it runs eagerly; the call order still rules)."""
-    result = reducescatter(
+    """Start a reducescatter; the handle's result is this rank's rows."""
+    reduce_op = _op_from(None, op)
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ArgumentError(f"reducescatter supports Sum and Average, got {reduce_op}")
+    return _reducescatter_start(
         tensor,
+        reduce_op,
         name,
-        op=op,
-        process_set=process_set,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        "reducescatter_async",
+        False,
     )
-    return Handle([], lambda: result)
 
 
 def grouped_reducescatter(  # noqa: PLR0917 (Horovod's signature)
@@ -1024,16 +1078,19 @@ def grouped_reducescatter_async(  # noqa: PLR0917 (Horovod's signature)
     prescale_factor: float = 1.0,
     postscale_factor: float = 1.0,
 ) -> Handle[list[torch.Tensor]]:
-    """:func:`grouped_reducescatter` behind a handle that is complete on return."""
-    results = grouped_reducescatter(
-        tensors,
-        name,
-        op=op,
-        process_set=process_set,
-        prescale_factor=prescale_factor,
-        postscale_factor=postscale_factor,
-    )
-    return Handle([], lambda: results)
+    """Start the reducescatter of each tensor of ``tensors``."""
+    handles = [
+        reducescatter_async(
+            t,
+            None if name is None else f"{name}.{i}",
+            op,
+            process_set,
+            prescale_factor,
+            postscale_factor,
+        )
+        for i, t in enumerate(tensors)
+    ]
+    return Handle([w for h in handles for w in h._works], lambda: [h.wait() for h in handles])
 
 
 def reduce_scatter(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 import weakref
 import zlib
 from collections import Counter
@@ -221,7 +222,9 @@ class DistributedOptimizer:
         self._sparse_as_dense = sparse_as_dense
         self._groups: _Groups = set_groups
         self._divisor = set_groups.size * self._passes if op is ReduceOp.AVERAGE else 1
-        self._names = self._parameter_names(optimizer, named_parameters)
+        self._names = self._names_of(optimizer, named_parameters)
+        # Horovod's attribute of the same name: parameter -> name.
+        self._parameter_names = self._names
         self._name_by_id = {id(p): name for p, name in self._names.items()}
         params = [p for p in self._names if p.requires_grad]
         self._caps = (
@@ -251,6 +254,9 @@ class DistributedOptimizer:
         # Sparse gradients of this step, by parameter index: reduced apart from the buckets.
         self._sparse: dict[int, torch.Tensor] = {}
         self._sparse_params: set[int] = set()
+        # Parameters whose sparse gradients travel dense (sparse_as_dense): sparse again after the step's
+        # reduction, for optimizers such as SparseAdam that take nothing else.
+        self._densified: set[int] = set()
         # Whether the ranks have agreed, this step, that they are all stepping this layout.
         self._verified = False
         self._digest = zlib.crc32(
@@ -350,7 +356,7 @@ class DistributedOptimizer:
             owner.remove_hooks()
 
     @staticmethod
-    def _parameter_names(
+    def _names_of(
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
     ) -> dict[torch.nn.Parameter, str]:
@@ -402,6 +408,7 @@ class DistributedOptimizer:
         if grad is not None and grad.layout != torch.strided:
             if self._sparse_as_dense:
                 grad = grad.to_dense()
+                self._densified.add(self._index_of[id(param)])
             else:
                 # Gathered apart in synchronize(); the bucket carries zeros in its place.
                 index = self._index_of[id(param)]
@@ -474,6 +481,10 @@ class DistributedOptimizer:
                 # itself on models with many small parameters.
                 slots = bucket.slots if result is bucket.buffer else _views(result, bucket.params)
                 torch._foreach_copy_(grads, slots)
+        for index in self._densified:
+            param = self._params[index]
+            if param.grad is not None:
+                param.grad = param.grad.to_sparse()
         self._reduce_sparse()
         self._reset()
         self._synchronized = True
@@ -527,12 +538,18 @@ class DistributedOptimizer:
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
-        """Horovod's block for ``step()`` after ``synchronize()``; kept for compatibility, it does nothing.
+        """Horovod's block for ``step()`` after ``synchronize()``.
 
         ``step()`` never reduces gradients that ``synchronize()`` has reduced already, inside this block or
-        not.
+        not; outside it, it warns as Horovod does, since code written for Horovod relies on the block.
         """
-        yield
+        self._skipping = True
+        try:
+            yield
+        finally:
+            self._skipping = False
+
+    _skipping = False
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients across ranks (unless synchronized already); then step the optimizer."""
@@ -540,6 +557,13 @@ class DistributedOptimizer:
             raise GradientSyncError(
                 "DistributedOptimizer.step() does not take a closure: a closure's backward pass would start "
                 "allreduces that nothing waits for"
+            )
+        if self._synchronized and not self._skipping:
+            warnings.warn(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(); collectives does not reduce the gradients again, but Horovod "
+                "would: wrap step() in optimizer.skip_synchronize() to keep the code right under both",
+                stacklevel=2,
             )
         self.synchronize()
         return self._optimizer.step()
