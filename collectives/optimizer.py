@@ -98,6 +98,13 @@ def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Ten
     return out
 
 
+class _NoWork:
+    """The finished reduction of a rank that reduces with nobody (outside the optimizer's process set)."""
+
+    def wait(self) -> bool:
+        return True
+
+
 class _Bucket:
     """A run of same-dtype, same-device parameters whose gradients are reduced as one flat buffer.
 
@@ -126,11 +133,14 @@ class _Bucket:
             offset += p.numel()
         self.filled = [False] * len(params)
         self.missing = len(params)
-        self.work: dist.Work | None = None
+        self.work: dist.Work | _NoWork | None = None
         self.wire: torch.Tensor = self.buffer
         self.ctx: Any = None
 
-    def launch(self, group: Any) -> None:
+    def launch(self, group: Any, local: bool) -> None:
+        if local:
+            self.work = _NoWork()
+            return
         if self.custom is not None:
             self.wire, self.ctx = self.custom.compress(self.buffer)
         self.work = dist.all_reduce(self.wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
@@ -201,7 +211,14 @@ class DistributedOptimizer:
         bucket_cap_mb: float | None = None,
     ) -> None:
         _require("DistributedOptimizer")
-        set_groups = groups_of(process_set, "DistributedOptimizer")
+        registered = process_set._groups()
+        if registered is not None and registered.index is None:
+            # Not a member of the set: as in Horovod, this rank's optimizer steps on its own gradients.
+            me = _require("DistributedOptimizer").topology.rank
+            set_groups = _Groups((me,), data=None, control=None, index=0)
+            self._local = True
+        else:
+            set_groups = groups_of(process_set, "DistributedOptimizer")
         if op is ReduceOp.ADASUM:
             raise NotImplementedError(
                 "Adasum needs Horovod's own MPI/NCCL implementation, which torch.distributed lacks; "
@@ -327,7 +344,11 @@ class DistributedOptimizer:
         it saw no gradient for go last, where they hold back nothing.
         """
         root = self._groups.ranks[0]
-        order: list[int] = broadcast_object(ready_order, root, process_set=self._process_set())
+        order: list[int] = (
+            ready_order
+            if self._local
+            else broadcast_object(ready_order, root, process_set=self._process_set())
+        )
         seen = set(order)
         rest = [index for index in reversed(range(len(self._params))) if index not in seen]
         self._lay_out([self._params[index] for index in order + rest])
@@ -417,6 +438,8 @@ class DistributedOptimizer:
                 grad = None
         bucket.fill(position, grad)
 
+    _local = False
+
     def _verify_step(self) -> None:
         """Agree with the other ranks, once per step and before any bucket moves, that all of them step an
         optimizer of this layout; otherwise raise on every rank, with no allreduce left in flight."""
@@ -432,7 +455,7 @@ class DistributedOptimizer:
     def _launch_in_order(self) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
             self._verify_step()
-            self._buckets[self._next_launch].launch(self._groups.data)
+            self._buckets[self._next_launch].launch(self._groups.data, self._local)
             self._next_launch += 1
 
     def _complete_buckets(self) -> None:
@@ -495,6 +518,11 @@ class DistributedOptimizer:
     def _reduce_sparse(self) -> None:
         """Gather the sparse gradients (Horovod's sparse allreduce), in parameter order on every rank."""
         if not self._sparse_params:
+            return
+        if self._local:
+            for index, grad in self._sparse.items():
+                self._params[index].grad = grad
+            self._sparse.clear()
             return
         op = ReduceOp.AVERAGE if self._op is ReduceOp.AVERAGE else ReduceOp.SUM
         for index in sorted(self._sparse_params):
