@@ -520,8 +520,8 @@ class DistributedOptimizer:
         if not self._sparse_params:
             return
         if self._local:
-            for index, grad in self._sparse.items():
-                self._params[index].grad = grad
+            for index, kept in self._sparse.items():
+                self._params[index].grad = kept
             self._sparse.clear()
             return
         op = ReduceOp.AVERAGE if self._op is ReduceOp.AVERAGE else ReduceOp.SUM
