@@ -31,7 +31,7 @@ from collectives.errors import CollectivesError, MismatchError
 from collectives.process_sets import _Groups, _registered
 from collectives.reduce_op import ReduceOp
 
-__all__ = ["Agreement", "Call", "Kind", "dtype_code", "negotiate"]
+__all__ = ["Agreement", "Call", "Kind", "Pending", "dtype_code", "negotiate", "negotiate_async"]
 
 ROW = 32
 _AGREED = 28  # fields [0, _AGREED) must be equal on every rank; the rest are per-rank facts
@@ -142,6 +142,28 @@ def _gather(out: torch.Tensor, row: torch.Tensor, group: Any, async_op: bool) ->
     # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return fn(out, row, group=group, async_op=async_op)
+
+
+class Pending:
+    """An exchange in flight: the optimizer starts its per-step check and lets backward go on meanwhile."""
+
+    def __init__(self, call: Call, groups: _Groups) -> None:
+        self._call = call
+        self._groups = groups
+        self._out = torch.empty(groups.size * ROW, dtype=torch.int64)
+        self._work = _gather(self._out, _row_tensor(call), groups.control, async_op=True)
+
+    def is_completed(self) -> bool:
+        return bool(self._work.is_completed())
+
+    def wait(self) -> Agreement:
+        self._work.wait()
+        return _verdict(self._call, self._groups, self._out.view(self._groups.size, ROW).tolist())
+
+
+def negotiate_async(call: Call, groups: _Groups) -> Pending | None:
+    """Start the exchange for ``call``; None when the set has one rank (nothing to agree on)."""
+    return None if groups.size == 1 else Pending(call, groups)
 
 
 def negotiate(call: Call, groups: _Groups) -> Agreement:

@@ -39,7 +39,7 @@ from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
-from collectives.negotiation import Call, Kind, negotiate
+from collectives.negotiation import Call, Kind, Pending, negotiate_async
 from collectives.objects import broadcast_object
 from collectives.ops import broadcast_, sparse_allreduce_async
 from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
@@ -274,8 +274,10 @@ class DistributedOptimizer:
         # Parameters whose sparse gradients travel dense (sparse_as_dense): sparse again after the step's
         # reduction, for optimizers such as SparseAdam that take nothing else.
         self._densified: set[int] = set()
-        # Whether the ranks have agreed, this step, that they are all stepping this layout.
+        # Whether the ranks have agreed, this step, that they are all stepping this layout; the exchange
+        # in flight meanwhile.
         self._verified = False
+        self._check: Pending | None = None
         self._digest = zlib.crc32(
             repr(
                 (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
@@ -440,21 +442,34 @@ class DistributedOptimizer:
 
     _local = False
 
-    def _verify_step(self) -> None:
-        """Agree with the other ranks, once per step and before any bucket moves, that all of them step an
-        optimizer of this layout; otherwise raise on every rank, with no allreduce left in flight."""
+    def _verified_now(self, block: bool) -> bool:
+        """Whether the ranks have agreed, this step, that all of them step an optimizer of this layout.
+
+        The exchange starts when the first bucket is ready and runs while backward goes on; buckets move
+        only after the verdict, so a mismatch raises on every rank with no allreduce left in flight.
+        """
         if self._verified:
-            return
+            return True
+        if self._check is None:
+            self._check = negotiate_async(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
+            if self._check is None:
+                self._verified = True
+                return True
+        if not block and not self._check.is_completed():
+            return False
         try:
-            negotiate(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
+            self._check.wait()
         except BaseException:
             self._reset()
             raise
+        self._check = None
         self._verified = True
+        return True
 
-    def _launch_in_order(self) -> None:
+    def _launch_in_order(self, block: bool = False) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
-            self._verify_step()
+            if not self._verified_now(block):
+                return
             self._buckets[self._next_launch].launch(self._groups.data, self._local)
             self._next_launch += 1
 
@@ -466,7 +481,7 @@ class DistributedOptimizer:
             for position, filled in enumerate(bucket.filled):
                 if not filled:
                     self._fill(bucket, position)
-        self._launch_in_order()
+        self._launch_in_order(block=True)
         for bucket in self._buckets:
             if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
@@ -482,8 +497,8 @@ class DistributedOptimizer:
         """
         if self._synchronized:
             return
-        self._verify_step()
         try:
+            self._verified_now(block=True)
             self._complete_buckets()
         except BaseException:
             self._reset()
@@ -547,6 +562,7 @@ class DistributedOptimizer:
             self._pass_counts[key] = 0
         self._next_launch = 0
         self._verified = False
+        self._check = None
 
     def _join_step(self) -> None:
         """Take part, with zeros, in the step of the ranks that have not joined (see ``collectives.join``)."""
