@@ -422,7 +422,11 @@ class DistributedOptimizer:
                 self._ready_order.append(self._index_of[key])
             bucket, position = self._slot_of[key]
             self._fill(bucket, position)
-            if not bucket.missing:
+            if not self._verified and self._check is None:
+                # The step's agreement starts with its first gradient, so it is in by the time a bucket is
+                # full; every later gradient looks whether it has come.
+                self._verified_now(block=False)
+            if not bucket.missing or not self._verified:
                 self._launch_in_order()
 
     def _fill(self, bucket: _Bucket, position: int) -> None:
