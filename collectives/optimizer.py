@@ -237,7 +237,8 @@ class DistributedOptimizer:
         self._passes = backward_passes_per_step
         self._op = op
         self._sparse_as_dense = sparse_as_dense
-        self._groups: _Groups = set_groups
+        self._process_set_arg = process_set
+        self._local_groups = set_groups if self._local else None
         self._divisor = set_groups.size * self._passes if op is ReduceOp.AVERAGE else 1
         self._names = self._names_of(optimizer, named_parameters)
         # Horovod's attribute of the same name: parameter -> name.
@@ -356,17 +357,16 @@ class DistributedOptimizer:
         self._lay_out([self._params[index] for index in order + rest])
         _log.debug("DistributedOptimizer: buckets rebuilt in gradient order: %d buckets", len(self._buckets))
 
-    def _process_set(self) -> ProcessSet:
-        from collectives.process_sets import _registered
+    @property
+    def _groups(self) -> _Groups:
+        """The process set's groups, looked up on each use: holding them would keep a shut-down job's
+        rendezvous store alive (through an exception's traceback, say) and block the next init()."""
+        if self._local_groups is not None:
+            return self._local_groups
+        return groups_of(self._process_set_arg, "DistributedOptimizer")
 
-        for set_id, groups in _registered.items():
-            if groups is self._groups:
-                if set_id == 0:
-                    return global_process_set
-                found = ProcessSet(list(groups.ranks))
-                found.process_set_id = set_id
-                return found
-        raise CollectivesError("the process set of this DistributedOptimizer was removed")
+    def _process_set(self) -> ProcessSet:
+        return self._process_set_arg
 
     @staticmethod
     def _retire_previous_owners(params: Sequence[torch.nn.Parameter]) -> None:
