@@ -215,7 +215,7 @@ class DistributedOptimizer:
         if registered is not None and registered.index is None:
             # Not a member of the set: as in Horovod, this rank's optimizer steps on its own gradients.
             me = _require("DistributedOptimizer").topology.rank
-            set_groups = _Groups((me,), data=None, control=None, index=0)
+            set_groups = _Groups(-1, (me,), index=0)
             self._local = True
         else:
             set_groups = groups_of(process_set, "DistributedOptimizer")

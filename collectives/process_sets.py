@@ -26,18 +26,31 @@ __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_proces
 
 @dataclasses.dataclass(frozen=True)
 class _Groups:
-    """The torch.distributed side of a registered process set, as seen by this rank."""
+    """The torch.distributed side of a registered process set, as seen by this rank.
 
+    The groups themselves are looked up by id rather than held: an exception's traceback keeps its frames'
+    objects alive, and a held group would keep a shut-down job's rendezvous store alive with it, so that the
+    next ``init()`` hangs.
+    """
+
+    set_id: int
     ranks: tuple[int, ...]
-    # None for the global set's data group: torch.distributed's default (world) group.
-    data: Any
-    control: Any
     # This rank's index in ``ranks``; None when it is not a member.
     index: int | None
 
     @property
     def size(self) -> int:
         return len(self.ranks)
+
+    @property
+    def data(self) -> Any:
+        """The data group; None for the global set (torch.distributed's default group)."""
+        return _process_groups.get(self.set_id, (None, None))[0]
+
+    @property
+    def control(self) -> Any:
+        """The gloo group that carries the negotiation rows."""
+        return _process_groups.get(self.set_id, (None, None))[1]
 
 
 class ProcessSet:
@@ -76,13 +89,16 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 _registered: dict[int, _Groups] = {}
+# Set id -> (data group, control group).
+_process_groups: dict[int, tuple[Any, Any]] = {}
 _next_id = [1]
 
 
 def _setup(rank: int, size: int) -> None:
     """Register the global set; called by ``collectives.init()`` once the default group exists."""
     control = dist.new_group(backend="gloo") if size > 1 else None
-    _registered[0] = _Groups(tuple(range(size)), data=None, control=control, index=rank)
+    _registered[0] = _Groups(0, tuple(range(size)), index=rank)
+    _process_groups[0] = (None, control)
     global_process_set.process_set_id = 0
     global_process_set.ranks = list(range(size))
 
@@ -90,6 +106,7 @@ def _setup(rank: int, size: int) -> None:
 def _teardown() -> None:
     """Forget every set; called by ``collectives.shutdown()`` before the default group goes."""
     _registered.clear()
+    _process_groups.clear()
     _next_id[0] = 1
     global_process_set.process_set_id = None
 
@@ -130,8 +147,9 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     set_id = _next_id[0]
     _next_id[0] += 1
     _registered[set_id] = _Groups(
-        tuple(ps.ranks), data=data, control=control, index=ps.ranks.index(me) if me in ps.ranks else None
+        set_id, tuple(ps.ranks), index=ps.ranks.index(me) if me in ps.ranks else None
     )
+    _process_groups[set_id] = (data, control)
     ps.process_set_id = set_id
     return ps
 
@@ -146,7 +164,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     if set_id is None or set_id == 0 or set_id not in _registered:
         return False
     groups = _registered.pop(set_id)
-    for group in (groups.data, groups.control):
+    for group in _process_groups.pop(set_id, (None, None)):
         if group is not None and groups.index is not None:
             dist.destroy_process_group(group)
     process_set.process_set_id = None

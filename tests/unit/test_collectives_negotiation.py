@@ -12,7 +12,7 @@ from collectives.process_sets import _Groups  # noqa: E402
 from collectives.reduce_op import ReduceOp  # noqa: E402
 
 # A process set of ranks 3 and 5: not the global set, so join handling stays out of these verdicts.
-GROUPS = _Groups((3, 5), data=None, control=None, index=0)
+GROUPS = _Groups(99, (3, 5), index=0)
 
 
 def verdict(mine: Call, other: Call) -> str:
@@ -70,7 +70,7 @@ def test_roots_and_allgather_trailing_dimensions() -> None:
 def test_the_verdict_is_the_same_on_both_sides() -> None:
     a, b = allreduce(), allreduce(shape=(3,))
     here = verdict(a, b)
-    there = GROUPS.__class__(GROUPS.ranks, None, None, 1)
+    there = _Groups(99, GROUPS.ranks, index=1)
     with pytest.raises(MismatchError) as caught:
         _verdict(b, there, [a.row(), b.row()])
     assert str(caught.value) == here
