@@ -359,8 +359,7 @@ class DistributedOptimizer:
 
     @property
     def _groups(self) -> _Groups:
-        """The process set's groups, looked up on each use: holding them would keep a shut-down job's
-        rendezvous store alive (through an exception's traceback, say) and block the next init()."""
+        """The process set's groups as registered now (a rank outside the set has its own, of one)."""
         if self._local_groups is not None:
             return self._local_groups
         return groups_of(self._process_set_arg, "DistributedOptimizer")
