@@ -187,7 +187,6 @@ class Job:
         self.backend = backend.get(config.launcher)
         self.relay = relay
         self.watch = watch
-        self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
         self.cwd = os.getcwd()
