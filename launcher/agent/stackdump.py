@@ -151,9 +151,13 @@ class DumpDir:
     def __init__(self) -> None:
         remove_leftovers(tempfile.gettempdir())
         self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")  # mode 0700
-        # O_CLOEXEC: a rank must not hold the lock after its agent died.
-        self._lock = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # O_CLOEXEC: a rank must not hold the lock after its agent died. The lock file takes its name only
+        # once held: another agent's remove_leftovers, between our open and flock, would take the lock itself
+        # and remove this directory as a dead agent's.
+        making = os.path.join(self.path, LOCK_NAME + ".new")
+        self._lock = os.open(making, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
+        os.rename(making, os.path.join(self.path, LOCK_NAME))
         source = os.path.join(self.path, HOOK_MODULE + ".py")
         with open(source, "w") as f:
             f.write(HOOK_SOURCE)

@@ -10,7 +10,6 @@ import hashlib
 import os
 import shutil
 import stat
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -197,17 +196,16 @@ def test_a_failed_write_leaves_nothing_in_tmp(tmp_path: Path, monkeypatch: pytes
 
 def test_reclaim_removes_what_processes_that_are_gone_left(tmp_path: Path) -> None:
     store = Store(str(tmp_path))
-    gone = subprocess.Popen(["true"])
-    gone.wait()
+    gone = 999_999_999  # above any pid_max: a process that is gone
     host = os.uname().nodename
     leftovers = {
-        f"abc.{gone.pid}.0000.{host}": True,  # a killed transfer of this host: reclaimed
+        f"abc.{gone}.0000.{host}": True,  # a killed transfer of this host: reclaimed
         f"abc.{os.getpid()}.0000.{host}": False,  # in progress here
-        f"abc.{gone.pid}.0000.another-host": False,  # a cache shared with another host: its own business
+        f"abc.{gone}.0000.another-host": False,  # a cache shared with another host: its own business
     }
     for name in leftovers:
         (Path(store.tmp) / name).write_bytes(b"x" * 100)
-    os.mkdir(Path(store.tmp) / f"copy.{gone.pid}.0000.{host}")
+    os.mkdir(Path(store.tmp) / f"copy.{gone}.0000.{host}")
     assert store.reclaim() == 2
     assert sorted(os.listdir(store.tmp)) == sorted(name for name, gone in leftovers.items() if not gone)
 
