@@ -255,6 +255,12 @@ class Request:
     is_flag=True,
     help="Run even where hosts differ in workdir copy, Python, torch, CUDA or NCCL (warn only).",
 )
+@_option(
+    "--preflight",
+    is_flag=True,
+    help="Before any rank starts, measure every host and link as `check --perf` does: an outlier ends a "
+    "fixed-size job (exit 3); an elastic one (--min-np) leaves it out.",
+)
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
 @_option("-v", "--verbose", count=True, help="Say more about what distrun does (-vv: SSH details too).")
@@ -462,6 +468,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
         workdir_limit=values["workdir_limit"] << 20,
         workdir_relay=values["workdir_relay"],
         allow_mismatch=values["allow_mismatch"],
+        preflight=bool(values.get("preflight")),
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
@@ -481,18 +488,26 @@ Exit codes: 0 every host is ready; 3 a host has a problem (each with its fix); 2
 def _check_command(ctx: click.Context, /, **options: Any) -> int:
     """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory, disk,
     clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per host."""
+    perf = options.pop("perf")
     values, sources = merge_config_file(ctx, {**options, "command": ("check",), "dry_run": False})
     request = _build_request(values, sources)
     _configure_logging(request.verbose)
     from launcher.check.run import run_check
 
-    return run_check(request.config)
+    return run_check(request.config, perf=perf)
 
 
 check_cli = click.Command(
     name="distrun check",
     callback=_check_command,
-    params=[p for p in cli.params if p.name not in ("command", "dry_run")],
+    params=[p for p in cli.params if p.name not in ("command", "dry_run", "preflight")]
+    + [
+        click.Option(
+            ["--perf"],
+            is_flag=True,
+            help="Also measure every host and link (compute, GPUs, bandwidth, latency) and name the outliers.",
+        )
+    ],
     context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
     epilog=_CHECK_EPILOG,
     help=_check_command.__doc__,

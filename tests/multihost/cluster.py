@@ -66,7 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -579,6 +579,41 @@ class Cluster:
             # Not a skip: a root machine that can build the cluster can install nftables (.ci/run does).
             hint = " (apt-get install nftables)" if shutil.which("nft", path=SBIN_PATH) is None else ""
             raise ClusterError(f"{host}: nft failed{hint}: {proc.stderr.strip()}")
+
+    def shape_link(self, host: str, rate: str = "20mbit") -> None:
+        """Slow the host's cable: a token bucket of `rate` on both ends of its veth, as a NIC that negotiated
+        a lower speed. Goes away with the veth."""
+        qdisc = f"root tbf rate {rate} burst 32kbit latency 400ms"
+        for netns, dev in ((None, self._host(host).veth), (self.netns(host), "eth0")):
+            prefix = ["ip", "netns", "exec", netns] if netns else []
+            proc = subprocess.run(
+                [*prefix, "tc", "qdisc", "replace", "dev", dev, *qdisc.split()],
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise ClusterError(f"{host}: tc failed: {proc.stderr.strip()}")
+
+    @contextlib.contextmanager
+    def cpu_limited(self, host: str, share: float) -> Iterator[None]:
+        """Processes the host's sshd starts from now on get `share` of one CPU (a cgroup v1 CFS quota), as a
+        node throttled or crowded by another job. ClusterUnavailable where this kernel has no cpu cgroup."""
+        root = Path("/sys/fs/cgroup/cpu")
+        if not (root / "cpu.cfs_quota_us").exists():
+            raise ClusterUnavailable("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+        assert self._state is not None
+        group = root / f"distrun-{self._state.cluster_id}-{host}"
+        group.mkdir()
+        try:
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
+            (group / "cgroup.procs").write_text(str(self.sshd_pid(host)))
+            yield
+        finally:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (root / "cgroup.procs").write_text(pid)
+            group.rmdir()
 
     def host_key(self, host: str) -> str:
         """The host's current public key line (`ssh-ed25519 AAAA...`)."""

@@ -1,0 +1,497 @@
+"""`distrun check --perf` and a launch's `--preflight`, the side effects: one measurement process per host,
+started by its agent like a rank (the ranks' interpreter, the launch's environment), all of them in one
+torch.distributed group (gloo on CPUs, NCCL on GPUs) that runs every round; then, where the first pass found
+suspects, a second, smaller group that re-tests each against a host known to be good.
+
+A host whose process cannot run (no torch, a blocked port, a crash) is a named problem: the group is stopped
+and measured again without it. Every pass is bounded by PASS_TIMEOUT and by --timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from launcher.agent.protocol import (
+    DONE,
+    ERR,
+    EXIT,
+    KILL,
+    OUT,
+    START,
+    Frame,
+    ProbeRequest,
+    RankExited,
+    decode_message,
+)
+from launcher.backends import api as backend
+from launcher.check.figures import Gpu, HostFigures, LinkSample, Outlier, judge, link_figures, suspects
+from launcher.check.pairing import Round, matchings, retests
+from launcher.check.verdict import Finding
+from launcher.core.command import interpreter
+from launcher.core.config import LaunchConfig
+from launcher.core.forward import job_env
+from launcher.core.hosts import Host
+from launcher.core.plan import make_plan
+from launcher.core.rendezvous import Rendezvous
+from launcher.core.start_requests import start_requests
+from launcher.errors import HostError, Interrupted
+from launcher.job.node import Node
+from launcher.job.supervise import probe
+from launcher.signals import Waiter, stopping
+
+log = logging.getLogger(__name__)
+
+WORKER = Path(__file__).with_name("perf_worker.py")
+STAGE, RESULT = "DISTRUN-PERF-STAGE ", "DISTRUN-PERF-RESULT "
+STAGES = ("", "started", "imported", "joined")
+
+# Sizes: a few MB per direction is ~10 ms on a healthy 10 Gb/s link and 1.7 s on a 20 Mbit/s one, so a slow
+# link stands out by orders of magnitude while 32 hosts stay within seconds; GPUs move more, so that NCCL
+# over fast fabrics is timed over milliseconds, not microseconds.
+CPU_LINK_BYTES = 4 << 20
+GPU_LINK_BYTES = 64 << 20
+PINGS = 20
+# A transfer is repeated (up to 3 times, 5 in a re-test) while the repeats took less than this: a fast link
+# is timed more than once, so one descheduled moment does not make it look slow; a slow one costs one.
+REPEAT_SECONDS = 0.25
+COMPUTE_SECONDS = 0.5
+INTRA_BYTES = 64 << 20
+CPU_ALLREDUCE_BYTES = 4 << 20
+GPU_ALLREDUCE_BYTES = 64 << 20
+# One pass (start-up, import of torch, every round) gives up after this long; a re-test pass likewise.
+PASS_TIMEOUT = 120.0
+# After KILL, how long the agents get to report their processes gone.
+KILL_WAIT = 10.0
+PROBE_STALL = 30.0
+
+
+@dataclass(frozen=True)
+class PerfResult:
+    """What the check measured and whom it names: `problems`, hosts that could not be measured."""
+
+    hosts: tuple[HostFigures, ...] = ()
+    samples: tuple[LinkSample, ...] = ()
+    outliers: tuple[Outlier, ...] = ()
+    problems: tuple[Finding, ...] = ()
+    allreduce_bps: float | None = None
+    seconds: float = 0.0
+    rounds: int = 0
+    retest_rounds: int = 0
+
+    @property
+    def named(self) -> list[str]:
+        """Every host named, outliers and problems, once each in the order found."""
+        names = [o.host for o in self.outliers] + [p.host for p in self.problems]
+        return list(dict.fromkeys(names))
+
+    def record(self) -> dict[str, Any]:
+        """The report's `perf` object (docs/report.schema.json)."""
+        from launcher.check.figures import figures_record
+
+        return {
+            **figures_record(self.hosts, self.samples, self.outliers),
+            "allreduce_bps": self.allreduce_bps,
+            "seconds": round(self.seconds, 3),
+            "rounds": self.rounds,
+            "retest_rounds": self.retest_rounds,
+            "problems": [{"host": p.host, "what": p.what, "fix": p.fix} for p in self.problems],
+        }
+
+
+@dataclass
+class _Host:
+    """One host's process during a pass."""
+
+    node: Node
+    stage: str = ""
+    pending: bytes = b""
+    result: dict[str, Any] | None = None
+    returncode: int | None = None
+    stderr: list[str] = field(default_factory=list)
+    done: bool = False
+
+    def feed_out(self, data: bytes) -> None:
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        for raw in lines:
+            line = raw.decode(errors="replace")
+            if line.startswith(STAGE):
+                self.stage = line[len(STAGE) :].strip()
+            elif line.startswith(RESULT):
+                self.result = json.loads(line[len(RESULT) :])
+
+    def feed_err(self, data: bytes) -> None:
+        lines = [line for line in data.decode(errors="replace").splitlines() if line.strip()]
+        self.stderr = (self.stderr + lines)[-20:]
+
+
+class Measurement:
+    """The passes over connected nodes: probe, start, watch, stop."""
+
+    def __init__(self, config: LaunchConfig, wake_fd: int, deadline: float | None) -> None:
+        self.config = config
+        self.wake_fd = wake_fd
+        self.deadline = deadline
+        self.cwd = os.getcwd()
+        self.env = job_env(
+            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
+        )
+        self.source = WORKER.read_text(encoding="utf-8")
+        self.run_id = os.urandom(6).hex()
+
+    def left(self) -> float:
+        limit = PASS_TIMEOUT
+        if self.deadline is not None:
+            limit = min(limit, self.deadline - time.monotonic())
+        return limit
+
+    def run(
+        self, nodes: Sequence[Node], rounds: Sequence[Round], *, compute: bool, repeats: int
+    ) -> tuple[dict[str, dict[str, Any]], list[Finding]]:
+        """One pass over `nodes` (the group, in rank order): each host's result, and the hosts whose
+        process failed (the others of a failed pass have no result)."""
+        rank = {node.name: i for i, node in enumerate(nodes)}
+        budget = self.left()
+        if budget <= 0:
+            return {}, [
+                Finding(n.name, "not measured: --timeout expired", "give --timeout more time") for n in nodes
+            ]
+        spec = {
+            "rounds": [[[rank[a], rank[b]] for a, b in pairs] for pairs in rounds],
+            "link_bytes": CPU_LINK_BYTES,
+            "gpu_link_bytes": GPU_LINK_BYTES,
+            "pings": PINGS,
+            "link_repeats": repeats,
+            "repeat_seconds": REPEAT_SECONDS,
+            "compute": compute,
+            "compute_seconds": COMPUTE_SECONDS,
+            "intra_bytes": INTRA_BYTES,
+            "allreduce_bytes": CPU_ALLREDUCE_BYTES if compute else 0,
+            "gpu_allreduce_bytes": GPU_ALLREDUCE_BYTES if compute else 0,
+            "timeout": max(1.0, budget),
+        }
+        failed = self.start(nodes, spec)
+        if failed:
+            return {}, failed
+        return self.watch(nodes, time.monotonic() + budget)
+
+    def start(self, nodes: Sequence[Node], spec: dict[str, Any]) -> list[Finding]:
+        """Probe (rank 0's host opens a port, every other host connects to it: the path the group's store
+        takes), then START the measurement on every host; the hosts that cannot reach rank 0's, if any,
+        and nothing started."""
+        local = [n.local for n in nodes]
+        master = backend.get(self.config.launcher).master_address(
+            self.config.master_addr, local, [n.link for n in nodes]
+        )
+        if not master:
+            raise HostError(f"host {nodes[0].name}: its address is unknown (a proxy); give --master-addr")
+        python = interpreter(self.config.python)
+        listen = ProbeRequest(ports=1, cwd=self.cwd, python=python, listen=True)
+        [first] = probe(nodes[:1], [listen], PROBE_STALL, self.wake_fd)
+        requests = [
+            ProbeRequest(
+                ports=0,
+                cwd=self.cwd,
+                route_to=master,
+                python=python,
+                connect_to=master,
+                connect_port=first.listen_port,
+            )
+            for _ in nodes[1:]
+        ]
+        facts = [first, *probe(nodes[1:], requests, PROBE_STALL, self.wake_fd)]
+        blocked = [
+            Finding(
+                n.name,
+                f"cannot open a TCP connection to {nodes[0].name}:{f.tcp_port} ({f.tcp_error}), where the"
+                " measurement's group meets",
+                f"allow TCP from {n.name} to {nodes[0].name}: check nftables/iptables and security groups",
+            )
+            for n, f in zip(nodes[1:], facts[1:], strict=True)
+            if f.tcp_error
+        ]
+        if blocked:
+            return blocked
+        addrs = tuple(
+            master if i == 0 or all(local) else (f.route_addr or n.name)
+            for i, (n, f) in enumerate(zip(nodes, facts, strict=True))
+        )
+        rdzv = Rendezvous(master, facts[0].free_ports[0], addrs, tuple((0,) for _ in nodes))
+        hosts = [replace(n.host, slots=1) for n in nodes]
+        plan = make_plan(tuple(hosts), len(hosts), False)
+        config = replace(self.config, command=("distrun-perf",), gpus_per_rank=None)
+        built = start_requests(
+            config, plan, rdzv, self.env, local=local, facts=facts, placed=None, attempt=0,
+            run_id=self.run_id, cwd=self.cwd, workers=(),
+        )  # fmt: skip
+        argument = json.dumps(spec)
+        for node, found, request in zip(nodes, facts, built, strict=True):
+            python = interpreter(self.config.python, found.python_found)
+            ranks = [replace(r, argv=[python, "-c", self.source, argument]) for r in request.ranks]
+            cwd = self.cwd if found.cwd_exists else "/"
+            node.send(START, replace(request, ranks=ranks, cwd=cwd))
+        return []
+
+    def watch(self, nodes: Sequence[Node], until: float) -> tuple[dict[str, dict[str, Any]], list[Finding]]:
+        hosts = [_Host(node) for node in nodes]
+        failed: list[Finding] = []
+        stopping_at: float | None = None
+
+        def stop(now: float) -> float:
+            for h in hosts:
+                if not h.done:
+                    h.node.send(KILL)
+            return now + KILL_WAIT
+
+        with Waiter[_Host](self.wake_fd) as waiter:
+            for h in hosts:
+                waiter.register(h.node.link, h)
+            while not all(h.done for h in hosts):
+                now = time.monotonic()
+                if stopping_at is None and now >= until:
+                    failed += _stalled(hosts)
+                    stopping_at = stop(now)
+                elif stopping_at is not None and now >= stopping_at:
+                    for h in hosts:
+                        if not h.done:
+                            h.node.drop()
+                            h.done = True
+                    break
+                received, ready = waiter.wait(max(0.0, (stopping_at or until) - now))
+                if stops := stopping(received):
+                    stop(now)
+                    raise Interrupted.from_signals(stops)
+                for h in ready:
+                    frames = h.node.read()
+                    if frames is None:
+                        waiter.unregister(h.node.link)
+                        h.done = True
+                        if stopping_at is None:
+                            detail = h.node.diagnostics() or "connection closed"
+                            failed.append(
+                                Finding(h.node.name, f"lost during the measurement: {detail}", _FIX)
+                            )
+                            stopping_at = stop(time.monotonic())
+                        continue
+                    for frame in frames:
+                        self._on_frame(h, frame)
+                    if h.returncode not in (None, 0) and stopping_at is None:
+                        failed.append(_crashed(h))
+                        stopping_at = stop(time.monotonic())
+                    if h.done:
+                        waiter.unregister(h.node.link)
+        if failed:
+            return {}, failed
+        return {h.node.name: h.result for h in hosts if h.result is not None}, failed
+
+    @staticmethod
+    def _on_frame(h: _Host, frame: Frame) -> None:
+        if frame.kind == OUT:
+            h.feed_out(frame.payload)
+        elif frame.kind == ERR:
+            h.feed_err(frame.payload)
+        elif frame.kind == EXIT:
+            h.returncode = decode_message(RankExited, frame.payload).returncode
+        elif frame.kind == DONE:
+            h.done = True
+
+
+_FIX = "run `distrun check` on it; -v shows the measurement's output"
+
+
+def _crashed(h: _Host) -> Finding:
+    last = h.stderr[-1] if h.stderr else f"exit code {h.returncode}"
+    if "No module named 'torch'" in last:
+        return Finding(
+            h.node.name,
+            f"cannot run the measurement: {last}",
+            "pip install torch there, or point --python at an interpreter that has it",
+        )
+    return Finding(h.node.name, f"the measurement failed: {last}", _FIX)
+
+
+def _stalled(hosts: Sequence[_Host]) -> list[Finding]:
+    """At the timeout: the hosts that got least far (the others were waiting for them), else every host
+    still measuring."""
+    late = [h for h in hosts if not h.done]
+    if not late:
+        return []
+
+    def reached(h: _Host) -> int:
+        return STAGES.index(h.stage) if h.stage in STAGES else len(STAGES)
+
+    least = min(reached(h) for h in late)
+    behind = [h for h in late if reached(h) == least]
+    what = {
+        0: "its measurement process did not start",
+        1: "importing torch did not finish",
+        2: "it did not join the others (a blocked port, or an unreachable address)",
+    }.get(least, "the measurement did not finish")
+    fix = "check TCP between the hosts (nftables/iptables, security groups) and --network-interface"
+    return [Finding(h.node.name, f"{what} in time", fix) for h in behind]
+
+
+def _figures(name: str, result: dict[str, Any]) -> HostFigures:
+    gpus = tuple(Gpu(g["index"], g["name"], g["dtype"], g["tflops"]) for g in result.get("gpus", []))
+    return HostFigures(
+        name,
+        backend=result.get("backend", "gloo"),
+        compute_gflops=result.get("compute_GFLOPs"),
+        gpus=gpus,
+        intra_host_bps=result.get("intra_host_Bps"),
+    )
+
+
+def _samples(nodes: Sequence[Node], results: dict[str, dict[str, Any]], retest: bool) -> list[LinkSample]:
+    """One sample per pair that both sides reported, from each side's own sending rate."""
+    names = [n.name for n in nodes]
+    sent: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, result in results.items():
+        for entry in result.get("links", []):
+            sent[(name, names[entry["partner"]])] = entry
+    samples = []
+    for (a, b), entry in sent.items():
+        back = sent.get((b, a))
+        if back is not None and names.index(a) < names.index(b):
+            latency = min(entry["latency_s"], back["latency_s"])
+            samples.append(LinkSample(a, b, entry["out_Bps"], back["out_Bps"], latency, retest))
+    return samples
+
+
+def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfResult:
+    """Measure every host of `nodes` (connected, agents up) and judge; HostError only for what is no one
+    host's fault."""
+    started = time.monotonic()
+    deadline = started + config.timeout if config.timeout else None
+    runner = Measurement(config, wake_fd, deadline)
+    active = list(nodes)
+    problems: list[Finding] = []
+    results: dict[str, dict[str, Any]] = {}
+    rounds: tuple[Round, ...] = ()
+    # A pass that failed is measured again without the hosts it named: at most twice, so the rest of the
+    # hosts still get their figures when one cannot run.
+    for _ in range(3):
+        if not active:
+            break
+        rounds = matchings([n.name for n in active])
+        results, failed = runner.run(active, rounds, compute=True, repeats=3)
+        problems += failed
+        if not failed:
+            break
+        gone = {f.host for f in failed}
+        active = [n for n in active if n.name not in gone]
+    samples = _samples(active, results, False)
+    retest_rounds: tuple[Round, ...] = ()
+    suspected = suspects(samples)
+    if suspected and results:
+        figures = link_figures(samples)
+        good = sorted(
+            (h for h in figures.outbound if h not in suspected),
+            key=lambda h: -min(figures.inbound[h], figures.outbound[h]),
+        )
+        retest_rounds = retests(suspected, good)
+        if retest_rounds:
+            involved = {h for pairs in retest_rounds for pair in pairs for h in pair}
+            group = [n for n in active if n.name in involved]
+            log.info("perf: re-testing %s against known good hosts", ", ".join(suspected))
+            again, failed = runner.run(group, retest_rounds, compute=False, repeats=5)
+            problems += failed
+            samples += _samples(group, again, True)
+    figures_by_host = [_figures(n.name, results[n.name]) for n in active if n.name in results]
+    allreduce = next((r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), None)
+    return PerfResult(
+        hosts=tuple(figures_by_host),
+        samples=tuple(samples),
+        outliers=tuple(judge(figures_by_host, samples)),
+        problems=tuple(dict.fromkeys(problems)),
+        allreduce_bps=min(
+            (r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), default=allreduce
+        ),
+        seconds=time.monotonic() - started,
+        rounds=len(rounds),
+        retest_rounds=len(retest_rounds),
+    )
+
+
+def perf_lines(result: PerfResult, color: bool) -> list[str]:
+    """The table (a row per host, the medians last), the all-host all-reduce, the outliers and problems,
+    and one verdict line; on a terminal the outliers' figures in red."""
+    import click
+
+    from launcher.check.figures import PERF_HEADER, bad_cells, perf_rows, size
+    from launcher.check.verdict import table
+
+    rows = perf_rows(result.hosts, result.samples)
+    bad = {(o.host, cell) for o in result.outliers for cell in bad_cells(o)}
+    lines = table(rows, PERF_HEADER)
+    out = [click.style(lines[0], bold=True) if color else lines[0]]
+    widths = [max(len(r[i]) for r in (PERF_HEADER, *rows)) for i in range(len(PERF_HEADER))]
+    for row in rows:
+        cells = [c.ljust(w) for c, w in zip(row, widths, strict=True)]
+        if color:
+            cells = [click.style(c, fg="red") if (row[0], i) in bad else c for i, c in enumerate(cells)]
+        out.append("  ".join(cells).rstrip())
+    if result.allreduce_bps is not None:
+        backend_name = result.hosts[0].backend if result.hosts else "gloo"
+        out.append(
+            f"all-reduce over all {len(result.hosts)} hosts: {size(result.allreduce_bps)} bus bandwidth"
+            f" ({backend_name})"
+        )
+    for o in result.outliers:
+        out.append(click.style(o.line(), fg="red") if color else o.line())
+    for p in result.problems:
+        out.append(f"{p.host}: problem: {p.what}; fix: {p.fix}")
+    named = result.named
+    took = f"{len(result.hosts)} hosts measured in {result.seconds:.1f}s"
+    final = (
+        f"perf: {len(named)} named ({', '.join(named)}); {took}" if named else f"perf: nobody named; {took}"
+    )
+    out.append(click.style(final, fg="red" if named else "green", bold=True) if color else final)
+    return out
+
+
+def check_perf(config: LaunchConfig, hosts: Sequence[Host], color: bool) -> PerfResult:
+    """`distrun check --perf` over `hosts` (those that passed the check): connect, measure, print."""
+    import click
+
+    from launcher.job.node import close_all, connect
+    from launcher.signals import signal_pipe
+
+    with signal_pipe() as wake_fd:
+        nodes = connect(hosts, config)
+        try:
+            result = measure(nodes, config, wake_fd)
+        finally:
+            close_all(nodes)
+    for line in perf_lines(result, color):
+        click.echo(line)
+    return result
+
+
+def perf_after_check(config: LaunchConfig, passed: Sequence[Host], color: bool, ready: bool) -> int:
+    """`distrun check --perf`'s second half: measure the hosts that passed; exit 0 when every host passed
+    and nobody is named, else 3. --report gets the figures."""
+    from launcher.errors import EXIT_HOST, EXIT_OK
+
+    result = check_perf(config, passed, color) if passed else PerfResult()
+    code = EXIT_OK if ready and not result.named else EXIT_HOST
+    if config.report is not None:
+        from launcher.report.account import build_report, write_report
+
+        report = build_report(
+            run_id=os.urandom(6).hex(),
+            command=("distrun", "check", "--perf"),
+            exit_code=code,
+            attempts=[],
+            failure=None,
+            perf=result.record(),
+        )
+        write_report(config.report, report)
+    return code
