@@ -34,7 +34,7 @@ class Rule:
 
     higher_is_better: bool = True
     min_gap: float = 0.5
-    z: float = 4.0
+    z: float = 3.0
     min_abs: float = 0.0
 
 

@@ -128,6 +128,7 @@ def receive(partner: int, buffer: torch.Tensor, token: torch.Tensor, device: tor
 def one_way(
     sending: bool,
     partner: int,
+    *,
     buffer: torch.Tensor,
     token: torch.Tensor,
     device: torch.device,
@@ -165,7 +166,7 @@ def link(me: int, partner: int, device: torch.device, spec: dict[str, Any]) -> d
     token = torch.zeros(1, device=device)
     best = float("inf")
     for sending in (first, not first):
-        took = one_way(sending, partner, buffer, token, device, spec)
+        took = one_way(sending, partner, buffer=buffer, token=token, device=device, spec=spec)
         best = took if took is not None else best
     return {"partner": partner, "latency_s": latency, "out_Bps": nbytes / best}
 

@@ -505,7 +505,7 @@ check_cli = click.Command(
         click.Option(
             ["--perf"],
             is_flag=True,
-            help="Also measure every host and link (compute, GPUs, bandwidth, latency) and name the outliers.",
+            help="Also measure every host and link (compute, GPUs, bandwidth, latency); name the outliers.",
         )
     ],
     context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},

@@ -159,7 +159,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             relay.close()
             if config.report is not None:
                 # Every run given --report writes it, whatever ended it: no earlier run's report stays.
-                _write_report(config, job, exit_code, error, final, perf)
+                _write_report(config, job, exit_code, error, final, perf=perf)
 
 
 @dataclass(frozen=True)
@@ -660,6 +660,7 @@ def _write_report(
     exit_code: int,
     error: Failure | None,
     outcome: str | None,
+    *,
     perf: dict[str, Any] | None = None,
 ) -> None:
     assert config.report is not None
