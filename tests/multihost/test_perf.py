@@ -117,7 +117,7 @@ def test_preflight_keeps_a_job_off_a_slow_host(make_cluster: Callable[..., Clust
     elastic = launch(cluster, "-H", hosts, "--min-np", "2", "--report", str(tmp_path / "elastic.json"))
     assert elastic.returncode == 0, elastic.stdout + elastic.stderr
     assert "preflight: leaving out h3; starting 3 ranks on the other hosts" in elastic.stderr
-    assert sorted(line.split(": ", 1)[-1] for line in elastic.stdout.splitlines() if "rank" in line) == [
+    assert sorted(line.split("] ", 1)[-1] for line in elastic.stdout.splitlines() if "rank" in line) == [
         "rank 0 of 3",
         "rank 1 of 3",
         "rank 2 of 3",
