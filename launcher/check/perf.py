@@ -311,6 +311,8 @@ _FIX = "run `distrun check` on it; -v shows the measurement's output"
 
 
 def _crashed(h: _Host) -> Finding:
+    for line in h.stderr:
+        log.info("host %s: measurement: %s", h.node.name, line)
     last = h.stderr[-1] if h.stderr else f"exit code {h.returncode}"
     if "No module named 'torch'" in last:
         return Finding(
