@@ -22,11 +22,11 @@ def matchings(hosts: Sequence[str], rounds: int = FIRST_ROUNDS) -> tuple[Round, 
     """`rounds` perfect matchings of `hosts` by the circle method (every pair at most once); with an odd
     count one host sits each round out, a different one every round. Fewer rounds where there are fewer
     distinct partners to meet."""
+    if len(hosts) < 2:
+        return ()
     ring: list[str | None] = list(hosts)
     if len(ring) % 2:
         ring.append(None)
-    if len(ring) < 2:
-        return ()
     count = min(rounds, len(ring) - 1)
     if len(hosts) % 2:
         # With a bye, rounds enough for every host to meet at least two partners (where it has two).

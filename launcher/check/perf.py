@@ -38,7 +38,7 @@ from launcher.core.command import interpreter
 from launcher.core.config import LaunchConfig
 from launcher.core.forward import job_env
 from launcher.core.hosts import Host
-from launcher.core.plan import make_plan
+from launcher.core.plan import make_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.start_requests import start_requests
 from launcher.errors import HostError, Interrupted
@@ -455,7 +455,7 @@ def perf_lines(result: PerfResult, color: bool) -> list[str]:
     for p in result.problems:
         out.append(f"{p.host}: problem: {p.what}; fix: {p.fix}")
     named = result.named
-    took = f"{len(result.hosts)} hosts measured in {result.seconds:.1f}s"
+    took = f"{plural(len(result.hosts), 'host', 'hosts')} measured in {result.seconds:.1f}s"
     final = (
         f"perf: {len(named)} named ({', '.join(named)}); {took}" if named else f"perf: nobody named; {took}"
     )
