@@ -314,7 +314,7 @@ def _crashed(h: _Host) -> Finding:
     for line in h.stderr:
         log.info("host %s: measurement: %s", h.node.name, line)
     last = h.stderr[-1] if h.stderr else f"exit code {h.returncode}"
-    if "No module named 'torch'" in last:
+    if "No module named 'torch" in last:  # torch itself, or a torch without its distributed part
         return Finding(
             h.node.name,
             f"cannot run the measurement: {last}",
