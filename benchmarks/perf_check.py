@@ -49,6 +49,7 @@ def one(hosts: int, slow_link: bool) -> dict[str, object]:
             "exit": result.returncode,
             "wall_s": round(wall, 1),
             "measurement_s": perf["seconds"],
+            "startup_s": perf["startup_s"],
             "rounds": perf["rounds"],
             "retest_rounds": perf["retest_rounds"],
             "named": sorted({o["host"] for o in perf["outliers"]} | {p["host"] for p in perf["problems"]}),

@@ -85,6 +85,7 @@ class PerfResult:
     problems: tuple[Finding, ...] = ()
     allreduce_bps: float | None = None
     seconds: float = 0.0
+    startup_s: float = 0.0
     rounds: int = 0
     retest_rounds: int = 0
 
@@ -102,6 +103,7 @@ class PerfResult:
             **figures_record(self.hosts, self.samples, self.outliers),
             "allreduce_bps": self.allreduce_bps,
             "seconds": round(self.seconds, 3),
+            "startup_s": round(self.startup_s, 3),
             "rounds": self.rounds,
             "retest_rounds": self.retest_rounds,
             "problems": [{"host": p.host, "what": p.what, "fix": p.fix} for p in self.problems],
@@ -119,6 +121,7 @@ class _Host:
     returncode: int | None = None
     stderr: list[str] = field(default_factory=list)
     done: bool = False
+    joined_at: float | None = None  # when it said it joined the group (time.monotonic())
 
     def feed_out(self, data: bytes) -> None:
         lines = (self.pending + data).split(b"\n")
@@ -127,6 +130,8 @@ class _Host:
             line = raw.decode(errors="replace")
             if line.startswith(STAGE):
                 self.stage = line[len(STAGE) :].strip()
+                if self.stage == "joined":
+                    self.joined_at = time.monotonic()
             elif line.startswith(RESULT):
                 self.result = json.loads(line[len(RESULT) :])
 
@@ -148,6 +153,8 @@ class Measurement:
         )
         self.source = WORKER.read_text(encoding="utf-8")
         self.run_id = os.urandom(6).hex()
+        # Of the passes that succeeded: from START until the last host joined its group (torch's import).
+        self.startup_s = 0.0
 
     def left(self) -> float:
         limit = PASS_TIMEOUT
@@ -245,6 +252,7 @@ class Measurement:
 
     def watch(self, nodes: Sequence[Node], until: float) -> tuple[dict[str, dict[str, Any]], list[Finding]]:
         hosts = [_Host(node) for node in nodes]
+        started = time.monotonic()
         failed: list[Finding] = []
         stopping_at: float | None = None
 
@@ -293,6 +301,9 @@ class Measurement:
                         waiter.unregister(h.node.link)
         if failed:
             return {}, failed
+        joined = [h.joined_at for h in hosts if h.joined_at is not None]
+        if joined:
+            self.startup_s += max(joined) - started
         return {h.node.name: h.result for h in hosts if h.result is not None}, failed
 
     @staticmethod
@@ -421,6 +432,7 @@ def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfRe
             (r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), default=allreduce
         ),
         seconds=time.monotonic() - started,
+        startup_s=runner.startup_s,
         rounds=len(rounds),
         retest_rounds=len(retest_rounds),
     )
