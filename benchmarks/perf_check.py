@@ -44,6 +44,8 @@ def one(hosts: int, slow_link: bool) -> dict[str, object]:
         if not report.exists():
             return {"hosts": hosts, "wall_s": round(wall, 1), "error": result.stderr.strip()[-300:]}
         perf = json.loads(report.read_text())["perf"]
+        if "--verbose" in sys.argv:
+            print(result.stdout, file=sys.stderr)
         return {
             "hosts": hosts,
             "exit": result.returncode,
@@ -52,7 +54,8 @@ def one(hosts: int, slow_link: bool) -> dict[str, object]:
             "startup_s": perf["startup_s"],
             "rounds": perf["rounds"],
             "retest_rounds": perf["retest_rounds"],
-            "named": sorted({o["host"] for o in perf["outliers"]} | {p["host"] for p in perf["problems"]}),
+            "named": [f"{o['host']} ({o['kind']})" for o in perf["outliers"]]
+            + [f"{p['host']} ({p['what']})" for p in perf["problems"]],
         }
 
 
@@ -61,6 +64,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, nargs="+", default=[4, 16, 32])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--slow-link", action="store_true")
+    parser.add_argument("--verbose", action="store_true", help="also print the check's output")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:

@@ -111,6 +111,32 @@ def suspects(samples: Sequence[LinkSample]) -> list[str]:
     return [host for host in figures.outbound if host in found]
 
 
+def compute_suspects(hosts: Sequence[HostFigures]) -> list[str]:
+    """Hosts whose compute, a GPU's or intra-host figure is an outlier: to be measured again, alone."""
+    named = {o.host for o in judge(hosts, [])}
+    return [h.host for h in hosts if h.host in named]
+
+
+def _best(first: float | None, again: float | None) -> float | None:
+    return first if again is None else again if first is None else max(first, again)
+
+
+def best_of(first: HostFigures, again: HostFigures) -> HostFigures:
+    """A host's figures after its re-test: the better of the two for each (a host is slow only when it was
+    slow both times)."""
+    gpus = {g.index: g for g in first.gpus}
+    for g in again.gpus:
+        if g.index not in gpus or g.tflops > gpus[g.index].tflops:
+            gpus[g.index] = g
+    return HostFigures(
+        first.host,
+        backend=first.backend,
+        compute_gflops=_best(first.compute_gflops, again.compute_gflops),
+        gpus=tuple(gpus[i] for i in sorted(gpus)),
+        intra_host_bps=_best(first.intra_host_bps, again.intra_host_bps),
+    )
+
+
 def size(value: float) -> str:
     """Bytes/s for people: 2.4 MB/s, 1.1 GB/s."""
     for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):

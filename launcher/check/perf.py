@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,17 @@ from launcher.agent.protocol import (
     decode_message,
 )
 from launcher.backends import api as backend
-from launcher.check.figures import Gpu, HostFigures, LinkSample, Outlier, judge, link_figures, suspects
+from launcher.check.figures import (
+    Gpu,
+    HostFigures,
+    LinkSample,
+    Outlier,
+    best_of,
+    compute_suspects,
+    judge,
+    link_figures,
+    suspects,
+)
 from launcher.check.pairing import Round, matchings, retests
 from launcher.check.verdict import Finding
 from launcher.core.command import interpreter
@@ -163,10 +173,17 @@ class Measurement:
         return limit
 
     def run(
-        self, nodes: Sequence[Node], rounds: Sequence[Round], *, compute: bool, repeats: int
+        self,
+        nodes: Sequence[Node],
+        rounds: Sequence[Round],
+        *,
+        compute: Collection[str],
+        repeats: int,
+        allreduce: bool,
     ) -> tuple[dict[str, dict[str, Any]], list[Finding]]:
-        """One pass over `nodes` (the group, in rank order): each host's result, and the hosts whose
-        process failed (the others of a failed pass have no result)."""
+        """One pass over `nodes` (the group, in rank order): the hosts in `compute` measure their compute,
+        the pairs of `rounds` their links; each host's result, and the hosts whose process failed (the
+        others of a failed pass have no result)."""
         rank = {node.name: i for i, node in enumerate(nodes)}
         budget = self.left()
         if budget <= 0:
@@ -180,12 +197,12 @@ class Measurement:
             "pings": PINGS,
             "link_repeats": repeats,
             "repeat_seconds": REPEAT_SECONDS,
-            "compute": compute,
+            "compute_ranks": [rank[h] for h in compute if h in rank],
             "compute_seconds": COMPUTE_SECONDS,
             "compute_window": COMPUTE_WINDOW,
             "intra_bytes": INTRA_BYTES,
-            "allreduce_bytes": CPU_ALLREDUCE_BYTES if compute else 0,
-            "gpu_allreduce_bytes": GPU_ALLREDUCE_BYTES if compute else 0,
+            "allreduce_bytes": CPU_ALLREDUCE_BYTES if allreduce else 0,
+            "gpu_allreduce_bytes": GPU_ALLREDUCE_BYTES if allreduce else 0,
             "timeout": max(1.0, budget),
         }
         failed = self.start(nodes, spec)
@@ -398,30 +415,37 @@ def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfRe
         if not active:
             break
         rounds = matchings([n.name for n in active])
-        results, failed = runner.run(active, rounds, compute=True, repeats=3)
+        names = [n.name for n in active]
+        results, failed = runner.run(active, rounds, compute=names, repeats=3, allreduce=True)
         problems += failed
         if not failed:
             break
         gone = {f.host for f in failed}
         active = [n for n in active if n.name not in gone]
     samples = _samples(active, results, False)
+    figures_by_host = [_figures(n.name, results[n.name]) for n in active if n.name in results]
+    # Suspects are measured again before they are named: links against a host known to be good, compute
+    # (CPU, GPUs, intra-host) on its own, while the others wait.
     retest_rounds: tuple[Round, ...] = ()
     suspected = suspects(samples)
-    if suspected and results:
+    if suspected:
         figures = link_figures(samples)
         good = sorted(
             (h for h in figures.outbound if h not in suspected),
             key=lambda h: -min(figures.inbound[h], figures.outbound[h]),
         )
         retest_rounds = retests(suspected, good)
-        if retest_rounds:
-            involved = {h for pairs in retest_rounds for pair in pairs for h in pair}
-            group = [n for n in active if n.name in involved]
-            log.info("perf: re-testing %s against known good hosts", ", ".join(suspected))
-            again, failed = runner.run(group, retest_rounds, compute=False, repeats=5)
-            problems += failed
-            samples += _samples(group, again, True)
-    figures_by_host = [_figures(n.name, results[n.name]) for n in active if n.name in results]
+    slow = compute_suspects(figures_by_host)
+    if retest_rounds or slow:
+        involved = {h for pairs in retest_rounds for pair in pairs for h in pair} | set(slow)
+        group = [n for n in active if n.name in involved]
+        log.info("perf: re-testing %s", ", ".join(dict.fromkeys([*suspected, *slow])))
+        again, failed = runner.run(group, retest_rounds, compute=slow, repeats=5, allreduce=False)
+        problems += failed
+        samples += _samples(group, again, True)
+        figures_by_host = [
+            best_of(h, _figures(h.host, again[h.host])) if h.host in again else h for h in figures_by_host
+        ]
     allreduce = next((r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), None)
     return PerfResult(
         hosts=tuple(figures_by_host),

@@ -203,7 +203,8 @@ def main() -> None:
     links: list[dict[str, Any]] = []
     result["links"] = links
     passes: list[float] = []
-    if spec["compute"]:
+    compute = rank in spec["compute_ranks"]
+    if compute:
         if gpus:
             result["gpus"] = [gpu_compute(i, spec["compute_seconds"]) for i in range(gpus)]
             if gpus > 1:
@@ -219,7 +220,7 @@ def main() -> None:
     nbytes = spec["gpu_allreduce_bytes" if gpus else "allreduce_bytes"]
     if nbytes and world > 1:
         result["allreduce_Bps"] = all_hosts(nbytes, device, world)
-    if spec["compute"] and not gpus:
+    if compute and not gpus:
         # Measured again after the transfers: a figure is the better of two moments, so a host that was
         # only briefly busy is not named.
         passes.append(cpu_compute(spec["compute_seconds"], spec["compute_window"]))

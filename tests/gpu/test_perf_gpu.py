@@ -63,7 +63,7 @@ def test_nccl_group_on_one_gpu_runs_every_step(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     spec = {
         "rounds": [], "link_bytes": 1 << 20, "gpu_link_bytes": 1 << 20, "pings": 3, "link_repeats": 1,
-        "repeat_seconds": 0.1, "compute": True, "compute_seconds": 0.2, "compute_window": 0.1,
+        "repeat_seconds": 0.1, "compute_ranks": [0], "compute_seconds": 0.2, "compute_window": 0.1,
         "intra_bytes": 1 << 20, "allreduce_bytes": 0, "gpu_allreduce_bytes": 0, "timeout": 60,
     }  # fmt: skip
     env = {
