@@ -29,13 +29,17 @@ class Rule:
     """`higher_is_better`: bandwidth and FLOP/s (a low figure is bad), not latency (a high one is).
 
     A figure is named when its gap from the median, in the bad direction, exceeds `min_gap` times the median,
-    `min_abs` (in the figure's unit), and `z` robust standard deviations.
+    `min_abs` (in the figure's unit), and `z` robust standard deviations (or it is `certain` times worse).
     """
 
     higher_is_better: bool = True
     min_gap: float = 0.5
     z: float = 3.0
     min_abs: float = 0.0
+    # A figure this many times worse than the median is named past the floors whatever the spread: with a
+    # few hosts, one much faster than the rest (a re-test on idle cores) would otherwise widen the spread
+    # enough to hide one a hundred times slower.
+    certain: float = 10.0
 
 
 # Per kind: throughput named below half the median; latency named above four times the median and a
@@ -74,7 +78,7 @@ def outliers(values: Mapping[str, float], rule: Rule) -> list[str]:
     found = spread(values)
     middle = statistics.median(math.log(max(v, TINY)) for v in values.values())
     limit = max(rule.min_gap * abs(found.median), rule.min_abs)
-    log_limit = rule.z * MAD_TO_SIGMA * found.mad
+    log_limit = min(rule.z * MAD_TO_SIGMA * found.mad, math.log(rule.certain))
     named = []
     for key, value in values.items():
         off = middle - math.log(max(value, TINY))

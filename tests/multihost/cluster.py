@@ -144,6 +144,21 @@ class SimHost:
 
 
 @dataclass(frozen=True)
+class CpuLimit:
+    """A cgroup with a CPU quota (see Cluster.cpu_limited)."""
+
+    group: Path
+
+    def add(self, pid: int) -> bool:
+        """Move process `pid`, every thread of it, under the quota; False if it is gone already."""
+        try:
+            (self.group / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            return False
+        return True
+
+
+@dataclass(frozen=True)
 class _State:
     """What a cluster created, persisted so that a later process can tear down a cluster whose owner died."""
 
@@ -595,9 +610,10 @@ class Cluster:
                 raise ClusterError(f"{host}: tc failed: {proc.stderr.strip()}")
 
     @contextlib.contextmanager
-    def cpu_limited(self, host: str, share: float) -> Iterator[None]:
-        """Processes the host's sshd starts from now on get `share` of one CPU (a cgroup v1 CFS quota), as a
-        node throttled or crowded by another job. ClusterUnavailable where this kernel has no cpu cgroup."""
+    def cpu_limited(self, host: str, share: float) -> Iterator[CpuLimit]:
+        """A cgroup v1 CFS quota of `share` of one CPU for the processes put into it (`CpuLimit.add`), as a
+        node throttled or crowded by another job; removed on exit, its processes moved back. Raises
+        ClusterUnavailable where this kernel has no cpu cgroup."""
         root = Path("/sys/fs/cgroup/cpu")
         if not (root / "cpu.cfs_quota_us").exists():
             raise ClusterUnavailable("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
@@ -607,8 +623,7 @@ class Cluster:
         try:
             (group / "cpu.cfs_period_us").write_text("100000")
             (group / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
-            (group / "cgroup.procs").write_text(str(self.sshd_pid(host)))
-            yield
+            yield CpuLimit(group)
         finally:
             for pid in (group / "cgroup.procs").read_text().split():
                 with contextlib.suppress(OSError):
