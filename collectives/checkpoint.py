@@ -34,7 +34,7 @@ def save_checkpoint(
     the original exception as its cause), so the ranks stay in step.
     """
     ctx = context._require("save_checkpoint")
-    from collectives.ops import broadcast_object
+    from collectives.objects import broadcast_object
 
     target = Path(path)
     failure: Exception | None = None
@@ -105,7 +105,7 @@ def load_checkpoint(
     parameters' devices.
     """
     ctx = context._require("load_checkpoint")
-    from collectives.ops import broadcast_object
+    from collectives.objects import broadcast_object
 
     state: dict[str, Any] | None = None
     if ctx.topology.rank == root_rank:

@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 __all__ = [
     "Topology",
     "backend",
-    "barrier",
     "cross_rank",
     "cross_size",
     "device",
@@ -298,6 +297,9 @@ def init(
         topology = topology_from_env(environ_)
         context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
     _context = context
+    from collectives import process_sets
+
+    process_sets._setup(context.topology.rank, context.topology.size)
     if context.owns_group:
         leaving.leave_at_exit(_leave)
     topology = context.topology
@@ -420,8 +422,8 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
-def barrier() -> None:
-    """Block until every rank has reached the barrier."""
+def _barrier() -> None:
+    """Block until every rank has reached the barrier (for leaving; the public barrier is in join.py)."""
     context = _require("barrier")
     import torch.distributed as dist
 
@@ -456,8 +458,16 @@ def _leave(wait_s: float | None) -> None:
 
             torch.cuda.synchronize(context.device_index)  # no kernel of ours still reads what we free
         if size > 1 and wait_s is None:
-            barrier()
+            _barrier()
         if size > 1 and wait_s != 0:
             leaving.together(rank, size, wait_s)
+        _forget_process_sets()
         dist.destroy_process_group()
+    _forget_process_sets()
     _context = None
+
+
+def _forget_process_sets() -> None:
+    from collectives import process_sets
+
+    process_sets._teardown()

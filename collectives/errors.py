@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentError",
     "CollectivesError",
     "EnvironmentContractError",
     "GradientSyncError",
+    "HorovodInternalError",
     "MetricKeysMismatchError",
+    "MismatchError",
     "NotInitializedError",
     "ShardingError",
 ]
@@ -40,3 +43,18 @@ class MetricKeysMismatchError(CollectivesError):
 
 class ShardingError(CollectivesError):
     """A data set cannot be sharded as asked (for example fewer samples than ranks)."""
+
+
+class MismatchError(CollectivesError):
+    """Ranks called a collective with different shapes, dtypes, ops, names or roots, or different collectives.
+
+    Raised on every rank of the process set, as Horovod's coordinator does, instead of a hang or garbage.
+    """
+
+
+class HorovodInternalError(CollectivesError):
+    """Horovod's name for a failed collective, kept so that ``except hvd.HorovodInternalError`` works."""
+
+
+class ArgumentError(CollectivesError, ValueError):
+    """A collective's arguments are invalid on this rank (Horovod raises ValueError for these)."""

@@ -10,13 +10,22 @@ overlaps compute and no pass over a whole bucket sits between the last gradient 
 waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. Buckets are
 launched strictly in bucket order on every rank, so ranks can never pair up different buckets even if their
 autograd orders differ.
+
+Without compression the gradients become views of the bucket buffers after the first step (DDP's
+``gradient_as_bucket_view``): the reduced bucket is the gradient, with no copy back, and a backward pass into
+an existing gradient accumulates straight into its slot. Once per step the ranks agree, on the gloo control
+group and before the first bucket moves, that they are all stepping an optimizer of the same layout, so a
+rank that does something else makes both raise instead of hang; a rank that has called ``join()`` takes
+part with zeros.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 import weakref
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -25,11 +34,15 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
+from collectives import coordination
 from collectives.buckets import assign_buckets, fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
-from collectives.errors import CollectivesError, GradientSyncError
-from collectives.ops import broadcast_, broadcast_object
+from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
+from collectives.negotiation import Call, Kind, Pending, negotiate_async
+from collectives.objects import broadcast_object
+from collectives.ops import broadcast_, sparse_allreduce_async
+from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
@@ -75,6 +88,23 @@ def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
         handle.remove()
 
 
+def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Consecutive slices of ``flat`` shaped like ``params``."""
+    out: list[torch.Tensor] = []
+    offset = 0
+    for p in params:
+        out.append(flat[offset : offset + p.numel()].view(p.shape))
+        offset += p.numel()
+    return out
+
+
+class _NoWork:
+    """The finished reduction of a rank that reduces with nobody (outside the optimizer's process set)."""
+
+    def wait(self) -> bool:
+        return True
+
+
 class _Bucket:
     """A run of same-dtype, same-device parameters whose gradients are reduced as one flat buffer.
 
@@ -82,9 +112,7 @@ class _Bucket:
     parameters, so filling a slot is one pass that scales and casts at once.
     """
 
-    def __init__(
-        self, index: int, params: list[torch.nn.Parameter], compression: Compressor, divisor: int
-    ) -> None:
+    def __init__(self, index: int, params: list[torch.nn.Parameter], compression: Any, divisor: int) -> None:
         self.index = index
         self.params = params
         # Multiplying by the reciprocal, as DDP does: a 0-d tensor operand costs a fraction of a Python
@@ -92,8 +120,12 @@ class _Bucket:
         scale_dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
         self.scale = None if divisor == 1 else torch.tensor(1.0 / divisor, dtype=scale_dtype)
         numel = sum(p.numel() for p in params)
-        dtype = compression.wire_dtype_for(params[0].dtype)
+        # A compressor of the user's own (Horovod's interface) is applied to the whole buffer at launch.
+        self.custom = None if isinstance(compression, Compressor) else compression
+        dtype = compression.wire_dtype_for(params[0].dtype) if self.custom is None else params[0].dtype
         self.buffer = torch.empty(numel, dtype=dtype, device=params[0].device)
+        # Gradients can live in the buffer itself when it travels in their own dtype.
+        self.views = self.custom is None and dtype == params[0].dtype
         self.slots: list[torch.Tensor] = []
         offset = 0
         for p in params:
@@ -101,12 +133,33 @@ class _Bucket:
             offset += p.numel()
         self.filled = [False] * len(params)
         self.missing = len(params)
-        self.work: dist.Work | None = None
+        self.work: dist.Work | _NoWork | None = None
+        self.wire: torch.Tensor = self.buffer
+        self.ctx: Any = None
+
+    def launch(self, group: Any, local: bool) -> None:
+        if local:
+            self.work = _NoWork()
+            return
+        if self.custom is not None:
+            self.wire, self.ctx = self.custom.compress(self.buffer)
+        self.work = dist.all_reduce(self.wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
+
+    def result(self) -> torch.Tensor:
+        """The reduced buffer, decompressed by a custom compressor where there is one."""
+        if self.custom is None:
+            return self.buffer
+        out: torch.Tensor = self.custom.decompress(self.wire, self.ctx)
+        return out
 
     def fill(self, position: int, grad: torch.Tensor | None) -> None:
         """Put this rank's share of the reduction into the slot: the scaled gradient, zeros for none."""
         slot = self.slots[position]
-        if grad is None:
+        if grad is not None and grad.data_ptr() == slot.data_ptr() and grad.shape == slot.shape:
+            # The gradient is this slot (a view from an earlier step): scale it where it lies.
+            if self.scale is not None:
+                slot.mul_(self.scale)
+        elif grad is None:
             # No gradient on this rank in this step; the other ranks' buckets still hold the parameter.
             slot.zero_()
         elif self.scale is not None:
@@ -126,29 +179,55 @@ class _Bucket:
 
 
 class DistributedOptimizer:
-    """Wrap a torch optimizer so that ``step()`` applies gradients averaged over all ranks.
+    """Wrap a torch optimizer so that ``step()`` applies gradients averaged over all ranks (Horovod's).
 
-    ``compression`` casts the buckets for the wire (``Compression.fp16``/``bf16``). With
+    The arguments are Horovod's, in Horovod's order. ``compression`` casts the buckets for the wire
+    (``Compression.fp16``/``bf16``, or a compressor of your own with Horovod's interface). With
     ``backward_passes_per_step=k`` gradients are accumulated locally over k backward passes and reduced once;
     with ``op=Average`` they are averaged over the passes as well as the ranks, so k micro-batches with a mean
     loss give the same step as one batch k times as large (Horovod sums over the passes instead; use
-    ``op=Sum`` for sums over both). ``zero_grad``, ``state_dict``, ``load_state_dict`` and ``param_groups``
-    are the wrapped optimizer's, so LR schedulers can be attached to ``.optimizer``.
+    ``op=Sum`` for sums over both). ``gradient_predivide_factor`` is accepted for Average: the division by
+    the world size already happens before the sum, which is what the factor is for. ``groups`` (a number
+    of groups, or lists of parameters) fixes the fusion buckets instead of DDP's layout; ``num_groups`` is
+    Horovod's older spelling of a number. Sparse gradients (``nn.Embedding(sparse=True)``) are gathered as
+    sparse tensors, or reduced densely with ``sparse_as_dense=True``. ``process_set`` restricts the
+    averaging to a process set. ``zero_grad``, ``state_dict``, ``load_state_dict`` and ``param_groups`` are
+    the wrapped optimizer's, so LR schedulers can be attached to ``.optimizer``.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 (Horovod's signature)
         self,
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
-        *,
-        compression: Compressor = Compression.none,
+        compression: Compressor | Any = Compression.none,
         backward_passes_per_step: int = 1,
         op: ReduceOp = ReduceOp.AVERAGE,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: int | Sequence[Sequence[torch.nn.Parameter]] | None = None,
+        sparse_as_dense: bool = False,
+        process_set: ProcessSet = global_process_set,
+        *,
         bucket_cap_mb: float | None = None,
     ) -> None:
-        context = _require("DistributedOptimizer")
+        _require("DistributedOptimizer")
+        registered = process_set._groups()
+        if registered is not None and registered.index is None:
+            # Not a member of the set: as in Horovod, this rank's optimizer steps on its own gradients.
+            me = _require("DistributedOptimizer").topology.rank
+            set_groups = _Groups(-1, (me,), index=0)
+            self._local = True
+        else:
+            set_groups = groups_of(process_set, "DistributedOptimizer")
+        if op is ReduceOp.ADASUM:
+            raise NotImplementedError(
+                "Adasum needs Horovod's own MPI/NCCL implementation, which torch.distributed lacks; "
+                "use op=Average"
+            )
         if op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             raise CollectivesError(f"DistributedOptimizer supports op=Average or op=Sum, got {op}")
+        if gradient_predivide_factor != 1.0 and op is not ReduceOp.AVERAGE:
+            raise ArgumentError("gradient_predivide_factor not supported with op != Average")
         if backward_passes_per_step < 1:
             raise CollectivesError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         if bucket_cap_mb is not None and bucket_cap_mb <= 0:
@@ -157,8 +236,13 @@ class DistributedOptimizer:
         self._compression = compression
         self._passes = backward_passes_per_step
         self._op = op
-        self._divisor = context.topology.size * self._passes if op is ReduceOp.AVERAGE else 1
-        self._names = self._parameter_names(optimizer, named_parameters)
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set_arg = process_set
+        self._local_groups = set_groups if self._local else None
+        self._divisor = set_groups.size * self._passes if op is ReduceOp.AVERAGE else 1
+        self._names = self._names_of(optimizer, named_parameters)
+        # Horovod's attribute of the same name: parameter -> name.
+        self._parameter_names = self._names
         self._name_by_id = {id(p): name for p, name in self._names.items()}
         params = [p for p in self._names if p.requires_grad]
         self._caps = (
@@ -168,18 +252,39 @@ class DistributedOptimizer:
         )
         self._buckets: list[_Bucket] = []
         self._slot_of: dict[int, tuple[_Bucket, int]] = {}
-        # For the first step, reverse registration order: gradients become ready roughly last layer first.
-        self._lay_out(params[::-1])
         self._index_of = {id(p): index for index, p in enumerate(params)}
+        fixed = self._fixed_groups(params, groups if groups is not None else (num_groups or None))
+        if fixed is None:
+            # For the first step, reverse registration order: gradients become ready roughly last layer
+            # first.
+            self._lay_out(params[::-1])
+        else:
+            self._lay_out_runs(fixed)
         # This rank's parameters in the order their gradients became final in the first step; None once the
-        # buckets have been laid out again from rank 0's order.
-        self._ready_order: list[int] | None = []
+        # buckets have been laid out again from rank 0's order (never with fixed groups).
+        self._ready_order: list[int] | None = [] if fixed is None else None
         self._pass_counts = {id(p): 0 for p in params}
         self._next_launch = 0
         # True from synchronize() until the next gradient arrives: step() must not reduce the same
         # gradients twice (that would divide by k twice, or multiply by the world size under op=Sum).
         self._synchronized = False
         self._params = params
+        # Sparse gradients of this step, by parameter index: reduced apart from the buckets.
+        self._sparse: dict[int, torch.Tensor] = {}
+        self._sparse_params: set[int] = set()
+        # Parameters whose sparse gradients travel dense (sparse_as_dense): sparse again after the step's
+        # reduction, for optimizers such as SparseAdam that take nothing else.
+        self._densified: set[int] = set()
+        # Whether the ranks have agreed, this step, that they are all stepping this layout; the exchange
+        # in flight meanwhile.
+        self._verified = False
+        self._check: Pending | None = None
+        self._digest = zlib.crc32(
+            repr(
+                (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
+            ).encode()
+        )
+        coordination.joinable_optimizers[self._digest] = self
         self._retire_previous_owners(params)
         self._ref = weakref.ref(self)
         for p in params:
@@ -193,14 +298,39 @@ class DistributedOptimizer:
             "DistributedOptimizer: %d parameters in %d buckets, compression=%s, passes=%d",
             len(params),
             len(self._buckets),
-            compression.name,
+            getattr(compression, "name", type(compression).__name__),
             self._passes,
         )
+
+    @staticmethod
+    def _fixed_groups(
+        params: list[torch.nn.Parameter], groups: int | Sequence[Sequence[torch.nn.Parameter]] | None
+    ) -> list[list[torch.nn.Parameter]] | None:
+        """Horovod's ``groups``: a number of equal runs of parameters, or explicit lists (the rest alone)."""
+        if groups is None:
+            return None
+        if isinstance(groups, int):
+            if groups <= 0:
+                raise ArgumentError(f"groups must be a positive number or lists of parameters, got {groups}")
+            per = -(-len(params) // groups)
+            runs = [params[i : i + per] for i in range(0, len(params), per)]
+        else:
+            known = {id(p) for p in params}
+            runs = [[p for p in group if id(p) in known] for group in groups]
+            grouped = {id(p) for run in runs for p in run}
+            runs += [[p] for p in params if id(p) not in grouped]
+        out: list[list[torch.nn.Parameter]] = []
+        for run in runs:
+            # A bucket holds one dtype and device.
+            out.extend(assign_buckets(run))
+        return [run for run in out if run]
 
     def _lay_out(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Cut ``params``, in the order their gradients are expected, into buckets."""
         cap, first_cap = self._caps
-        runs = assign_buckets(params, cap, first_cap)
+        self._lay_out_runs(assign_buckets(params, cap, first_cap))
+
+    def _lay_out_runs(self, runs: Sequence[list[torch.nn.Parameter]]) -> None:
         self._buckets = [
             _Bucket(index, run, self._compression, self._divisor) for index, run in enumerate(runs)
         ]
@@ -213,14 +343,29 @@ class DistributedOptimizer:
 
         Registration order is only a guess: a model may register its head before its body, or use a module
         in another place than it defines it, and a bucket whose parameter comes late holds back every bucket
-        after it. All ranks take rank 0's order so that their buckets stay the same; parameters that rank 0
-        saw no gradient for go last, where they hold back nothing.
+        after it. All ranks take the first rank's order so that their buckets stay the same; parameters that
+        it saw no gradient for go last, where they hold back nothing.
         """
-        order: list[int] = broadcast_object(ready_order, root_rank=0)
+        root = self._groups.ranks[0]
+        order: list[int] = (
+            ready_order
+            if self._local
+            else broadcast_object(ready_order, root, process_set=self._process_set())
+        )
         seen = set(order)
         rest = [index for index in reversed(range(len(self._params))) if index not in seen]
         self._lay_out([self._params[index] for index in order + rest])
         _log.debug("DistributedOptimizer: buckets rebuilt in gradient order: %d buckets", len(self._buckets))
+
+    @property
+    def _groups(self) -> _Groups:
+        """The process set's groups as registered now (a rank outside the set has its own, of one)."""
+        if self._local_groups is not None:
+            return self._local_groups
+        return groups_of(self._process_set_arg, "DistributedOptimizer")
+
+    def _process_set(self) -> ProcessSet:
+        return self._process_set_arg
 
     @staticmethod
     def _retire_previous_owners(params: Sequence[torch.nn.Parameter]) -> None:
@@ -233,7 +378,7 @@ class DistributedOptimizer:
             owner.remove_hooks()
 
     @staticmethod
-    def _parameter_names(
+    def _names_of(
         optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
     ) -> dict[torch.nn.Parameter, str]:
@@ -248,11 +393,11 @@ class DistributedOptimizer:
         names = [name for name, _ in named]
         duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
         if duplicates:
-            raise CollectivesError(f"named_parameters has duplicate names: {duplicates}")
+            raise ArgumentError(f"named_parameters has duplicate names: {duplicates}")
         by_param = {p: name for name, p in named}
         missing = [i for i, p in enumerate(in_optimizer) if p not in by_param]
         if missing:
-            raise CollectivesError(
+            raise ArgumentError(
                 f"{len(missing)} parameter(s) of the optimizer are missing from named_parameters; pass "
                 "model.named_parameters() for the same model the optimizer was built from"
             )
@@ -276,70 +421,182 @@ class DistributedOptimizer:
                 self._ready_order.append(self._index_of[key])
             bucket, position = self._slot_of[key]
             self._fill(bucket, position)
-            if not bucket.missing:
+            if not self._verified and self._check is None:
+                # The step's agreement starts with its first gradient, so it is in by the time a bucket is
+                # full; every later gradient looks whether it has come.
+                self._verified_now(block=False)
+            if not bucket.missing or not self._verified:
                 self._launch_in_order()
 
     def _fill(self, bucket: _Bucket, position: int) -> None:
-        grad = bucket.params[position].grad
+        param = bucket.params[position]
+        grad = param.grad
         if grad is not None and grad.layout != torch.strided:
-            name = self._name_by_id.get(id(bucket.params[position]), "?")
-            raise CollectivesError(
-                f"parameter {name!r} has a {grad.layout} gradient (e.g. from nn.Embedding(sparse=True)); "
-                "DistributedOptimizer reduces dense gradients only: use sparse=False"
-            )
+            if self._sparse_as_dense:
+                grad = grad.to_dense()
+                self._densified.add(self._index_of[id(param)])
+            else:
+                # Gathered apart in synchronize(); the bucket carries zeros in its place.
+                index = self._index_of[id(param)]
+                self._sparse[index] = grad
+                self._sparse_params.add(index)
+                grad = None
         bucket.fill(position, grad)
 
-    def _launch_in_order(self) -> None:
+    _local = False
+
+    def _verified_now(self, block: bool) -> bool:
+        """Whether the ranks have agreed, this step, that all of them step an optimizer of this layout.
+
+        The exchange starts when the first bucket is ready and runs while backward goes on; buckets move
+        only after the verdict, so a mismatch raises on every rank with no allreduce left in flight.
+        """
+        if self._verified:
+            return True
+        if self._check is None:
+            self._check = negotiate_async(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
+            if self._check is None:
+                self._verified = True
+                return True
+        if not block and not self._check.is_completed():
+            return False
+        try:
+            self._check.wait()
+        except BaseException:
+            self._reset()
+            raise
+        self._check = None
+        self._verified = True
+        return True
+
+    def _launch_in_order(self, block: bool = False) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
-            bucket = self._buckets[self._next_launch]
-            bucket.work = dist.all_reduce(bucket.buffer, op=dist.ReduceOp.SUM, async_op=True)
+            if not self._verified_now(block):
+                return
+            self._buckets[self._next_launch].launch(self._groups.data, self._local)
             self._next_launch += 1
 
-    def synchronize(self) -> None:
-        """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
-
-        Call it yourself before reading or modifying the reduced gradients (clipping,
-        ``GradScaler.unscale_``); ``step()`` then does not reduce them again. Until the next backward pass,
-        further calls do nothing.
-        """
-        if self._synchronized:
-            return
+    def _complete_buckets(self) -> None:
+        """Fill what this rank has no gradient for, launch what is left, and wait for every bucket."""
         for bucket in self._buckets[self._next_launch :]:
             # Parameters that got no gradient, or fewer than backward_passes_per_step of them, on this rank:
             # they take part with what they have (zeros for none), because the other ranks' buckets hold them.
             for position, filled in enumerate(bucket.filled):
                 if not filled:
                     self._fill(bucket, position)
-        self._launch_in_order()
+        self._launch_in_order(block=True)
         for bucket in self._buckets:
             if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
             bucket.work.wait()
-            grads: list[torch.Tensor] = []
-            for p in bucket.params:
-                if p.grad is None:
-                    p.grad = torch.empty_like(p)
-                grads.append(p.grad)
-            # One call for the bucket: per-parameter copies from Python cost more than the copying itself
-            # on models with many small parameters.
-            torch._foreach_copy_(grads, bucket.slots)
-            bucket.reset()
-        for key in self._pass_counts:
-            self._pass_counts[key] = 0
-        self._next_launch = 0
+
+    def synchronize(self) -> None:
+        """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
+
+        Call it yourself before reading or modifying the reduced gradients (clipping,
+        ``GradScaler.unscale_``); ``step()`` then does not reduce them again. Until the next backward pass,
+        further calls do nothing. Raises :class:`MismatchError` if another rank of the set is not stepping
+        an optimizer of the same layout.
+        """
+        if self._synchronized:
+            return
+        try:
+            self._verified_now(block=True)
+            self._complete_buckets()
+        except BaseException:
+            self._reset()
+            raise
+        for bucket in self._buckets:
+            result = bucket.result()
+            if bucket.views:
+                for p, slot in zip(bucket.params, bucket.slots, strict=True):
+                    if p.grad is not slot:
+                        p.grad = slot
+            else:
+                grads: list[torch.Tensor] = []
+                for p in bucket.params:
+                    if p.grad is None or p.grad.layout != torch.strided:
+                        p.grad = torch.empty_like(p)
+                    grads.append(p.grad)
+                # One call for the bucket: per-parameter copies from Python cost more than the copying
+                # itself on models with many small parameters.
+                slots = bucket.slots if result is bucket.buffer else _views(result, bucket.params)
+                torch._foreach_copy_(grads, slots)
+        for index in self._densified:
+            param = self._params[index]
+            if param.grad is not None:
+                param.grad = param.grad.to_sparse()
+        self._reduce_sparse()
+        self._reset()
         self._synchronized = True
         if self._ready_order is not None:
             ready_order, self._ready_order = self._ready_order, None
             self._rebuild_buckets(ready_order)
 
+    def _reduce_sparse(self) -> None:
+        """Gather the sparse gradients (Horovod's sparse allreduce), in parameter order on every rank."""
+        if not self._sparse_params:
+            return
+        if self._local:
+            for index, kept in self._sparse.items():
+                self._params[index].grad = kept
+            self._sparse.clear()
+            return
+        op = ReduceOp.AVERAGE if self._op is ReduceOp.AVERAGE else ReduceOp.SUM
+        for index in sorted(self._sparse_params):
+            param = self._params[index]
+            grad = self._sparse.get(index)
+            if grad is None:
+                grad = torch.sparse_coo_tensor(
+                    torch.empty((param.dim(), 0), dtype=torch.int64, device=param.device),
+                    torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device),
+                    param.shape,
+                )
+            reduced = sparse_allreduce_async(grad.coalesce(), f"sparse.{index}", op, self._process_set())()
+            if op is ReduceOp.AVERAGE and self._passes > 1:
+                reduced = reduced / self._passes
+            param.grad = reduced
+        self._sparse.clear()
+
+    def _reset(self) -> None:
+        for bucket in self._buckets:
+            bucket.reset()
+        for key in self._pass_counts:
+            self._pass_counts[key] = 0
+        self._next_launch = 0
+        self._verified = False
+        self._check = None
+
+    def _join_step(self) -> None:
+        """Take part, with zeros, in the step of the ranks that have not joined (see ``collectives.join``)."""
+        # join() has exchanged this step's round already.
+        self._verified = True
+        try:
+            for bucket in self._buckets:
+                for position, filled in enumerate(bucket.filled):
+                    if not filled:
+                        bucket.fill(position, None)
+            self._complete_buckets()
+        finally:
+            self._reset()
+        if self._ready_order is not None:
+            self._ready_order = None
+            self._rebuild_buckets([])
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
-        """Horovod's block for ``step()`` after ``synchronize()``; kept for compatibility, it does nothing.
+        """Horovod's block for ``step()`` after ``synchronize()``.
 
         ``step()`` never reduces gradients that ``synchronize()`` has reduced already, inside this block or
-        not.
+        not; outside it, it warns as Horovod does, since code written for Horovod relies on the block.
         """
-        yield
+        self._skipping = True
+        try:
+            yield
+        finally:
+            self._skipping = False
+
+    _skipping = False
 
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """Average the gradients across ranks (unless synchronized already); then step the optimizer."""
@@ -347,6 +604,13 @@ class DistributedOptimizer:
             raise GradientSyncError(
                 "DistributedOptimizer.step() does not take a closure: a closure's backward pass would start "
                 "allreduces that nothing waits for"
+            )
+        if self._synchronized and not self._skipping:
+            warnings.warn(
+                "optimizer.step() called without optimizer.skip_synchronize() context after "
+                "optimizer.synchronize(); collectives does not reduce the gradients again, but Horovod "
+                "would: wrap step() in optimizer.skip_synchronize() to keep the code right under both",
+                stacklevel=2,
             )
         self.synchronize()
         return self._optimizer.step()
@@ -399,7 +663,8 @@ class DistributedOptimizer:
     def __repr__(self) -> str:
         return (
             f"DistributedOptimizer({self._optimizer.__class__.__name__}, buckets={len(self._buckets)}, "
-            f"compression={self._compression.name}, backward_passes_per_step={self._passes}, "
+            f"compression={getattr(self._compression, 'name', self._compression)}, "
+            f"backward_passes_per_step={self._passes}, "
             f"op={self._op.name})"
         )
 
@@ -442,16 +707,35 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
+def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state (momentum buffers, step counts), as Horovod does before broadcasting.
+
+    One step with zero gradients creates the state; the parameters are restored afterwards (a zero gradient
+    still moves them under weight decay). Parameters that train get a zero ``.grad`` if they had none.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        optimizer.step()
+        torch._foreach_copy_([p.data for p in params], saved)
+
+
 def broadcast_optimizer_state(
-    optimizer: torch.optim.Optimizer | DistributedOptimizer, root_rank: int = 0
+    optimizer: torch.optim.Optimizer | DistributedOptimizer, root_rank: int = 0, model: Any = None
 ) -> None:
     """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal ``root_rank``'s.
 
     Needed after restoring a checkpoint on one rank only; ``load_state_dict`` moves the state onto each
-    rank's own parameter devices.
+    rank's own parameter devices. A fresh optimizer's state is created first (see Horovod), so ranks agree
+    even before the first step. ``model`` is accepted for Horovod's signature and not needed.
     """
     context = _require("broadcast_optimizer_state")
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    if not inner.state_dict()["state"]:
+        _initialise_state(inner)
     is_root = context.topology.rank == root_rank
     # CPU tensors in the pickle: a CUDA tensor would unpickle onto the root's GPU index on every rank.
     payload = _to_cpu(inner.state_dict()) if is_root else None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["Average", "Max", "Min", "Product", "ReduceOp", "Sum"]
+__all__ = ["Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum"]
 
 
 class ReduceOp(enum.Enum):
@@ -18,6 +18,8 @@ class ReduceOp(enum.Enum):
     MIN = "min"
     MAX = "max"
     PRODUCT = "product"
+    # Named so that Horovod scripts import; every collective refuses it (see collectives.features).
+    ADASUM = "adasum"
 
 
 Average = ReduceOp.AVERAGE
@@ -25,3 +27,4 @@ Sum = ReduceOp.SUM
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM

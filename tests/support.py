@@ -161,17 +161,17 @@ def assert_all_gone(pids: Sequence[int], within: float = 5.0) -> None:
     assert alive(pids) == [], f"processes of the job still running: {alive(pids)}"
 
 
-def start_shipped_agent(**env: str) -> subprocess.Popen[bytes]:
+def start_shipped_agent(python: str = sys.executable, **env: str) -> subprocess.Popen[bytes]:
     """The agent as a remote host gets it: the bootstrap with -S from /, its modules' sources on stdin.
 
-    Nothing of distrun is importable there, as on a host without it; the caller writes frames next. `env`:
-    variables besides PATH in the agent's (the host's) environment.
+    Nothing of distrun is importable there, as on a host without it; the caller writes frames next. `python`:
+    the host's interpreter; `env`: variables besides PATH in the agent's (the host's) environment.
     """
     from launcher.backends.bootstrap import bootstrap_args, shipped_sources
 
     sources = shipped_sources()
     proc = subprocess.Popen(
-        [sys.executable, *bootstrap_args(sources)],
+        [python, *bootstrap_args(sources)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

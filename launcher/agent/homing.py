@@ -93,13 +93,14 @@ def dial(invitation: dict[str, Any], name: str) -> socket.socket:
 def main() -> int:
     from launcher.agent.server import serve
 
+    # The node as Slurm, and so distrun, names it: messages say the same name as distrun's own.
+    name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     try:
         line, _ = read_line(lambda n: os.read(0, n))
         invitation = json.loads(line.decode())
-        name = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         sock = dial(invitation, name)
     except (OSError, EOFError, ValueError) as exc:
-        sys.stderr.write(f"distrun: agent on {socket.gethostname()}: {exc}\n")
+        sys.stderr.write(f"distrun: agent on {name}: {exc}\n")
         return 3
     # Nothing more comes on stdin; whatever the agent starts must not read what its starter sends there.
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -18,8 +18,9 @@ be added without breaking the other side. A change that cannot be read that way 
 handles frames through a kind -> handler table (`dispatch`), so a new request is one message type here, one
 kind number, and one handler on the side that answers it.
 
-Over 400 lines because the wire is one thing to read and to ship: every kind, every message body and the
-framing stay together here, where both sides and the version number see them.
+Near 400 lines because the wire is one thing to read and to ship: every kind, every message body and the
+framing stay together here, where both sides and the version number see them. How a START's variables land
+in a rank's environment is `launcher.agent.environment`.
 
 Lifecycle of one connection:
   agent: HELLO
@@ -37,7 +38,7 @@ import os
 import select
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Mapping, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
+from typing import Any, Callable, Dict, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
 
 VERSION = 3
 MAGIC = b"\x00distrun-agent\x00"
@@ -93,8 +94,8 @@ class ProbeRequest:
     listen: bool = False
     connect_to: str | None = None
     connect_port: int = 0
-    # Report `stack` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
-    stack: bool = False
+    # Report `software` (Python, torch, CUDA/NCCL as the ranks' interpreter `python` sees them).
+    software: bool = False
     # `distrun check --workdir`: say whether this host's cache holds the copy of that manifest hash.
     workdir_hash: str = ""
 
@@ -133,8 +134,8 @@ class Facts:
     listen_port: int = 0
     tcp_port: int = 0
     tcp_error: str | None = None
-    # Only when the probe asked `stack`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
-    stack: dict[str, str] | None = None
+    # Only when the probe asked `software`: {"python", "torch", "cuda", "nccl"} (a value "" when absent).
+    software: dict[str, str] | None = None
     workdir_cached: bool | None = None  # None: not asked
 
 
@@ -225,28 +226,6 @@ class RankExited:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     max_rss_kb: int = 0
-
-
-def start_environment(host_env: Mapping[str, str], start: StartRequest) -> dict[str, str]:
-    """What every rank of a start shares: the host's environment less `unset` (and `unset_prefixes`), then
-    the request's `env` over it."""
-    prefixes = tuple(start.unset_prefixes)
-    unset = set(start.unset)
-    env = {k: v for k, v in host_env.items() if k not in unset and not k.startswith(prefixes)}
-    env.update(start.env)
-    return env
-
-
-def rank_environment(shared: Mapping[str, str], rank: RankSpec) -> dict[str, str]:
-    """One rank's environment over `start_environment`'s: its own variables, then its defaults where unset.
-
-    The one place where "default unless set" is decided (see launcher.core.env.rank_env).
-    """
-    env = dict(shared)
-    env.update(rank.env)
-    for name, value in rank.defaults.items():
-        env.setdefault(name, value)
-    return env
 
 
 @dataclass(frozen=True)

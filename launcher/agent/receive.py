@@ -163,6 +163,8 @@ class Receiver:
             self.store = Store(self.root or default_root())
             self._adding = self.store.adding()
             self._adding.__enter__()
+            # What a killed sync left in tmp/ (a cut transfer's partial file) would fill the disk for good.
+            self.store.reclaim()
             # Only now, with pruning held off, the last copy may be let go: a restart finds it still there.
             self._let_go()
             self.wanted = set(self.store.missing(request.entries, request.manifest_hash))

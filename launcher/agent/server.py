@@ -21,6 +21,7 @@ every host as source, next to launcher/agent/protocol.py; hence its length.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import select
@@ -33,6 +34,7 @@ import sys
 import time
 from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
+from launcher.agent.environment import rank_environment, start_environment
 from launcher.agent.protocol import (
     BEAT,
     BLOB,
@@ -69,13 +71,11 @@ from launcher.agent.protocol import (
     encode,
     encode_hello,
     encode_message,
-    rank_environment,
-    start_environment,
     write_all,
 )
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
-from launcher.agent.software import TORCH_PROBE, ask, stack, which
+from launcher.agent.software import TORCH_PROBE, ask, software_of, which
 from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
 from launcher.agent.store import has_copy
 
@@ -263,8 +263,8 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
     extra: dict[str, Any] = {}
     if listener is not None:
         extra["listen_port"] = listener.getsockname()[1]
-    if request.stack:
-        extra["stack"] = stack(request.python or sys.executable)
+    if request.software:
+        extra["software"] = software_of(request.python or sys.executable)
     if request.workdir_hash:
         extra["workdir_cached"] = has_copy(request.workdir_hash)
     if request.check:
@@ -366,8 +366,10 @@ class Agent:
         *,
         clock: Callable[[], float] = time.monotonic,
         start_process: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen,
+        err_fd: int = 2,
     ) -> None:
         self.clock = clock
+        self.err_fd = err_fd  # where the agent says why it gave up (an SSH channel's stderr)
         self.start_process = start_process
         self.in_fd = in_fd
         self.out_fd = out_fd
@@ -432,6 +434,19 @@ class Agent:
         except OSError:
             self._lost_launcher()
 
+    def _give_up(self, silent: float) -> None:
+        """The launcher's silence outlasted our patience. Said on stderr, which reaches the launcher as the
+        reason its channel closed should the network come back: the agent, not distrun, ended the job here."""
+        if self.launcher_gone:
+            return
+        said = (
+            f"distrun agent: gave up on distrun after {silent:.0f}s without a word from it "
+            f"(it waits {self.dead_after:g}s): stopped the ranks\n"
+        )
+        with contextlib.suppress(OSError):
+            os.write(self.err_fd, said.encode())
+        self._lost_launcher()
+
     def _lost_launcher(self) -> None:
         if not self.launcher_gone:
             self.launcher_gone = True
@@ -484,8 +499,14 @@ class Agent:
             except (OSError, subprocess.SubprocessError) as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
-                reason = exc if isinstance(exc, OSError) else f"cannot pin it to cores {r.cpus}"
-                msg = f"distrun: cannot start rank {r.rank} on {socket.gethostname()}: {reason}\n"
+                reason = (
+                    _exec_problem(exc, r.argv)
+                    if isinstance(exc, OSError)
+                    else f"cannot pin it to cores {r.cpus}"
+                )
+                # The host as the launcher names it (its summary says `localhost`, not this machine's name).
+                host = env.get(HOSTNAME_VAR) or socket.gethostname()
+                msg = f"distrun: cannot start rank {r.rank} on {host}: {reason}\n"
                 self.send(ERR, r.rank, msg.encode())
                 self.send_message(EXIT, RankExited(code), r.rank)
                 continue
@@ -683,7 +704,7 @@ class Agent:
                 silent = now - self.last_heard > self.dead_after and not self.paused
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
                 if self.dead_after and silent and control_open and not _readable(self.in_fd):
-                    self._lost_launcher()
+                    self._give_up(now - self.last_heard)
             for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))
@@ -724,6 +745,23 @@ class Agent:
                 self._finish_attempt(now)
             if not self.started and (exiting or self.launcher_gone or not control_open):
                 return 0
+
+
+# The rank's host, as the launcher names it (launcher/core/env.py's contract).
+HOSTNAME_VAR = "DISTRUN_HOSTNAME"
+
+
+def _exec_problem(exc: OSError, argv: list[str]) -> str:
+    """Why a command could not run, as a shell says it: `train: is a directory`, `x: Permission denied`
+    (exec says EACCES for a directory too)."""
+    program = exc.filename or (argv[0] if argv else "")
+    if exc.errno == errno.EACCES and program and os.path.isdir(program):
+        return f"{program}: is a directory"
+    if exc.errno == errno.ENOENT and program and "/" not in program:
+        return f"{program}: command not found"
+    if exc.strerror:
+        return f"{program}: {exc.strerror}" if program else exc.strerror
+    return str(exc)
 
 
 def serve(in_fd: int, out_fd: int) -> int:

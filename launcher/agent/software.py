@@ -1,9 +1,10 @@
-"""What the ranks' interpreter on a host says about itself: torch for `distrun check`, and the stack (Python,
-torch, CUDA, NCCL) that every multi-host launch compares across hosts.
+"""What the ranks' interpreter on a host says about itself: torch for `distrun check`, and the software
+(Python, torch, CUDA, NCCL) that every multi-host launch compares across hosts. "Stacks" elsewhere in the
+agent are call stacks (`launcher.agent.stackdump`); this module's word is "software".
 
 Asking means starting that interpreter (with its site-packages, often on NFS, where it can take seconds), once
-per host per launch. The stack's answer is kept per user and host (under the agent's cache root) with what it
-was read from: the interpreter, every directory on its `sys.path`, torch's `version.py` and NCCL's
+per host per launch. The answer is kept per user and host (under the agent's cache root) with what it was
+read from: the interpreter, every directory on its `sys.path`, torch's `version.py` and NCCL's
 `dist-info`. An install, removal or upgrade changes one of those, so the answer is reused only while each is
 as it was (modification time, size, inode, device), and asked again otherwise.
 
@@ -38,7 +39,7 @@ PROBE_TIMEOUT = 90.0
 # Run by the ranks' interpreter: its Python, and torch's version and CUDA/NCCL build, read from files without
 # importing torch (which takes seconds); `used` is what the answer was read from. The working directory `-c`
 # puts first on sys.path is left out: the ranks' own first entry is their script's directory, not this one.
-STACK_PROBE = r"""
+SOFTWARE_PROBE = r"""
 import importlib.util, json, os, re, sys
 sys.path = [d for d in sys.path if d]
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "torch": "", "cuda": "", "nccl": ""}
@@ -66,9 +67,9 @@ for d in sys.path:
         out["nccl"] = m.group(1)
         used.append(os.path.join(os.path.abspath(d), m.group(0)))
         break
-print(json.dumps({"stack": out, "used": used}))
+print(json.dumps({"software": out, "used": used}))
 """
-UNKNOWN_STACK = {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
+UNKNOWN_SOFTWARE = {"python": "?", "torch": "?", "cuda": "?", "nccl": "?"}
 # What the interpreter's sys.path depends on besides its files.
 _PATH_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "PYTHONSAFEPATH")
 
@@ -102,7 +103,7 @@ def _signature(path: str) -> list[int] | None:
 def _cache_file(python: str, root: str) -> str:
     key = [socket.gethostname(), python, [os.environ.get(n) for n in _PATH_ENV]]
     name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
-    return os.path.join(root, "stack", name + ".json")
+    return os.path.join(root, "software", name + ".json")
 
 
 def which(program: str) -> str | None:
@@ -120,35 +121,35 @@ def _cached(path: str) -> dict[str, str] | None:
         with open(path) as f:
             kept = json.load(f)
         if all(_signature(p) == sig for p, sig in kept["seen"]):
-            return {str(k): str(v) for k, v in kept["stack"].items()}
+            return {str(k): str(v) for k, v in kept["software"].items()}
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
 
 
-def _keep(path: str, stack: dict[str, str], used: list[str], executable: str) -> None:
+def _keep(path: str, software: dict[str, str], used: list[str], executable: str) -> None:
     seen = [[p, _signature(p)] for p in [executable, *used]]
     tmp = path + "." + str(os.getpid())
     try:
         os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
         with open(tmp, "w") as f:
-            json.dump({"stack": stack, "seen": seen}, f)
+            json.dump({"software": software, "seen": seen}, f)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
 
 
-def stack(python: str, root: str | None = None) -> dict[str, str]:
-    """The ranks' stack as `python` sees it; from the cache while nothing it was read from has changed."""
+def software_of(python: str, root: str | None = None) -> dict[str, str]:
+    """The ranks' software as `python` sees it; from the cache while nothing it was read from has changed."""
     path = _cache_file(python, root or default_root())
     kept = _cached(path)
     if kept is not None:
         return kept
-    found = ask(python, STACK_PROBE)
-    if not isinstance(found, dict) or "error" in found or "stack" not in found:
-        return dict(UNKNOWN_STACK)
-    answer = {str(k): str(v) for k, v in found["stack"].items()}
+    found = ask(python, SOFTWARE_PROBE)
+    if not isinstance(found, dict) or "error" in found or "software" not in found:
+        return dict(UNKNOWN_SOFTWARE)
+    answer = {str(k): str(v) for k, v in found["software"].items()}
     executable = os.path.realpath(which(python) or python)
     _keep(path, answer, [str(p) for p in found.get("used", [])], executable)
     return answer

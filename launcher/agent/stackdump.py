@@ -16,6 +16,8 @@ Two ways, chosen per host:
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import py_compile
@@ -27,24 +29,67 @@ import tempfile
 from typing import Any
 
 HOOK_MODULE = "distrun_rankhook"
+# What the agent adds to each rank's environment for the hook: a distrun started inside a rank sees them.
+HOOK_VARIABLES = ("DISTRUN_STACK_DIR", "DISTRUN_STACK_SIGNAL")
 # A real-time signal: the user's own SIGUSR1/SIGUSR2 handlers (which distrun forwards) stay untouched.
 STACK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 2
 # faulthandler writes in several calls: the dump is complete once the file stopped growing for this long.
 SETTLE_SECONDS = 0.05
 # How often the agent looks at a gathering in progress.
 POLL_SECONDS = 0.02
+# faulthandler stops at 100 frames (innermost first), writing "  ..." for the rest: then the whole stacks
+# come from a Python handler chained behind it, which runs as soon as the main thread runs Python code.
+WHOLE_WAIT = 0.5
+TRUNCATED = "  ..."
 HOOK_SOURCE = """\
-import faulthandler, os
+import _thread, faulthandler, os, sys
+
+_where = os.environ.get("DISTRUN_STACK_DIR")
+
+
+def _whole(signum, frame):
+    \"""Every thread's whole stack; faulthandler, in C, answered first but stops at 100 frames. It runs in
+    the main thread between two bytecodes of whatever that was doing, so it takes no lock (threading's own
+    would deadlock a main thread interrupted while holding it) and imports nothing.\"""
+    try:
+        threading = sys.modules.get("threading")
+        active = dict(getattr(threading, "_active", None) or {})
+        here = _thread.get_ident()
+        lines = []
+        for ident, top in sys._current_frames().items():
+            top = frame if ident == here else top
+            thread = active.get(ident)
+            name = getattr(thread, "_name", "") if thread is not None else ""
+            lines.append("thread\\t%d\\t%s" % (ident == here, str(name).replace("\\n", " ")))
+            frames = []
+            while top is not None:
+                code = top.f_code
+                frames.append("%d\\t%s\\t%s" % (top.f_lineno or 0, code.co_name, code.co_filename))
+                top = top.f_back
+            lines.extend(reversed(frames))
+        path = os.path.join(_where, "%d.whole" % os.getpid())
+        with open(path + ".tmp", "w") as f:
+            f.write("\\n".join(lines) + "\\n")
+        os.replace(path + ".tmp", path)
+    except Exception:
+        pass
 
 
 def _install():
-    where, signum = os.environ.get("DISTRUN_STACK_DIR"), os.environ.get("DISTRUN_STACK_SIGNAL")
-    if not where or not signum:
+    signum = os.environ.get("DISTRUN_STACK_SIGNAL")
+    if not _where or not signum:
         return
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(os.path.join(where, "%d.stack" % os.getpid()), flags, 0o600)
-        faulthandler.register(int(signum), file=fd, all_threads=True, chain=False)
+        fd = os.open(os.path.join(_where, "%d.stack" % os.getpid()), flags, 0o600)
+        try:
+            import signal
+
+            signal.signal(int(signum), _whole)
+            chain = True
+        except (OSError, ValueError, RuntimeError, AttributeError):
+            chain = False
+        faulthandler.register(int(signum), file=fd, all_threads=True, chain=chain)
     except (OSError, ValueError, RuntimeError, AttributeError):
         pass
 
@@ -57,11 +102,58 @@ class Never(Warning):
 """
 
 
+DIR_PREFIX = "distrun-stacks-"
+# Held (flock) by the agent whose directory it is, for as long as it lives: the kernel lets go of it however
+# the agent ends, SIGKILL included, so a directory whose lock can be taken is a leftover.
+LOCK_NAME = "agent.lock"
+
+
+def _leftover(path: str) -> bool:
+    """Whether `path` is a dump directory of this user whose agent is gone. One without a lock file is left
+    alone: its agent is still making it (or it is an earlier release's, whose agent may live)."""
+    try:
+        info = os.lstat(path)
+        if not (info.st_uid == os.getuid() and os.path.isdir(path) and not os.path.islink(path)):
+            return False
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES):
+            raise
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def remove_leftovers(tmp: str) -> list[str]:
+    """Remove the dump directories in `tmp` that agents killed with SIGKILL left (no agent can remove its
+    own then); the directories removed."""
+    try:
+        names = [n for n in os.listdir(tmp) if n.startswith(DIR_PREFIX)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        path = os.path.join(tmp, name)
+        if _leftover(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class DumpDir:
     """The agent's private directory: the hook module, and the files the ranks' dumps are written to."""
 
     def __init__(self) -> None:
-        self.path = tempfile.mkdtemp(prefix="distrun-stacks-")  # mode 0700
+        remove_leftovers(tempfile.gettempdir())
+        self.path = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")  # mode 0700
+        # O_CLOEXEC: a rank must not hold the lock after its agent died.
+        self._lock = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
         source = os.path.join(self.path, HOOK_MODULE + ".py")
         with open(source, "w") as f:
             f.write(HOOK_SOURCE)
@@ -74,9 +166,10 @@ class DumpDir:
         path = env.get("PYTHONPATH")
         warnings = env.get("PYTHONWARNINGS")
         hook = f"ignore::{HOOK_MODULE}.Never"
+        directory, signal_number = HOOK_VARIABLES
         return {
-            "DISTRUN_STACK_DIR": self.path,
-            "DISTRUN_STACK_SIGNAL": str(STACK_SIGNAL),
+            directory: self.path,
+            signal_number: str(STACK_SIGNAL),
             # After the user's entries: what their imports find stays the same.
             "PYTHONPATH": path + os.pathsep + self.path if path else self.path,
             "PYTHONWARNINGS": warnings + "," + hook if warnings else hook,
@@ -85,8 +178,12 @@ class DumpDir:
     def stack_file(self, pid: int) -> str:
         return os.path.join(self.path, f"{pid}.stack")
 
+    def whole_file(self, pid: int) -> str:
+        return os.path.join(self.path, f"{pid}.whole")
+
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+        os.close(self._lock)
 
 
 def find_py_spy() -> str | None:
@@ -108,6 +205,32 @@ def _catches(pid: int, signum: int) -> bool | None:
     except OSError:
         return None
     return False
+
+
+def _state(pid: int) -> str:
+    """The state letter of /proc/PID/status (`R`, `S`, `T` stopped, `t` stopped by a tracer, `Z` ...); "" when
+    the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1]
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
+def unreadable_state(pid: int) -> str:
+    """Why a process in its present state cannot give its stacks, at once; "" when it can be asked. A stopped
+    process runs no signal handler and py-spy finds no interpreter in it: asking would only wait."""
+    state = _state(pid)
+    if state in ("", "Z", "X"):
+        return "it has exited"
+    if state == "T":
+        return f"it is stopped (SIGSTOP or SIGTSTP; kill -CONT {pid} resumes it)"
+    if state == "t":
+        return "it is stopped by a debugger (tracing stop)"
+    return ""
 
 
 def _program(pid: int) -> str:
@@ -154,6 +277,8 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
         if line.startswith(("Thread 0x", "Current thread 0x")):
             ident = line.split()[1] if line.startswith("Thread") else line.split()[2]
             threads.append({"name": "", "ident": ident, "frames": []})
+        elif line.rstrip() == TRUNCATED and threads:
+            threads[-1]["truncated"] = True  # the outermost frames are missing
         elif line.startswith('  File "') and threads:
             # '  File "path", line N in func'
             path, _, rest = line[len('  File "') :].rpartition('", line ')
@@ -167,6 +292,19 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
     if threads:
         threads[-1]["main"] = True
     return threads
+
+
+def parse_whole(text: str) -> list[dict[str, Any]]:
+    """The hook's Python handler's dump as threads: a `thread MAIN NAME` line each (tab-separated), then its
+    frames outermost first as `LINE FUNCTION FILE`. The main thread comes last, as in faulthandler's."""
+    threads: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        fields = line.split("\t", 2)
+        if fields[0] == "thread" and len(fields) == 3:
+            threads.append({"name": fields[2], "main": fields[1] == "1", "frames": []})
+        elif len(fields) == 3 and threads:
+            threads[-1]["frames"].append([fields[1], fields[2], int(fields[0])])
+    return sorted(threads, key=lambda t: bool(t["main"]))
 
 
 def parse_py_spy(text: str, pid: int) -> list[dict[str, Any]]:
@@ -206,10 +344,16 @@ class _One:
         self.size = -1
         self.changed = now
         self.py_spy = py_spy
+        # faulthandler's dump when it was cut at its frame limit, while the whole one is awaited.
+        self.cut: list[dict[str, Any]] | None = None
+        self.whole_until = 0.0
         # Native frames need the symbols of every library (seconds for libtorch): past two thirds of the wait,
         # py-spy is asked again for the Python frames alone, which takes a fraction of a second.
         self.native_until: float | None = now + wait * 2 / 3
-        if py_spy:
+        state = unreadable_state(self.pid)
+        if state:
+            self._done(error=state)
+        elif py_spy:
             self._py_spy(native=True)
         else:
             self._signal()
@@ -253,6 +397,8 @@ class _One:
                 self._done(error=self.py_spy_error or "no stack hook in it (a Python started with -I or -E?)")
             return
         try:
+            if os.path.exists(self.dir.whole_file(self.pid)):
+                os.unlink(self.dir.whole_file(self.pid))  # an earlier request's
             os.truncate(self.dir.stack_file(self.pid), 0)
             os.kill(self.pid, STACK_SIGNAL)
         except OSError as exc:
@@ -285,6 +431,9 @@ class _One:
             self.py_spy_error = "py-spy: " + (lines[-1] if lines else f"exit {code}")
             self._signal()
             return
+        if self.cut is not None:
+            self._await_whole(now)
+            return
         try:
             size = os.path.getsize(self.dir.stack_file(self.pid))
         except OSError:
@@ -293,10 +442,29 @@ class _One:
             self.size, self.changed = size, now
         elif size and now - self.changed >= SETTLE_SECONDS:
             with open(self.dir.stack_file(self.pid), errors="replace") as f:
-                self._done("faulthandler", parse_faulthandler(f.read()))
+                threads = parse_faulthandler(f.read())
+            if any(t.get("truncated") for t in threads):
+                self.cut, self.whole_until = threads, now + WHOLE_WAIT
+                self._await_whole(now)
+            else:
+                self._done("faulthandler", threads)
+
+    def _await_whole(self, now: float) -> None:
+        """The whole stacks, once the rank's Python handler wrote them; the cut ones (marked) when it does
+        not run soon (its main thread is blocked outside Python)."""
+        try:
+            with open(self.dir.whole_file(self.pid)) as f:
+                self._done("faulthandler", parse_whole(f.read()))
+            return
+        except (OSError, ValueError, TypeError, IndexError):
+            pass
+        if now >= self.whole_until and self.cut is not None:
+            self._done("faulthandler", self.cut)
 
     def give_up(self, waited: float) -> None:
-        if self.result is None:
+        if self.result is None and self.cut is not None:
+            self._done("faulthandler", self.cut)
+        elif self.result is None:
             self._stop_py_spy()
             self._done(error=f"no stacks within {waited:g}s")
 

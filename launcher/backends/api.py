@@ -1,24 +1,28 @@
 """Backends: how a job's agents are started and reached (this machine, SSH, srun, ...), as plug-ins.
 
-A backend is one module holding a `BACKEND` object, and one entry in `BACKENDS`: `--launcher`, the launch
-(`launcher.job.node.connect`) and `distrun check` find it by name and use only the `Backend` interface below.
-Modules are imported on first use, so a launch on this machine never imports paramiko.
+A backend is one module holding a `BACKEND` object, found by name: in the `BACKENDS` table (this
+repository's), else through a `distrun.backends` entry point of an installed package (looked up only for a
+name the table lacks, so a launch never pays for scanning installed packages). `--launcher`, the launch
+(`launcher.job.node.connect`) and `distrun check` use only the `Backend` interface below. A backend brings
+its own options (`options`, `parse_options`) and may know where its hosts come from (`find_hosts`).
 
 To add one: subclass `Backend` in a new module, set `BACKEND = YourBackend()` there, and add its name and
-module to `BACKENDS` (tests register theirs with `register`).
+module to `BACKENDS`, or declare `[project.entry-points."distrun.backends"] NAME = "pkg.module"` in your
+package (tests register theirs with `register`).
 """
 
 from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from launcher.backends.options import BackendOption
 from launcher.console.progress import ProgressFn
 from launcher.core.hosts import Host
-from launcher.errors import HostError
+from launcher.errors import HostError, UsageError
 
 if TYPE_CHECKING:
     from launcher.backends.link import Link
@@ -31,6 +35,17 @@ BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local",
 }
 DEFAULT = "ssh"
+ENTRY_POINTS = "distrun.backends"
+# Backends already found, by name and module: each is looked up once per process, wherever it is asked for.
+_FOUND: dict[tuple[str, str], Backend] = {}
+
+
+@dataclass(frozen=True)
+class FoundHosts:
+    """Hosts a backend found in the environment (a Slurm allocation), and how many ranks it asks for."""
+
+    hosts: tuple[Host, ...]
+    num_proc: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,14 +68,28 @@ class Backend:
     """Starts agents on hosts and says how to reach them. Subclasses override what differs."""
 
     name = ""
-    # The hosts may come from the environment (a Slurm allocation) when none are given.
-    takes_allocation = True
+    # Its own command-line options; their validated value (`parse_options`) is
+    # `config.backend_options[name]`.
+    options: tuple[BackendOption, ...] = ()
+    # Without -H/--hostfile and hosts of its own (`find_hosts`), it runs on the hosts another backend finds
+    # in the environment (ssh to the nodes of a Slurm allocation).
+    borrows_hosts = True
     # Each host is a machine of its own: two whose agents report one machine (a name and an address of one
     # host) are refused. Only a backend that puts several "hosts" on one machine on purpose says False.
     one_machine_per_host = True
 
     def check_options(self, hosts: Sequence[Host] | None, environ: Mapping[str, str]) -> None:
         """UsageError when this backend cannot run what the command line asked for (checked at parse time)."""
+
+    def parse_options(self, values: Mapping[str, Any], label: Callable[[str], str]) -> object:
+        """The validated value of this backend's `options` (`values` by `BackendOption.key`); UsageError names
+        the option as `label(key)` does (the flag, or the config file's line it came from)."""
+        return dict(values)
+
+    def find_hosts(self, environ: Mapping[str, str], options: object) -> FoundHosts | None:
+        """Where hosts come from when none are given (-H, --hostfile): a backend that finds some is the
+        default `--launcher` there, as srun is inside a Slurm allocation. None: this backend knows of none."""
+        return None
 
     def local_hosts(self, hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
         """Which hosts are this machine and run through a local agent (a pipe), not through `open`."""
@@ -115,13 +144,38 @@ def names() -> tuple[str, ...]:
     return tuple(BACKENDS)
 
 
+def table() -> tuple[Backend, ...]:
+    """This repository's backends (and those registered), in `--launcher`'s order."""
+    return tuple(get(name) for name in BACKENDS)
+
+
 def get(name: str) -> Backend:
-    """The backend called `name` (its module imported now); KeyError for a name not in the table."""
-    backend = importlib.import_module(BACKENDS[name]).BACKEND
-    assert isinstance(backend, Backend), f"{BACKENDS[name]}.BACKEND is not a Backend"
+    """The backend called `name`: from the table, else from an installed package's `distrun.backends` entry
+    point (which then joins the table). KeyError for a name neither knows; UsageError for one that does not
+    load."""
+    module = BACKENDS.get(name) or _entry_point(name)
+    found = _FOUND.get((name, module))
+    if found is not None:
+        return found
+    try:
+        backend = importlib.import_module(module).BACKEND
+    except (ImportError, AttributeError) as err:
+        raise UsageError(f"--launcher {name}: cannot load its backend {module}: {err}") from None
+    if not isinstance(backend, Backend):
+        raise UsageError(f"--launcher {name}: {module}.BACKEND is not a launcher.backends.api.Backend")
+    _FOUND[name, module] = backend
     return backend
 
 
+def _entry_point(name: str) -> str:
+    from importlib.metadata import entry_points  # only for a name the table lacks: scanning costs start-up
+
+    for point in entry_points(group=ENTRY_POINTS, name=name):
+        register(name, point.module)
+        return point.module
+    raise KeyError(name)
+
+
 def register(name: str, module: str) -> None:
-    """Add a backend by name (tests, and plug-ins that cannot edit `BACKENDS`)."""
+    """Add a backend by name (tests; installed packages use the `distrun.backends` entry point instead)."""
     BACKENDS[name] = module

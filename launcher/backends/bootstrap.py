@@ -1,7 +1,8 @@
 """How an agent process is started: imported on this machine, shipped as source everywhere else.
 
-A remote host needs no distrun install: its interpreter runs a small constant bootstrap that reads the
-protocol and agent modules' sources from stdin and runs the agent; the rest of stdin is then the frame stream.
+A remote host needs no distrun install: its interpreter runs a small constant bootstrap that reads the sources
+of the agent package's modules (`launcher/agent/`, every module in it) from stdin and runs the agent; the rest
+of stdin is then the frame stream.
 """
 
 from __future__ import annotations
@@ -13,9 +14,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-_AGENT = Path(__file__).resolve().parents[1] / "agent"
+from launcher.agent import OLDEST_PYTHON
+
+AGENT_DIR = Path(__file__).resolve().parents[1] / "agent"
 # What a host without any of the interpreters tried says (`distrun check` tells it from SSH trouble).
 NO_PYTHON = "distrun: no Python interpreter found here"
+# What an interpreter older than the agent needs says, before the version it is.
+TOO_OLD = "distrun: the agent needs Python"
 CODE_CACHE_DAYS = 30
 # The module whose main() an agent process runs: one that talks on its stdin/stdout, or one that dials home
 # over TCP (an srun step's agents).
@@ -24,12 +29,12 @@ HOMING = "launcher.agent.homing"
 _TOP_IMPORT = re.compile(rb"^from launcher\.agent\.(\w+) import", re.MULTILINE)
 
 
-def _shipped() -> tuple[str, ...]:
-    """Every module of launcher/agent/, each after those it imports at its top (the bootstrap runs them in
-    this order). Read from the folder, so a new module there travels without a list to keep."""
+def shipped_modules(folder: Path = AGENT_DIR) -> tuple[str, ...]:
+    """Every module of the agent's folder, each after those it imports at its top (the bootstrap runs them
+    in this order). Read from the folder, so a new module there travels without a list to keep."""
     needs = {
         path.stem: set(_TOP_IMPORT.findall(path.read_bytes()))
-        for path in _AGENT.glob("*.py")
+        for path in folder.glob("*.py")
         if path.name != "__init__.py"
     }
     order: list[str] = []
@@ -50,7 +55,7 @@ def _shipped() -> tuple[str, ...]:
     return tuple(f"launcher.agent.{name}" for name in order)
 
 
-SHIPPED = _shipped()
+SHIPPED = shipped_modules()
 
 
 def bootstrap(entry: str = SERVER) -> str:
@@ -68,8 +73,11 @@ def bootstrap(entry: str = SERVER) -> str:
     # module exists (tests/integration/test_agent_caches.py holds the two to the same directory).
     from launcher.agent.store import CACHE_DIR_VAR  # not on a local job's path
 
+    too_old = f"{TOO_OLD} {'.'.join(map(str, OLDEST_PYTHON))} or newer, not "
     return (
         "import os,sys,time,types,marshal\n"
+        # An older interpreter would fail on the first module's syntax with a traceback: say it in one line.
+        f"if sys.version_info<{OLDEST_PYTHON!r}:sys.exit({too_old!r}+sys.version.split()[0])\n"
         "def r(n):\n"
         " b=b''\n"
         " while len(b)<n:\n"
@@ -112,7 +120,8 @@ def bootstrap(entry: str = SERVER) -> str:
 
 
 def shipped_sources() -> list[bytes]:
-    return [(_AGENT / f"{name[15:]}.py").read_bytes() for name in SHIPPED]
+    """SHIPPED's sources, in its order: what the bootstrap reads from stdin."""
+    return [(AGENT_DIR / f"{name[15:]}.py").read_bytes() for name in SHIPPED]
 
 
 def bootstrap_args(sources: Sequence[bytes], entry: str = SERVER) -> list[str]:
@@ -131,7 +140,7 @@ def local_argv(python: str) -> list[str]:
 
     Shipping and compiling the source, as for remote hosts, would add ~15 ms to every local start.
     """
-    home = str(_AGENT.parents[1])
+    home = str(AGENT_DIR.parents[1])
     code = f"import sys; sys.path.insert(0, {home!r}); from {SERVER} import main; sys.exit(main())"
     return [python, "-S", "-u", "-c", code]
 

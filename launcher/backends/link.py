@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from launcher.core.hosts import Host
 
@@ -48,6 +48,26 @@ class Link(Protocol):
 
     def abort(self) -> None:
         """Last resort when the agent does not finish: drop the connection / kill the agent process."""
+        ...
+
+
+@runtime_checkable
+class Acknowledging(Protocol):
+    """A link whose transport shows when the host's machine last acknowledged our bytes (TCP's ACKs): after a
+    network outage that proves the host reachable before its agent's first bytes get through."""
+
+    def acked_ago(self) -> float | None:
+        """Seconds since the last acknowledgement; None when unknown."""
+        ...
+
+
+@runtime_checkable
+class Prefaced(Protocol):
+    """A link whose agent starts from a login shell that may print first (SSH): what it said can be read
+    while the link is open, unlike `Link.diagnostics`, which may wait for the agent's end."""
+
+    def said_so_far(self) -> str:
+        """Everything the host wrote on stderr until now, without waiting."""
         ...
 
 

@@ -124,7 +124,7 @@ class LocalBackend(Backend):
     """`--launcher local`: every rank on this machine, whatever the environment says (no allocation)."""
 
     name = "local"
-    takes_allocation = False
+    borrows_hosts = False
 
     def check_options(self, hosts: Sequence[Host] | None, environ: Mapping[str, str]) -> None:
         if hosts is not None:

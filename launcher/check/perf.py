@@ -48,7 +48,7 @@ from launcher.core.command import interpreter
 from launcher.core.config import LaunchConfig
 from launcher.core.forward import job_env
 from launcher.core.hosts import Host
-from launcher.core.plan import make_plan, plural
+from launcher.core.plan import PlanInputs, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.start_requests import start_requests
 from launcher.errors import HostError, Interrupted
@@ -253,7 +253,7 @@ class Measurement:
         )
         rdzv = Rendezvous(master, facts[0].free_ports[0], addrs, tuple((0,) for _ in nodes))
         hosts = [replace(n.host, slots=1) for n in nodes]
-        plan = make_plan(tuple(hosts), len(hosts), False)
+        plan = build_plan(PlanInputs(tuple(hosts), len(hosts)))
         config = replace(self.config, command=("distrun-perf",), gpus_per_rank=None)
         built = start_requests(
             config, plan, rdzv, self.env, local=local, facts=facts, placed=None, attempt=0,

@@ -11,9 +11,9 @@ from typing import Any
 
 from launcher.check.perf import PerfResult, measure
 from launcher.core.config import LaunchConfig
-from launcher.core.plan import Plan, make_plan, plural
+from launcher.core.plan import Plan, build_plan, plural
 from launcher.errors import HostError
-from launcher.job.node import Node
+from launcher.job.node import Node, close_all
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +49,13 @@ def preflight(
     _say(lines)
     names = ", ".join(named)
     min_np = config.restart.min_np
-    if min_np is None:
-        raise PreflightFailed(f"preflight named {names}; nothing was started", record)
     keep = tuple(h for h in plan.nodes if h.name not in named)
     num_proc = min(plan.world_size, sum(h.slots for h in keep))
+    if min_np is None:
+        close_all(nodes)  # no job takes them over
+        raise PreflightFailed(f"preflight named {names}; nothing was started", record)
     if num_proc < min_np:
+        close_all(nodes)
         raise PreflightFailed(
             f"preflight named {names}; the other hosts hold {plural(num_proc, 'rank', 'ranks')}, fewer than "
             f"--min-np {min_np}; nothing was started",
@@ -63,4 +65,5 @@ def preflight(
         if node.name in named and not node.lost:
             node.link.close()
     _say([f"leaving out {names}; starting {plural(num_proc, 'rank', 'ranks')} on the other hosts"])
-    return make_plan(keep, num_proc, config.oversubscribe), [n for n in nodes if n.name not in named], record
+    plan = build_plan(config.plan_inputs.resized(keep, num_proc))
+    return plan, [n for n in nodes if n.name not in named], record

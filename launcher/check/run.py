@@ -18,6 +18,7 @@ import click
 
 from launcher.agent.protocol import ProbeRequest
 from launcher.backends import api as backend
+from launcher.backends.api import Backend
 from launcher.backends.bootstrap import NO_PYTHON
 from launcher.backends.fanout import KEEP_GOING, fan_out
 from launcher.backends.local import LocalLink
@@ -27,7 +28,7 @@ from launcher.check.verdict import (
     findings,
     row,
     same_machines,
-    stack_findings,
+    software_findings,
     table,
     verdict,
     workdir_line,
@@ -37,7 +38,7 @@ from launcher.console.writer import use_color
 from launcher.core.command import interpreter
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
-from launcher.core.plan import make_plan
+from launcher.core.plan import build_plan
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
 from launcher.job.node import Node, close_all
@@ -59,13 +60,13 @@ def _failed(check: HostCheck, error: str, kind: str | None) -> HostCheck:
 Reached = tuple[Node | None, HostCheck]
 
 
-def _connect(host: Host, local: bool, config: LaunchConfig) -> Reached:
+def _connect(host: Host, local: bool, chosen: Backend, config: LaunchConfig) -> Reached:
     """A node with a running agent, or the HostCheck that says why there is none."""
     if local:
         return Node(host, LocalLink(host.name), True), HostCheck(
             host.name, host.slots, login_s=0.0, host_key="local", user=host.user
         )
-    reached = backend.get(config.launcher).open_for_check(host, config)
+    reached = chosen.open_for_check(host, config)
     check = HostCheck(host.name, host.slots, reached.login_s, reached.host_key, user=host.user)
     if reached.error is not None:
         check = _failed(check, reached.error, reached.error_kind)
@@ -106,11 +107,13 @@ def check_hosts(
     wake_fd: int,
     progress: ProgressFn,
     workdir_hash: str = "",
+    *,
+    chosen: Backend | None = None,
 ) -> list[HostCheck]:
     """Every host's HostCheck, in the order given, each host reached and probed on its own (one failing does
     not stop the others); `progress` hears how far probing got. `workdir_hash`: also ask whether each host's
-    cache holds that --workdir copy."""
-    chosen = backend.get(config.launcher)
+    cache holds that --workdir copy. `chosen`: the backend, when the caller has it already."""
+    chosen = chosen or backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     cwd = os.getcwd()
     python = interpreter(config.python)
@@ -118,7 +121,7 @@ def check_hosts(
     index = {name: i for i, name in enumerate(names)}
 
     def reach(name: str, _: Window) -> Reached:
-        return _connect(hosts[index[name]], local[index[name]], config)
+        return _connect(hosts[index[name]], local[index[name]], chosen, config)
 
     reached = fan_out(names, reach, _drop, policy=KEEP_GOING, limit=MAX_PARALLEL, phase="connecting")
     connected = [_own(reached[h.name], h) for h in hosts]
@@ -150,7 +153,7 @@ def check_hosts(
                 python=python,
                 route_to=rank0_addr if i > 0 else None,
                 check=True,
-                stack=True,
+                software=True,
                 workdir_hash=workdir_hash,
                 connect_to=rank0_addr if others else None,
                 connect_port=listen_port if others else 0,
@@ -176,7 +179,8 @@ def check_hosts(
 
 def run_check(config: LaunchConfig, perf: bool = False) -> int:
     """`distrun check`; `perf`: then measure the hosts that passed (launcher.check.perf)."""
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    plan = build_plan(config.plan_inputs)
+    chosen = backend.get(config.launcher)
     # --workdir: which hosts hold the copy a launch would run (bad input, as at launch, before any host).
     workdir = scan(config.workdir, config.workdir_limit) if config.workdir is not None else None
     hosts = [replace(h, slots=plan.local_size(i)) for i, h in enumerate(plan.nodes)]
@@ -189,14 +193,15 @@ def run_check(config: LaunchConfig, perf: bool = False) -> int:
             wake_fd,
             shown,
             workdir.manifest_hash if workdir is not None else "",
+            chosen=chosen,
         )
     cwd = os.getcwd()
     problems = [
         f
         for c in checks
         for f in findings(c, cwd=cwd, rank0=hosts[0].name, python_option=config.python, hosts_option="-H")
-    ] + stack_findings(checks, config.allow_mismatch)
-    if backend.get(config.launcher).one_machine_per_host:
+    ] + software_findings(checks, config.allow_mismatch)
+    if chosen.one_machine_per_host:
         problems += same_machines(checks)
     lines = table([row(c) for c in checks])
     click.echo(click.style(lines[0], bold=True) if color else lines[0])

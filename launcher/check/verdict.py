@@ -103,8 +103,9 @@ def findings(
         found.append(
             Finding(
                 host,
-                f"{check.slots} slots but {gpus} GPUs",
-                f"give it at most {gpus} slots ({hosts_option} {host}:{gpus}) so no two ranks share a GPU",
+                f"{plural(check.slots, 'slot', 'slots')} but {plural(gpus, 'GPU', 'GPUs')}",
+                f"give it at most {plural(gpus, 'slot', 'slots')} ({hosts_option} {host}:{gpus}) "
+                "so no two ranks share a GPU",
                 fatal=False,
             )
         )
@@ -136,10 +137,10 @@ def findings(
     return found
 
 
-def stack_findings(checks: Sequence[HostCheck], allow_mismatch: bool) -> list[Finding]:
+def software_findings(checks: Sequence[HostCheck], allow_mismatch: bool) -> list[Finding]:
     """A host whose Python, torch, CUDA or NCCL differ from the others' (a problem, as at launch, unless
     --allow-mismatch)."""
-    reports = [(c.host, (c.probe or {}).get("stack") or {}) for c in checks if c.error is None and c.probe]
+    reports = [(c.host, (c.probe or {}).get("software") or {}) for c in checks if c.error is None and c.probe]
     found = []
     for line in differences(reports):
         host, what = line.split(": ", 1)
@@ -170,7 +171,7 @@ def row(check: HostCheck) -> tuple[str, ...]:
         torch_text = "missing"
     elif torch:
         torch_text = f"{torch.get('version')} " + (f"CUDA {torch['cuda']}" if torch.get("cuda") else "cpu")
-        nccl = (probe.get("stack") or {}).get("nccl")
+        nccl = (probe.get("software") or {}).get("nccl")
         torch_text += f" NCCL {nccl}" if nccl else ""
     else:
         torch_text = "-"

@@ -7,6 +7,7 @@ which decides between -H and --hostfile and names the source in messages.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,44 @@ def _level(source: ParameterSource | None) -> int:
     return ENV_LEVEL if source is ParameterSource.ENVIRONMENT else 0
 
 
+def env_name(ctx: click.Context, name: str) -> str:
+    """The DISTRUN_* variable of option `name`, as click reads it."""
+    return f"{ctx.auto_envvar_prefix or 'DISTRUN'}_{name.upper()}"
+
+
+def option_name(param: click.Parameter) -> str:
+    """An option as a user types it: `-np/--num-proc`."""
+    return "/".join(param.opts) if param.opts else str(param.name)
+
+
+_BOOLEAN = " is not a valid boolean"
+
+
+def value_problem(err: click.BadParameter) -> str:
+    """click's words for a bad value, where they mislead: a boolean's list of accepted values begins with an
+    empty one, and a number with bounds "is not a valid integer range"."""
+    message = err.message
+    if _BOOLEAN in message:
+        shown = message.partition(_BOOLEAN)[0]
+        return f"{shown}{_BOOLEAN}; expected true or false (also 1/0, yes/no, on/off)"
+    for kind in ("integer", "float"):
+        message = message.replace(f"is not a valid {kind} range", f"is not a valid {kind}")
+    return message
+
+
+def bad_value_message(err: click.BadParameter) -> str:
+    """The one line for a bad option value, naming where it came from: the command line's option as click
+    names it, or the DISTRUN_* variable that set it together with its option."""
+    ctx, param = err.ctx, err.param
+    problem = value_problem(err)
+    name = param.name if param is not None else None
+    if ctx is not None and param is not None and name:
+        source = ctx.get_parameter_source(name)
+        if source is ParameterSource.ENVIRONMENT:
+            return f"Invalid value for {env_name(ctx, name)} ({option_name(param)}): {problem}"
+    return click.BadParameter(problem, ctx, param, err.param_hint).format_message()
+
+
 def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
     return {
         p.name: p for p in ctx.command.params if isinstance(p, click.Option) and p.name and p.expose_value
@@ -34,10 +73,20 @@ def _config_params(ctx: click.Context) -> dict[str, click.Parameter]:
 
 
 # Options naming files: in a config file they are relative to the file, not to where distrun runs.
-_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "ssh_identity_file", "env_file", "report", "workdir"})
+# (Options of type click.Path, a backend's files among them, are such too.)
+_PATH_OPTIONS = frozenset({"hostfile", "output_dir", "env_file", "report", "workdir"})
 
 
-def load_config_file(path: str) -> dict[str, tuple[Any, int]]:
+@dataclass(frozen=True)
+class ConfigValue:
+    """A key's value as YAML reads it, its line, and its text as written (per item for a list)."""
+
+    value: Any
+    line: int
+    written: tuple[str, ...] = ()
+
+
+def load_config_file(path: str) -> dict[str, ConfigValue]:
     """Each top-level key with its value and line; a top-level key given twice is an error."""
     import yaml  # only config-file users pay for importing yaml
 
@@ -58,18 +107,32 @@ def load_config_file(path: str) -> dict[str, tuple[Any, int]]:
     if not isinstance(data, dict) or not isinstance(root, yaml.MappingNode):
         raise UsageError(f"config file {path}: expected a mapping of option names to values")
     lines: dict[str, int] = {}
-    for key_node, _ in root.value:
+    written: dict[str, list[str]] = {}
+    for key_node, value_node in root.value:
         key, line = str(key_node.value), key_node.start_mark.line + 1
         # YAML keeps the last of two equal keys without a word; one of them is surely a mistake.
         if key in lines:
             raise UsageError(f"{path}:{line}: {key!r} is already set at line {lines[key]}")
         lines[key] = line
-    return {str(key): (value, lines.get(str(key), 1)) for key, value in data.items()}
+        written[key] = _as_written(value_node)
+    return {
+        str(key): ConfigValue(value, lines.get(str(key), 1), tuple(written.get(str(key), ())))
+        for key, value in data.items()
+    }
 
 
-def _config_value(param: click.Parameter, raw: Any, base: Path, label: str) -> Any:
+def _as_written(node: Any) -> list[str]:
+    """A value's text as the file has it (`yes`, not the True YAML reads it as): a list's, item by item."""
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        return [str(item.value) if isinstance(item, yaml.ScalarNode) else "..." for item in node.value]
+    return [str(node.value)] if isinstance(node, yaml.ScalarNode) else []
+
+
+def _config_value(param: click.Parameter, given: ConfigValue, base: Path, label: str) -> Any:
     """A config file value in the form click would have parsed from the command line."""
-    value = raw
+    value = given.value
     if param.name == "hosts" and isinstance(value, list):
         value = ",".join(str(item) for item in value)
     if param.multiple and not isinstance(value, list):
@@ -77,12 +140,13 @@ def _config_value(param: click.Parameter, raw: Any, base: Path, label: str) -> A
     elif not param.multiple and isinstance(value, (list, dict)):
         raise UsageError(f"{label} takes a single value")
     items = value if param.multiple else [value]
-    if isinstance(param.type, click.types.IntParamType) and any(
-        isinstance(item, (bool, float)) for item in items
-    ):
-        # click would truncate 2.7 to 2 silently.
-        raise UsageError(f"{label}: expected a whole number, got {items[0]!r}")
-    if param.name in _PATH_OPTIONS:
+    if isinstance(param.type, click.types.IntParamType):
+        for index, item in enumerate(items):
+            if isinstance(item, (bool, float)):
+                # click would truncate 2.7 to 2 silently.
+                text = given.written[index] if index < len(given.written) else str(item)
+                raise UsageError(f"{label}: expected a whole number, got {text}")
+    if param.name in _PATH_OPTIONS or isinstance(param.type, click.Path):
         items = [str(base / Path(str(item)).expanduser()) for item in items]
         value = items if param.multiple else items[0]
     return value
@@ -101,13 +165,24 @@ class Sources:
         return self.labels.get(name, flag)
 
 
-def merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict[str, Any], Sources]:
+def merge_config_file(
+    ctx: click.Context, options: dict[str, Any], ignore: Collection[str] = ()
+) -> tuple[dict[str, Any], Sources]:
     """Fill options still at their defaults from the --config file; report each option's precedence level.
 
     Repeatable options add up instead: the file's `export` list comes first, then -x on the command line.
+    Keys naming an option in `ignore` (another command's, of a file both read) are passed over.
     """
     values = dict(options)
     sources = Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
+    # A value from the environment is named as the user set it, with the option it sets:
+    # `DISTRUN_TIMEOUT (--timeout)`, not `--timeout`.
+    by_name = {p.name: p for p in ctx.command.params if p.name}
+    sources.labels.update(
+        (name, f"{env_name(ctx, name)} ({option_name(by_name[name])})")
+        for name, level in sources.levels.items()
+        if level == ENV_LEVEL and name in by_name
+    )
     path = options["config"]
     if path is None:
         return values, sources
@@ -115,9 +190,12 @@ def merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict
     params.pop("config")
     base = Path(path).expanduser().parent
     seen: dict[str, str] = {}
-    for key, (raw, line) in load_config_file(path).items():
+    for key, given in load_config_file(path).items():
+        raw, line = given.value, given.line
         name = key.replace("-", "_")
         label = f"{path}:{line}: {key}"
+        if name in ignore and name not in params:
+            continue
         if name not in params:
             raise UsageError(f"{path}:{line}: unknown option {key!r}")
         if name in seen:
@@ -127,9 +205,9 @@ def merge_config_file(ctx: click.Context, options: dict[str, Any]) -> tuple[dict
         if raw is None or (sources.levels[name] > 0 and not param.multiple):
             continue
         try:
-            value = param.type_cast_value(ctx, _config_value(param, raw, base, label))
+            value = param.type_cast_value(ctx, _config_value(param, given, base, label))
         except click.BadParameter as err:
-            raise UsageError(f"{label}: {err.message}") from None
+            raise UsageError(f"{label}: {value_problem(err)}") from None
         if sources.levels[name] > 0:
             sources.file_counts[name] = len(value)
             sources.file_labels[name] = label

@@ -15,14 +15,14 @@ from launcher.core.config import LaunchConfig
 from launcher.core.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.core.env import join_host_port, redact
 from launcher.core.forward import dropped_here, job_env
-from launcher.core.plan import Plan, make_plan, plural
+from launcher.core.plan import Plan, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.start_requests import start_requests
 
 
 def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
     """The plan: what every rank inherits, then one header line per rank and its own variables (redacted)."""
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    plan = build_plan(config.plan_inputs)
     python = interpreter(config.python)
     chosen = backend.get(config.launcher)
     local = chosen.local_by_name(plan.nodes)

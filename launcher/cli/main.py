@@ -25,21 +25,23 @@ import click
 from collectives.placement import OWN_GPUS_VAR
 from launcher import __version__, release_start_guard
 from launcher.backends import api as backend
+from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
-from launcher.backends.slurm.allocation import allocation_from_env
-from launcher.cli.config_file import ENV_LEVEL, Sources, merge_config_file
+from launcher.backends.ssh.options import HostKeyPolicy, SshOptions
+from launcher.cli.backend_options import backend_values, backends_of, declared, named_launcher, with_backend
+from launcher.cli.config_file import ENV_LEVEL, Sources, bad_value_message, merge_config_file
 from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
-from launcher.core.config import HostKeyPolicy, LaunchConfig, PrefixMode, RestartOptions, SshOptions
+from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
 from launcher.core.devices import Placement
 from launcher.core.env import CONTRACT_NAMES, parse_exports, parse_rank_filter
 from launcher.core.forward import parse_env_file
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
-from launcher.core.plan import implicit_localhost, make_plan, plural
+from launcher.core.plan import PlanInputs, build_plan, implicit_localhost, plural
 from launcher.core.scrub import SCRUBBER
 from launcher.entry import without_gc
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
-from launcher.report.file import ReportPathError, report_target
+from launcher.report.file import ReportPathError, check_room
 
 ENV_PREFIX = "DISTRUN"
 # What distrun sets in each rank's environment, not settings of distrun (see launcher/core/env.py).
@@ -129,6 +131,14 @@ class Request:
     help="When no rank has written anything for SECONDS, show every rank's stacks (once per stall).",
 )
 @_option(
+    "--startup-timeout",
+    type=float,
+    metavar="SECONDS",
+    default=180.0,
+    show_default=True,
+    help="Give up on a host whose login shell and agent have not started and answered in SECONDS.",
+)
+@_option(
     "--stack-tool",
     type=click.Choice(["auto", "py-spy", "python"]),
     default="auto",
@@ -198,34 +208,7 @@ class Request:
 @_option(
     "--numa-binding", is_flag=True, help="Pin each rank to cores of its GPUs' NUMA node (--gpus-per-rank)."
 )
-@_option("--ssh-port", type=_PORT, help="SSH port [default: ~/.ssh/config, else 22].")
-@_option(
-    "-i",
-    "--ssh-identity-file",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="SSH private key (repeatable).",
-)
-@_option(
-    "--host-key-policy", type=click.Choice(["strict", "accept-new", "ignore"]), help="Unknown host keys."
-)
-@_option("--ssh-connect-timeout", type=float, metavar="SECONDS", default=10.0, show_default=True)
-@_option(
-    "--ssh-keepalive",
-    type=float,
-    metavar="SECONDS",
-    default=2.0,
-    show_default=True,
-    help="Probe interval; a host is dead after --ssh-keepalive-count missed probes.",
-)
-@_option(
-    "--ssh-keepalive-count",
-    type=click.IntRange(min=1),
-    metavar="N",
-    default=5,
-    show_default=True,
-    help="Missed probes after which a silent host is lost.",
-)
+@declared(backend.table())
 @_option(
     "--launcher",
     type=click.Choice(backend.names()),
@@ -270,7 +253,7 @@ class Request:
 def cli(ctx: click.Context, /, **options: Any) -> Request:
     """Run COMMAND as one rank per slot on every host, with the torch/Horovod/TF environment set."""
     values, sources = merge_config_file(ctx, options)
-    return _build_request(values, sources)
+    return _build_request(values, sources, backends_of(ctx.command))
 
 
 def _hosts(values: Mapping[str, Any], sources: Sources) -> tuple[Host, ...] | None:
@@ -354,7 +337,7 @@ def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, st
     in_file = sources.file_counts.get("export", 0)
     exports = dict(parse_exports(given[:in_file], os.environ, sources.file_labels.get("export", "-x")))
     from_env = sources.levels["export"] == ENV_LEVEL
-    label = f"{ENV_PREFIX}_EXPORT" if from_env else sources.label("export", "-x")
+    label = sources.label("export", "-x")  # DISTRUN_EXPORT (-x/--export) where it came from there
     exports.update(parse_exports(given[in_file:], os.environ, label, split_on_blanks=from_env))
     return tuple(exports.items())
 
@@ -365,7 +348,7 @@ def _report_path(value: str | None, label: str) -> Path | None:
         return None
     path = Path(value).expanduser()
     try:
-        report_target(path)
+        check_room(path)
     except ReportPathError as err:
         raise ReportPathError(str(err).replace("--report", label, 1)) from None
     return path
@@ -394,25 +377,44 @@ def _redact_patterns(patterns: Sequence[str], label: str) -> tuple[str, ...]:
     return tuple(patterns)
 
 
-def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
+def _found_hosts(
+    chosen: Backend | None, backends: Sequence[Backend], options: Mapping[str, object]
+) -> tuple[Backend | None, FoundHosts | None]:
+    """Hosts from the environment when neither -H nor --hostfile gave any: the chosen backend's own source,
+    else (when it borrows hosts) the first backend's that finds some; with no --launcher, the backend that
+    found them is the one chosen."""
+    if chosen is not None:
+        found = chosen.find_hosts(os.environ, options.get(chosen.name))
+        if found is not None or not chosen.borrows_hosts:
+            return chosen, found
+    for candidate in backends:
+        if candidate is not chosen:
+            found = candidate.find_hosts(os.environ, options.get(candidate.name))
+            if found is not None:
+                return chosen or candidate, found
+    return chosen, None
+
+
+def _build_request(values: Mapping[str, Any], sources: Sources, backends: Sequence[Backend]) -> Request:
     command = tuple(values["command"])
     resolve_command(command, interpreter(values["python"]))
     num_proc: int | None = values["num_proc"]
     oversubscribe = bool(values["oversubscribe"])
     hosts = _hosts(values, sources)
+    options = backend_values(backends, values, sources.label)
     launcher: str | None = values["launcher"]
-    if launcher is not None:
-        backend.get(launcher).check_options(hosts, os.environ)
-    takes_allocation = launcher is None or backend.get(launcher).takes_allocation
-    allocation = allocation_from_env(os.environ) if hosts is None and takes_allocation else None
-    if allocation is not None:
-        hosts = allocation.hosts
-        num_proc = num_proc or allocation.num_tasks
-    if launcher is None:
-        launcher = "srun" if allocation is not None else backend.DEFAULT
+    chosen = None if launcher is None else backend.get(launcher)
+    if chosen is not None:
+        chosen.check_options(hosts, os.environ)
+    if hosts is None:
+        chosen, found = _found_hosts(chosen, backends, options)
+        if found is not None:
+            hosts = found.hosts
+            num_proc = num_proc or found.num_proc
+    launcher = launcher or (chosen.name if chosen is not None else backend.DEFAULT)
     hosts = hosts or (implicit_localhost(num_proc, os.cpu_count() or 1, oversubscribe),)
     refuse_this_machine_twice(hosts, [runs_here(h) for h in hosts])
-    plan = make_plan(hosts, num_proc, oversubscribe)
+    plan = build_plan(PlanInputs(hosts, num_proc, oversubscribe))
     ranks = values["ranks"]
     placement = Placement(values["gpus_per_rank"], values["bind_cores"], values["numa_binding"])
     label = sources.label
@@ -442,6 +444,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
         stall_timeout=None
         if values["stall_timeout"] is None
         else _seconds(values["stall_timeout"], label("stall_timeout", "--stall-timeout")),
+        startup_timeout=_seconds(values["startup_timeout"], label("startup_timeout", "--startup-timeout")),
         stack_tool=values["stack_tool"],
         straggler_window=_seconds(values["straggler_after"], label("straggler_after", "--straggler-after")),
         restart=_restart_options(values, plan.world_size),
@@ -453,16 +456,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources) -> Request:
         bind_cores=placement.bind_cores,
         numa_binding=placement.numa_binding,
         color=values["color"],
-        ssh=SshOptions(
-            port=values["ssh_port"],
-            identity_files=tuple(Path(p).expanduser() for p in values["ssh_identity_file"]),
-            host_key_policy=cast("HostKeyPolicy | None", values["host_key_policy"]),
-            connect_timeout=_seconds(
-                values["ssh_connect_timeout"], label("ssh_connect_timeout", "--ssh-connect-timeout")
-            ),
-            keepalive_interval=_seconds(values["ssh_keepalive"], label("ssh_keepalive", "--ssh-keepalive")),
-            keepalive_count=values["ssh_keepalive_count"],
-        ),
+        backend_options=options,
         launcher=launcher,
         workdir=_workdir(values["workdir"], label("workdir", "--workdir")),
         workdir_limit=values["workdir_limit"] << 20,
@@ -484,34 +478,76 @@ Exit codes: 0 every host is ready; 3 a host has a problem (each with its fix); 2
 """
 
 
-@click.pass_context
-def _check_command(ctx: click.Context, /, **options: Any) -> int:
-    """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory, disk,
-    clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per host."""
-    perf = options.pop("perf")
-    values, sources = merge_config_file(ctx, {**options, "command": ("check",), "dry_run": False})
-    request = _build_request(values, sources)
-    _configure_logging(request.verbose)
-    from launcher.check.run import run_check
-
-    return run_check(request.config, perf=perf)
-
-
-check_cli = click.Command(
-    name="distrun check",
-    callback=_check_command,
-    params=[p for p in cli.params if p.name not in ("command", "dry_run", "preflight")]
-    + [
-        click.Option(
-            ["--perf"],
-            is_flag=True,
-            help="Also measure every host and link (compute, GPUs, bandwidth, latency); name the outliers.",
-        )
-    ],
-    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
-    epilog=_CHECK_EPILOG,
-    help=_check_command.__doc__,
+# A launch's options that say nothing to `distrun check`: its --help leaves them out, and a --config file's
+# keys for them are ignored there (one file serves both). `check --perf` measures with the launch's
+# environment and writes --report within --timeout: -x, --env-file, --forward-env, --network-interface,
+# --report and --timeout apply to it.
+_LAUNCH_ONLY = frozenset(
+    {
+        "command",
+        "dry_run",
+        "preflight",
+        "master_port",
+        "redact",
+        "prefix",
+        "timestamp",
+        "output_dir",
+        "ranks",
+        "stall_timeout",
+        "stack_tool",
+        "straggler_after",
+        "max_restarts",
+        "restart_delay",
+        "min_np",
+        "max_np",
+        "host_discovery_script",
+        "grace_period",
+        "progress_interval",
+        "gpus_per_rank",
+        "bind_cores",
+        "numa_binding",
+        "workdir_relay",
+    }
 )
+
+
+def check_command(launch: click.Command) -> click.Command:
+    """`distrun check` with the options of `launch` that apply to it (the backends' among them)."""
+
+    @click.pass_context
+    def check(ctx: click.Context, /, **options: Any) -> int:
+        """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory,
+        disk, clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per
+        host."""
+        perf = options.pop("perf")
+        # The launch's own defaults for what check leaves out (no DISTRUN_* variable read for them).
+        with launch.make_context("distrun", ["check"], auto_envvar_prefix=None) as defaults:
+            given = {**defaults.params, **options, "command": ("check",)}
+        values, sources = merge_config_file(ctx, given, ignore=_LAUNCH_ONLY)
+        request = _build_request(values, sources, backends_of(launch))
+        _configure_logging(request.verbose)
+        from launcher.check.run import run_check
+
+        return run_check(request.config, perf=perf)
+
+    return click.Command(
+        name="distrun check",
+        callback=check,
+        params=[p for p in launch.params if p.name not in _LAUNCH_ONLY]
+        + [
+            click.Option(
+                ["--perf"],
+                is_flag=True,
+                help="Also measure every host and link (compute, GPUs, bandwidth, latency); name outliers.",
+            )
+        ],
+        context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
+        epilog=_CHECK_EPILOG,
+        help=check.__doc__,
+    )
+
+
+check_cli = check_command(cli)
 
 
 @click.command(
@@ -586,15 +622,24 @@ def stacks_cli(pid: int | None, wait: float) -> int:
     return EXIT_OK
 
 
+def _launch_command(argv: Sequence[str]) -> click.Command:
+    """`cli`, or `cli` with the options of a backend from an installed package that `--launcher` names."""
+    name = named_launcher(argv, cli.params, os.environ)
+    return cli if name is None else with_backend(cli, name)
+
+
 def _parse(argv: Sequence[str]) -> Request | int:
     """The request, or the exit code when click already answered (--help, --version)."""
     try:
         if argv and argv[0] in _SUBCOMMANDS:
             command = _SUBCOMMANDS[argv[0]]
+            if command is check_cli:
+                command = check_command(_launch_command(argv[1:]))
             with command.make_context(f"distrun {argv[0]}", list(argv[1:])) as ctx:
                 return cast(int, command.invoke(ctx))
-        with cli.make_context("distrun", list(argv)) as ctx:
-            return cast(Request, cli.invoke(ctx))
+        launch = _launch_command(argv)
+        with launch.make_context("distrun", list(argv)) as ctx:
+            return cast(Request, launch.invoke(ctx))
     except click.exceptions.Exit as done:
         return done.exit_code
 
@@ -619,7 +664,7 @@ def _run(argv: Sequence[str]) -> int:
         SCRUBBER.learn(os.environ, config.redact)
         SCRUBBER.learn((*config.env_file, *config.exports), config.redact)
         _configure_logging(request.verbose)
-        for line in unknown_settings(os.environ, cli.params):
+        for line in unknown_settings(os.environ, _launch_command(argv).params):
             log.warning("%s", line)
         if request.dry_run:
             from launcher.cli.dry_run import format_dry_run
@@ -632,6 +677,9 @@ def _run(argv: Sequence[str]) -> int:
         return launch(request.config)
     except DistrunError as err:
         _error(str(err))
+        return err.exit_code
+    except click.BadParameter as err:
+        _error(bad_value_message(err))
         return err.exit_code
     except click.ClickException as err:
         _error(err.format_message())
@@ -654,9 +702,12 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             # Only when there is a stray variable: these imports cost start-up time.
             import difflib
 
+            from launcher.agent.stackdump import HOOK_VARIABLES
             from launcher.agent.store import CACHE_DIR_VAR
 
             if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (README, --workdir)
+                continue
+            if name in HOOK_VARIABLES:  # what each rank's agent adds for the stack hook
                 continue
 
             close = difflib.get_close_matches(name, options, n=1, cutoff=0.85)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from typing import Literal
 from launcher.agent.protocol import write_all
 from launcher.console.redraws import RedrawDisplay, RedrawLines, StatusArea
 from launcher.console.writer import Console, same_terminal
+from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import UsageError
 
@@ -155,6 +157,33 @@ def _other_ranks(output_dir: Path, ranks: Iterable[int]) -> list[int]:
     return sorted(found)
 
 
+_STACKS_FILE = re.compile(r"stacks-(\d+)-[\w-]+\.txt")
+
+
+def earlier_stacks(output_dir: Path) -> list[str]:
+    """The `stacks-N-REASON.txt` files an earlier run left in `output_dir`, by number."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(output_dir):
+            match = _STACKS_FILE.fullmatch(entry.name)
+            if match:
+                found.append((int(match[1]), entry.name))
+    return [name for _, name in sorted(found)]
+
+
+def first_stacks_number(output_dir: Path | None) -> int:
+    """The number of this job's first stacks file: after an earlier run's, which it then never replaces."""
+    if output_dir is None:
+        return 1
+    numbers = [int(m[1]) for m in map(_STACKS_FILE.fullmatch, earlier_stacks(output_dir)) if m]
+    return max(numbers, default=0) + 1
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    shown = names if len(names) <= most else [*names[: most - 1], f"... ({len(names)} files)"]
+    return ", ".join(shown)
+
+
 @dataclass(frozen=True)
 class LogOptions:
     prefix: Literal["rank", "host", "none"] = "rank"
@@ -188,10 +217,19 @@ class LogRelay:
             if stale:
                 # Left, not deleted: they are an earlier run's logs, which the user may still want.
                 log.warning(
-                    "--output-dir %s: %s from an earlier run (this job has %d ranks); left as they are",
+                    "--output-dir %s: %s from an earlier run (this job has %s); left as they are",
                     options.output_dir,
                     ", ".join(f"rank.{r}" for r in stale),
-                    len(hosts),
+                    plural(len(hosts), "rank", "ranks"),
+                )
+            stacks = earlier_stacks(options.output_dir)
+            if stacks:
+                log.warning(
+                    "--output-dir %s: %s from an earlier run; left as they are (this job's stacks begin "
+                    "at stacks-%d)",
+                    options.output_dir,
+                    _listed(stacks),
+                    first_stacks_number(options.output_dir),
                 )
         terminal = same_terminal(out_fd, err_fd) and os.environ.get("TERM") != "dumb"
         self._terminal = terminal
@@ -373,7 +411,7 @@ class LogRelay:
         """distrun's own lines that read as one block (every rank's stacks): on stderr, not prefixed."""
         if lines:
             self._display.before_lines()
-            self._console.write("stderr", "".join(f"{line}\n" for line in lines).encode())
+            self._console.write("stderr", SCRUBBER("".join(f"{line}\n" for line in lines)).encode())
         self.flush()
 
     def finish(self) -> None:

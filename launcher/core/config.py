@@ -2,31 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from launcher.core.devices import Placement
 from launcher.core.hosts import Host
+from launcher.core.plan import PlanInputs
+
+if TYPE_CHECKING:
+    from launcher.backends.ssh.options import SshOptions
 
 PrefixMode = Literal["rank", "host", "none"]
-HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    """How to reach remote hosts. None means: what ~/.ssh/config says, else the default."""
-
-    port: int | None = None
-    identity_files: tuple[Path, ...] = ()
-    host_key_policy: HostKeyPolicy | None = None
-    connect_timeout: float = 10.0
-    keepalive_interval: float = 2.0
-    keepalive_count: int = 5
-    max_parallel: int = 32
-    retries: int = 3
-    config_file: Path | None = None
-    known_hosts_file: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +60,7 @@ class LaunchConfig:
     console_ranks: frozenset[int] | None = None
     timeout: float | None = None
     stall_timeout: float | None = None  # show every rank's stacks when no rank wrote anything this long
+    startup_timeout: float = 180.0  # a host's login shell and agent start, until its agent answers
     stack_tool: Literal["auto", "py-spy", "python"] = "auto"
     straggler_window: float = 60.0  # a rank slower than the others this long is named
     grace_period: float = 5.0
@@ -82,10 +71,11 @@ class LaunchConfig:
     bind_cores: bool = False
     numa_binding: bool = False
     color: bool | None = None
-    ssh: SshOptions = field(default_factory=SshOptions)
-    # The backend's name in `launcher.backends.api.BACKENDS`: ssh (remote hosts over SSH, this machine through
-    # a local agent; the default outside Slurm), srun (steps of the Slurm allocation), local (this machine).
+    # The backend's name (`launcher.backends.api.get`): ssh (remote hosts over SSH, this machine through a
+    # local agent; the default outside Slurm), srun (steps of the Slurm allocation), local (this machine).
     launcher: str = "ssh"
+    # Backend name -> the validated value of that backend's own options (`Backend.parse_options`).
+    backend_options: Mapping[str, object] = field(default_factory=dict)
     # --workdir: the directory synced to every host's cache, where ranks then run; the size refused above.
     workdir: Path | None = None
     workdir_limit: int = 200 << 20
@@ -96,3 +86,15 @@ class LaunchConfig:
     @property
     def placement(self) -> Placement:
         return Placement(self.gpus_per_rank, self.bind_cores, self.numa_binding)
+
+    @property
+    def ssh(self) -> SshOptions:
+        """The ssh backend's options, also read outside it: its keepalive paces every backend's heartbeats."""
+        from launcher.backends.ssh.options import SshOptions
+
+        options = self.backend_options.get("ssh")
+        return options if isinstance(options, SshOptions) else SshOptions()
+
+    @property
+    def plan_inputs(self) -> PlanInputs:
+        return PlanInputs(self.hosts, self.num_proc, self.oversubscribe)

@@ -169,8 +169,8 @@ def rank_env(
     The contract (rank identity, rendezvous, run id, the rank's own devices) is applied over everything else;
     the defaults only where the rank's environment (its host's, then what travels to every rank) does not
     name the variable. Only the agent sees a host's environment, so it decides "unless set", once, for every
-    host alike (launcher.agent.protocol.rank_environment). `workers` is `tf_workers(plan, rdzv)`, passed in by
-    callers that build many ranks' env at once. `devices` is the rank's placement: its own
+    host alike (launcher.agent.environment.rank_environment). `workers` is `tf_workers(plan, rdzv)`, passed
+    in by callers that build many ranks' env at once. `devices` is the rank's placement: its own
     CUDA_VISIBLE_DEVICES, and one OpenMP thread per bound core.
     """
     local_size = plan.local_size(slot.node_rank)

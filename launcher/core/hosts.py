@@ -57,6 +57,18 @@ def _positive(text: str, what: str) -> int:
     return int(text)
 
 
+def _could_be_ipv6(text: str) -> bool:
+    """Whether `text`, or `text` less a `:SLOTS` at its end, is an IPv6 address (the hint about brackets
+    helps only then; `localhost:2:3` is no address)."""
+    for candidate in (text, text.rpartition(":")[0]):
+        try:
+            ipaddress.IPv6Address(candidate)
+        except ValueError:
+            continue
+        return True
+    return False
+
+
 def _parse_token(token: str) -> _Token:
     """Parse `[user@]host[:slots]` or `[user@][ipv6][:slots]`; ValueError says what is wrong."""
     user_text, at, rest = token.rpartition("@")
@@ -80,8 +92,10 @@ def _parse_token(token: str) -> _Token:
             slots = _positive(tail[1:], "slots")
         return _Token(user, name, slots)
     if rest.count(":") > 1:
-        # `fe80::1:4` could be the address fe80::1:4 or fe80::1 with 4 slots; brackets settle it.
-        raise ValueError("an IPv6 address must be written in brackets, as in [fe80::1] or [fe80::1]:4")
+        if _could_be_ipv6(rest):
+            # `fe80::1:4` could be the address fe80::1:4 or fe80::1 with 4 slots; brackets settle it.
+            raise ValueError("an IPv6 address must be written in brackets, as in [fe80::1] or [fe80::1]:4")
+        raise ValueError("more than one ':' (expected HOST or HOST:SLOTS)")
     name, colon, slots_text = rest.partition(":")
     if colon:
         slots = _positive(slots_text, "slots")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from launcher.core.hosts import Host
 from launcher.errors import PlanError
@@ -55,6 +55,21 @@ class Plan:
 
     def local_size(self, node_rank: int) -> int:
         return len(self._by_node[node_rank])
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything a plan is made from, taken from the configuration as one value (`LaunchConfig.plan_inputs`):
+    the launch, a restart, an elastic shrink, --dry-run and `distrun check` all plan from it, so that none
+    of them can leave a setting out (a restart once dropped --oversubscribe that way)."""
+
+    hosts: tuple[Host, ...]
+    num_proc: int | None
+    oversubscribe: bool = False
+
+    def resized(self, hosts: Sequence[Host], num_proc: int) -> PlanInputs:
+        """The same inputs on other hosts and another world size (what a restart decided)."""
+        return replace(self, hosts=tuple(hosts), num_proc=num_proc)
 
 
 def plural(count: int, noun: str, nouns: str) -> str:
@@ -137,3 +152,8 @@ def make_plan(hosts: Sequence[Host], num_proc: int | None, oversubscribe: bool =
         slots.extend(Slot(first_rank + local, local, node_rank, host) for local in range(count))
         nodes.append(host)
     return Plan(slots=tuple(slots), nodes=tuple(nodes))
+
+
+def build_plan(inputs: PlanInputs) -> Plan:
+    """The one way a launch's plan is made from its configuration (see `PlanInputs`)."""
+    return make_plan(inputs.hosts, inputs.num_proc, inputs.oversubscribe)

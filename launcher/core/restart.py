@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from launcher.core.config import RestartOptions
 from launcher.core.hosts import Host
 from launcher.core.plan import plural
-from launcher.core.result import HostLost, Outcome, RankFailed
+from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
 from launcher.report.summary import describe_exit
 
 # A host whose ranks fail this many attempts in a row is left out, as a lost one is.
@@ -70,6 +70,10 @@ def cause(outcome: Outcome) -> str:
         if outcome.ours:
             return f"host {outcome.host} stopped its ranks ({outcome.detail})"
         return f"lost host {outcome.host} ({outcome.detail})"
+    if isinstance(outcome, TimedOut):
+        return f"timed out after {outcome.timeout:g}s"
+    if isinstance(outcome, Signalled):
+        return f"stopped by {outcome.signal_name}"
     return outcome.name
 
 

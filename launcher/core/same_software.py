@@ -1,4 +1,5 @@
-"""Same code, same stack: what every host will run with (workdir copy, Python, torch, CUDA, NCCL), compared.
+"""Same code, same software: what every host will run with (workdir copy, Python, torch, CUDA, NCCL),
+compared.
 
 Pure: the probe and the sync gather each host's values; this module names the hosts that differ from the
 rest, one line each ("h3: torch 2.12.0, others 2.13.0").
@@ -22,7 +23,7 @@ FIELDS = (
 
 
 class MismatchError(HostError):
-    """Hosts would run different code or a different stack (exit 3; --allow-mismatch runs anyway)."""
+    """Hosts would run different code or different software (exit 3; --allow-mismatch runs anyway)."""
 
 
 def _shown(label: str, value: str) -> str:

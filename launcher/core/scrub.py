@@ -4,7 +4,12 @@ Values come from the variables the redaction rule covers (`launcher.core.env.is_
 this
 shell's, `--env-file`'s and `-x`'s, and passwords inside URLs in any of their values. Parsers already avoid
 quoting what may be a value; this catches what reaches a message another way (a host name, an option's value,
-a remote error that echoes what it was given).
+a remote error that echoes what it was given, a rank's stderr quoted in the summary).
+
+Every sink of distrun's own text passes through SCRUBBER: the console's notes and blocks
+(launcher.console.relay), log records (a filter on every handler), errors, the `--report` document
+(`Scrubber.json`: every string in it) and the stacks files and answers (launcher.diagnose.watch). A rank's
+own output is relayed as it is written.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from launcher.core.env import REDACTED, is_secret, url_passwords
 
@@ -47,7 +53,21 @@ class Scrubber(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self._pattern is not None:
             record.msg, record.args = self(record.getMessage()), None
+            if record.exc_info and not record.exc_text:  # a traceback quotes values too
+                record.exc_text = self(logging.Formatter().formatException(record.exc_info))
+            if record.stack_info:
+                record.stack_info = self(record.stack_info)
         return True
+
+    def json(self, value: Any) -> Any:
+        """`value` (JSON-like: dicts, lists, strings, numbers) with every string in it scrubbed, keys too."""
+        if isinstance(value, str):
+            return self(value)
+        if isinstance(value, Mapping):
+            return {self.json(k): self.json(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [self.json(v) for v in value]
+        return value
 
 
 SCRUBBER = Scrubber()

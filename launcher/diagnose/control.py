@@ -43,22 +43,91 @@ class SeveralJobs(ControlError):
     exit_code = 2
 
 
-def runtime_dir() -> Path:
-    """`$XDG_RUNTIME_DIR/distrun`, else `/tmp/distrun-UID`: made 0700 if missing, refused unless ours and
-    private (another user could otherwise read what it holds or put a socket of theirs there)."""
+def _usable_base(base: str | None, uid: int) -> bool:
+    """Whether `$XDG_RUNTIME_DIR` is this user's to write in. `su` and `sudo -u` keep the first user's, which
+    the second cannot write to (nor should use): then the per-uid directory in /tmp is the one."""
+    if not base:
+        return False
+    try:
+        info = os.stat(base)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == uid and os.access(base, os.W_OK | os.X_OK)
+
+
+def chosen_dir() -> Path:
+    """The directory for this user's sockets, whether or not it exists yet (the job and `distrun stacks`
+    choose alike from the same environment)."""
     uid = os.getuid()
     base = os.environ.get("XDG_RUNTIME_DIR")
-    path = Path(base) / "distrun" if base and os.path.isdir(base) else Path(f"/tmp/distrun-{uid}")
-    with contextlib.suppress(FileExistsError):
-        path.mkdir(mode=0o700)
+    return Path(base) / "distrun" if base and _usable_base(base, uid) else Path(f"/tmp/distrun-{uid}")
+
+
+def _private(path: Path, uid: int) -> Path:
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o077:
         raise ControlError(f"{path} is not a private directory of this user (mode 0700); remove it")
     return path
 
 
+def runtime_dir() -> Path:
+    """`$XDG_RUNTIME_DIR/distrun` where that directory is this user's, else `/tmp/distrun-UID`: made 0700 if
+    missing, refused unless ours and private (another user could otherwise read what it holds or put a
+    socket of theirs there)."""
+    path = chosen_dir()
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise ControlError(f"cannot make {path}: {err.strerror or err}") from None
+    return _private(path, os.getuid())
+
+
+def _existing_dir() -> Path | None:
+    """The chosen directory, checked to be private, where it exists (`distrun stacks` makes nothing)."""
+    path = chosen_dir()
+    return _private(path, os.getuid()) if os.path.lexists(path) else None
+
+
+def _started_at(pid: int) -> float | None:
+    """When process `pid` of this user started (seconds since the epoch), None when there is none."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return None
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        boot = next(
+            float(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    # Field 22 of stat, the start time in clock ticks after boot; `fields` begins at field 3.
+    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def is_stale(path: Path) -> bool:
+    """Whether socket `path` (named by its job's pid) outlived its job: no such process of ours, or one that
+    started after the socket was made (a reused pid). A distrun killed with SIGKILL leaves its socket."""
+    try:
+        made = path.lstat().st_mtime
+    except OSError:
+        return False
+    started = _started_at(int(path.stem))
+    # btime has whole seconds: a process that started in the same second as its socket is its owner.
+    return started is None or started > made + 1.0
+
+
+def remove_stale(directory: Path) -> None:
+    for path in directory.glob("*.sock"):
+        if path.stem.isdigit() and is_stale(path):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 def socket_path(pid: int) -> Path:
-    return runtime_dir() / f"{pid}.sock"
+    return chosen_dir() / f"{pid}.sock"
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -70,9 +139,12 @@ class ControlServer:
     """The job's end: accept a connection, read its request; the caller answers when it can."""
 
     def __init__(self) -> None:
-        self.path = socket_path(os.getpid())
+        directory = runtime_dir()
+        # Sockets of jobs killed with SIGKILL (ours too, from a pid's earlier life) go at the next start.
+        remove_stale(directory)
+        self.path = directory / f"{os.getpid()}.sock"
         with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # a socket our pid left behind in an earlier life of this machine
+            self.path.unlink()
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.path))
         os.chmod(self.path, 0o600)
@@ -133,16 +205,15 @@ def _command(pid: int) -> str | None:
 
 def running_jobs() -> list[RunningJob]:
     """The user's distrun jobs with a live control socket, oldest pid first; stale sockets are removed."""
+    directory = _existing_dir()
+    if directory is None:
+        return []
+    remove_stale(directory)
     jobs = []
-    for path in sorted(runtime_dir().glob("*.sock"), key=lambda p: p.stem):
-        if not path.stem.isdigit():
-            continue
-        command = _command(int(path.stem))
-        if command is None:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            continue
-        jobs.append(RunningJob(int(path.stem), command))
+    for path in directory.glob("*.sock"):
+        command = _command(int(path.stem)) if path.stem.isdigit() else None
+        if command is not None:
+            jobs.append(RunningJob(int(path.stem), command))
     return sorted(jobs, key=lambda j: j.pid)
 
 

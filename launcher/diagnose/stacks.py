@@ -15,14 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.core.plan import plural
+from launcher.diagnose.readable import is_library, readable, shorten_symbol
 
 # Where a frame's file or native symbol says the rank is inside a collective: torch.distributed (c10d, its
 # gloo and NCCL back ends, in Python or native frames) or distrun's own `collectives` library.
 _COLLECTIVE_PATHS = ("/torch/distributed/", "/collectives/")
 _COLLECTIVE_SYMBOLS = ("c10d", "gloo", "nccl")
-# Frames of the interpreter's library or of installed packages: a rank's place is the innermost frame that
-# is none of these (the user's own code), where there is one.
-_LIBRARY_PATHS = ("/lib/python", "site-packages/", "dist-packages/", "<frozen ")
+# faulthandler's limit: a stack it cut lacks its outermost frames.
+CUT_AT = 100
 
 
 @dataclass(frozen=True)
@@ -38,19 +38,23 @@ class Frame:
         base = posixpath.basename(self.file) or self.file
         return f"{self.func}, {base}:{self.line}" if self.line else f"{self.func} ({base})"
 
-    def text(self) -> str:
+    def text(self, short: bool = False) -> str:
+        """As a traceback line; `short`: a native name without its C++ template arguments."""
         if self.native:
-            return f"[native] {self.func} ({posixpath.basename(self.file) or '?'})"
+            func = shorten_symbol(self.func) if short else self.func
+            return f"[native] {func} ({posixpath.basename(self.file) or '?'})"
         return f'File "{self.file}", line {self.line}, in {self.func}'
 
 
 @dataclass(frozen=True)
 class ThreadStack:
-    """One thread's frames, outermost first and innermost last. `main`: the rank's main thread."""
+    """One thread's frames, outermost first and innermost last. `main`: the rank's main thread. `truncated`:
+    its outermost frames are missing (faulthandler stops at 100, and the whole stack could not be read)."""
 
     name: str
     frames: tuple[Frame, ...]
     main: bool = False
+    truncated: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class RankStacks:
                     for f in t.get("frames", ())
                 ),
                 bool(t.get("main", False)),
+                bool(t.get("truncated", False)),
             )
             for t in data.get("threads", ())
         )
@@ -96,7 +101,11 @@ class RankStacks:
         nor native frames, which py-spy gives for one rank and not for another it had less time for."""
         if self.error:
             return ("error", self.error)
-        return tuple(sorted((not t.main, tuple(f for f in t.frames if not f.native)) for t in self.threads))
+        return tuple(
+            sorted(
+                (not t.main, t.truncated, tuple(f for f in t.frames if not f.native)) for t in self.threads
+            )
+        )
 
     @property
     def frame_count(self) -> int:
@@ -150,42 +159,65 @@ def group_stacks(stacks: Iterable[RankStacks]) -> list[Group]:
     return sorted(groups, key=lambda g: (bool(g.error), len(g.ranks), g.ranks[0]))
 
 
-def collective_of(stack: ThreadStack | None) -> str | None:
-    """The collective a thread waits in (its innermost collective frame's function), or None.
+def _collective_index(stack: ThreadStack | None) -> int | None:
+    """The index of a thread's innermost collective frame, or None.
 
     Python frames come first: `barrier` says more than the native `gloo::...` beneath it.
     """
     if stack is None:
         return None
-    frames = list(reversed(stack.frames))
-    for frame in frames:
+    inner_first = list(reversed(list(enumerate(stack.frames))))
+    for index, frame in inner_first:
         if not frame.native and any(p in frame.file for p in _COLLECTIVE_PATHS):
-            return frame.func
-    for frame in frames:
+            return index
+    for index, frame in inner_first:
         if frame.native and any(s in f"{frame.func} {frame.file}".lower() for s in _COLLECTIVE_SYMBOLS):
-            return frame.func
+            return index
     return None
+
+
+def collective_of(stack: ThreadStack | None) -> str | None:
+    """The collective a thread waits in (its innermost collective frame's function), or None."""
+    index = _collective_index(stack)
+    return None if stack is None or index is None else stack.frames[index].func
+
+
+def _place_index(stack: ThreadStack) -> int:
+    """The index of a thread's innermost frame of the user's own code, else of its innermost Python frame."""
+    frames = list(enumerate(stack.frames))
+    python = [(i, f) for i, f in frames if not f.native]
+    own = [(i, f) for i, f in python if not is_library(f.file)]
+    return (own or python or frames)[-1][0]
 
 
 def place_of(stack: ThreadStack | None) -> str:
     """Where a thread is: its innermost frame of the user's own code, else its innermost Python frame."""
     if stack is None or not stack.frames:
         return "no Python frame"
-    python = [f for f in stack.frames if not f.native]
-    own = [f for f in python if not any(p in f.file for p in _LIBRARY_PATHS)]
-    frame = (own or python or list(stack.frames))[-1]
-    return frame.where
+    return stack.frames[_place_index(stack)].where
+
+
+def verdict_frames(stack: ThreadStack) -> set[int]:
+    """The indices of the frames a verdict may name: shown whole on the console, never folded."""
+    if not stack.frames:
+        return set()
+    collective = _collective_index(stack)
+    return {_place_index(stack), *(() if collective is None else (collective,))}
 
 
 def verdict(groups: Sequence[Group], world_size: int) -> str:
     """One line: which ranks wait in a collective and which are elsewhere, and where."""
-    readable = [g for g in groups if not g.error]
+    legible = [g for g in groups if not g.error]
     unreadable = sum(len(g.ranks) for g in groups if g.error)
     tail = f"; {plural(unreadable, 'rank', 'ranks')} could not be read" if unreadable else ""
-    if not readable:
+    cut = [r for g in legible if any(t.truncated for t in g.sample.threads) for r in g.ranks]
+    if cut:
+        # Ranks that recurse from different callers look alike within faulthandler's innermost frames.
+        tail += f"; {ranks_label(cut)}: stacks cut at {CUT_AT} frames, they may differ further out"
+    if not legible:
         return f"no rank's stack could be read ({plural(world_size, 'rank', 'ranks')})"
-    waiting = [g for g in readable if collective_of(g.sample.main_stack)]
-    elsewhere = [g for g in readable if not collective_of(g.sample.main_stack)]
+    waiting = [g for g in legible if collective_of(g.sample.main_stack)]
+    elsewhere = [g for g in legible if not collective_of(g.sample.main_stack)]
     if waiting and elsewhere:
         count = sum(len(g.ranks) for g in waiting)
         names = ", ".join(dict.fromkeys(str(collective_of(g.sample.main_stack)) for g in waiting))
@@ -198,8 +230,8 @@ def verdict(groups: Sequence[Group], world_size: int) -> str:
         )  # fmt: skip
         head = f"{plural(count, 'rank waits', 'ranks wait')} in a collective ({names})"
         return f"{head}; {ranks_label(others)} {verb} elsewhere: {places}{tail}"
-    if len(readable) == 1:
-        group = readable[0]
+    if len(legible) == 1:
+        group = legible[0]
         name = collective_of(group.sample.main_stack)
         where = place_of(group.sample.main_stack)
         if len(group.ranks) == 1:
@@ -210,11 +242,24 @@ def verdict(groups: Sequence[Group], world_size: int) -> str:
             return f"{what} wait in the same collective ({name}) at {where}{tail}"
         return f"{what} are at the same place: in {where}{tail}"
     kind = "collectives" if waiting else "places"
-    odd = readable[0]
+    odd = legible[0]
     return (
-        f"the ranks are in {len(readable)} different {kind}; the fewest, {ranks_label(odd.ranks)}, "
+        f"the ranks are in {len(legible)} different {kind}; the fewest, {ranks_label(odd.ranks)}, "
         f"in {place_of(odd.sample.main_stack)}{tail}"
     )
+
+
+def _thread_lines(thread: ThreadStack, full: bool, verdicts: bool) -> list[str]:
+    """`verdicts`: the thread is the one the verdict reads (its frames the verdict names stay whole)."""
+    frames = thread.frames
+    if full:
+        return [frame.text() for frame in frames]
+    keep = verdict_frames(thread) if verdicts else set()
+    shown = readable([f.file for f in frames], [f.func for f in frames], [f.native for f in frames], keep)
+    return [
+        line.mark if line.frame is None else frames[line.frame].text(short=line.frame not in keep)
+        for line in shown
+    ]
 
 
 @dataclass(frozen=True)
@@ -234,7 +279,9 @@ class StackDump:
     def verdict(self) -> str:
         return verdict(self.groups, self.world_size)
 
-    def lines(self) -> list[str]:
+    def lines(self, full: bool = False) -> list[str]:
+        """What a person reads: each group's threads made readable (`readable`), the verdict's frames whole;
+        `full`: every frame as read, for --output-dir."""
         out: list[str] = []
         for group in self.groups:
             hosts = ", ".join(group.hosts)
@@ -247,7 +294,10 @@ class StackDump:
             for index, thread in enumerate(threads):
                 name = "main thread" if thread.main else thread.name or f"thread {index + 1}"
                 out.append(f"  {name}:")
-                out.extend(f"    {frame.text()}" for frame in thread.frames)
+                if thread.truncated:
+                    out.append(f"    ... outer frames not read (faulthandler stops at {CUT_AT})")
+                lines = _thread_lines(thread, full, thread is group.sample.main_stack)
+                out.extend(f"    {line}" for line in lines)
                 if not thread.frames:
                     out.append("    (no Python frame)")
         out.append(f"verdict: {self.verdict}")
@@ -269,6 +319,7 @@ class StackDump:
                         {
                             "name": t.name,
                             "main": t.main,
+                            **({"truncated": True} if t.truncated else {}),
                             "frames": [
                                 {"function": f.func, "file": f.file, "line": f.line, "native": f.native}
                                 for f in t.frames

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launcher.agent.protocol import STACKS, StackReply, StacksRequest
-from launcher.console.relay import LogRelay
+from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
+from launcher.core.scrub import SCRUBBER
 from launcher.diagnose.control import ControlError, ControlServer, answer
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.job.node import HostAttempt
@@ -81,6 +82,8 @@ class JobWatch:
         self._hosts: dict[int, str] = {}
         self.timeline = Timeline(time.monotonic())
         self._timeline_told = False
+        # An earlier run's stacks files in a reused --output-dir stay; this job's are numbered after them.
+        self._first_file = first_stacks_number(options.output_dir)
 
     def close(self) -> None:
         if self.control is not None:
@@ -134,7 +137,7 @@ class JobWatch:
         answered = {int(r["rank"]) for r in reply.ranks}
         pending.stacks.extend(RankStacks.from_json(host.name, r) for r in reply.ranks)
         pending.stacks.extend(
-            RankStacks(slot.rank, host.name, error="not running")
+            RankStacks(slot.rank, host.name, error="it has exited")
             for slot in host.slots
             if slot.rank not in answered
         )
@@ -217,17 +220,18 @@ class JobWatch:
         if pending.reason != "request":
             self.relay.note([f"{head} ({pending.reason}):"])
             self.relay.block(body)
-        path = self._write(dump, [head + ":", *body])
+        # The file keeps every frame as read; the console and `distrun stacks` get the readable form.
+        path = self._write(dump, [head + ":", *dump.lines(full=True)])
         text = "\n".join([head + ":", *body, *([f"written to {path}"] if path else [])]) + "\n"
         for client in pending.clients:
-            answer(client, text)
+            answer(client, SCRUBBER(text))
 
     def _write(self, dump: StackDump, lines: list[str]) -> Path | None:
         if self.options.output_dir is None:
             return None
-        path = self.options.output_dir / f"stacks-{len(self.dumps)}-{dump.reason}.txt"
+        path = self.options.output_dir / f"stacks-{self._first_file + len(self.dumps) - 1}-{dump.reason}.txt"
         try:
-            path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            path.write_text(SCRUBBER("\n".join(lines) + "\n"), encoding="utf-8")
         except OSError as err:
             log.warning("cannot write %s: %s", path, err.strerror or err)
             return None

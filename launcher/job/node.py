@@ -24,7 +24,7 @@ from launcher.agent.protocol import (
     encode_message,
 )
 from launcher.backends import api as backend
-from launcher.backends.link import Link, abort, opening
+from launcher.backends.link import Acknowledging, Link, Prefaced, abort, opening
 from launcher.backends.local import LocalTransport
 from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
@@ -37,12 +37,24 @@ log = logging.getLogger(__name__)
 # Agent ids, unique within this launcher: hosts that join a job later get fresh ones.
 _agent_ids = itertools.count()
 
+# How much longer than distrun an agent waits before it gives up on distrun: what can hold our word back once
+# a network outage shorter than distrun's own limit is over. A beat interval (at most 1 s), our TCP's
+# retransmission cap (1 s: launcher.backends.ssh.tcp), and slack. distrun is then the side that decides.
+AGENT_MARGIN = 2.5
+
+
+def agent_patience(dead_after: float) -> float:
+    """The silence after which an agent stops its ranks, given distrun's `dead_after` (0: it never does)."""
+    return dead_after + AGENT_MARGIN if dead_after else 0.0
+
 
 class Node:
     """A host with a running agent, for as long as the job keeps it. `lost`: the link is gone (dropped, or
     the host stopped answering); nothing is sent to it any more."""
 
-    def __init__(self, host: Host, link: Link, local: bool, agent_id: int = 0) -> None:
+    def __init__(
+        self, host: Host, link: Link, local: bool, agent_id: int = 0, dead_after: float = 0.0
+    ) -> None:
         self.host = host
         # Names the agent in every frame (launcher.agent.protocol); unique among the job's agents.
         self.agent_id = agent_id
@@ -50,7 +62,16 @@ class Node:
         self.local = local
         self.reader = FrameReader(after_magic=True)
         self.lost = False
-        self.last_heard = time.monotonic()
+        self._heard = time.monotonic()
+        self._frame_at: float | None = None  # when its agent last sent anything (None: not started)
+        self._acked = link.acked_ago if isinstance(link, Acknowledging) else None
+        # After an outage the host's TCP holds its agent's bytes back until its next retransmission, up to
+        # about twice the outage later (RTO doubling): for that long its kernel's acknowledgements of our
+        # bytes stand in for its agent's word. A host that only acknowledges beyond that has a silent agent.
+        # (Before it sent anything, its login shell runs: --startup-timeout bounds that.)
+        self._acks_count_for = 2 * dead_after + AGENT_MARGIN
+        self.hello_at: float | None = None  # when its agent said HELLO: its login shell was done
+        self._login_said = ""  # what the login shell had written to stderr by then
         self.probed_at = 0.0  # when its agent last answered a probe (the start-up timeline's "probed")
         # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
         # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
@@ -61,6 +82,22 @@ class Node:
     @property
     def name(self) -> str:
         return self.host.name
+
+    @property
+    def last_heard(self) -> float:
+        """When the host last gave word: a frame from its agent, or, for a while after the last one, its
+        kernel acknowledging our bytes (the network is back; see launcher.backends.ssh.tcp)."""
+        heard = self._heard
+        if self._acked is not None:
+            now = time.monotonic()
+            ago = self._acked()
+            if ago is not None and (self._frame_at is None or now - self._frame_at < self._acks_count_for):
+                heard = max(heard, now - ago)
+        return heard
+
+    @last_heard.setter
+    def last_heard(self, when: float) -> None:
+        self._heard = when
 
     def send(self, kind: int, message: object = None) -> None:
         """One frame to this node's agent: `message` is the kind's dataclass
@@ -81,16 +118,20 @@ class Node:
             return []
         if not data:
             return None
-        self.last_heard = time.monotonic()
+        self._heard = time.monotonic()
         frames = self.reader.feed(data)
         if frames and frames[0].kind == HELLO:
             hello = decode_message(Hello, frames.pop(0).payload)
+            self.hello_at = self._heard
+            self._login_said = self._said_so_far()
             if hello.version != VERSION:
                 raise HostError(
                     f"host {self.name}: its distrun agent speaks protocol version {hello.version}, "
                     f"this launcher {VERSION}; use the same distrun on both sides",
                     host=self.name,
                 )
+        if self.hello_at is not None:  # the agent's, not the login shell's
+            self._frame_at = self._heard
         return frames
 
     def drop(self) -> None:
@@ -99,9 +140,26 @@ class Node:
         self.link.abort()
 
     def diagnostics(self) -> str:
-        """What the agent (or the host's login shell before it) said besides frames, for error messages."""
-        said = (self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()).strip()
+        """The last line the agent said besides frames, for error messages; before the agent started, the
+        last line of the host's login shell. Once the agent runs, what the login shell printed (pyenv's
+        complaints, a banner) is no cause of anything and is left out."""
+        if self.hello_at is None:
+            said = self.reader.preamble.decode(errors="replace") + "\n" + self.link.diagnostics()
+        else:
+            said = self.link.diagnostics().removeprefix(self._login_said)
+        said = said.strip()
         return said.splitlines()[-1] if said else ""
+
+    def login_output(self) -> str:
+        """The last line the host's login shell printed (stdout or stderr) before its agent started."""
+        said = self.reader.preamble.decode(errors="replace") + "\n"
+        said += self._login_said if self.hello_at is not None else self._said_so_far()
+        said = said.strip()
+        return said.splitlines()[-1] if said else ""
+
+    def _said_so_far(self) -> str:
+        # Only a login shell prints before the agent; other links' diagnostics may wait for the agent's end.
+        return self.link.said_so_far() if isinstance(self.link, Prefaced) else ""
 
 
 @dataclass(eq=False)
@@ -142,8 +200,10 @@ def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | 
         if remote:  # first: it is what can fail
             links.update(chosen.open(remote, config, progress))
         links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
+    dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
     return [
-        Node(h, links[h.name], is_local, next(_agent_ids)) for h, is_local in zip(hosts, local, strict=True)
+        Node(h, links[h.name], is_local, next(_agent_ids), dead_after)
+        for h, is_local in zip(hosts, local, strict=True)
     ]
 
 

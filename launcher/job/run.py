@@ -29,7 +29,7 @@ from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.core.forward import job_env
 from launcher.core.hosts import Host
-from launcher.core.plan import Plan, Slot, make_plan, plural
+from launcher.core.plan import Plan, Slot, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
@@ -45,7 +45,7 @@ from launcher.errors import (
     Interrupted,
 )
 from launcher.job.discovery import TIMEOUT, discover
-from launcher.job.node import Heartbeat, HostAttempt, Node, close_all, connect
+from launcher.job.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
 from launcher.job.supervise import Supervisor, probe, supervise
 from launcher.report.account import (
     Attempt,
@@ -72,7 +72,7 @@ HEARTBEAT = 1.0
 
 def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
-    plan = make_plan(config.hosts, config.num_proc, config.oversubscribe)
+    plan = build_plan(config.plan_inputs)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
     relay = LogRelay(
         out_fd,
@@ -252,7 +252,7 @@ class Job:
             if interrupted is not None:
                 self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
                 return interrupted
-            plan = make_plan(decision.hosts, decision.num_proc)
+            plan = build_plan(self.config.plan_inputs.resized(decision.hosts, decision.num_proc))
 
     def closing_lines(self) -> list[str]:
         """Every attempt with its cause (when there was more than one), then why the job did not go on."""
@@ -351,7 +351,7 @@ class Job:
         self.probe(hosts, master_addr)
         if self.workdir is not None:
             self.copies = self.sync(nodes, self.workdir)
-        self.same_stack(hosts)
+        self.same_software(hosts)
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
@@ -440,10 +440,10 @@ class Job:
                 python=python,
                 # A local agent needs no heartbeats: its pipe closing says all.
                 heartbeat=heartbeat if host.link.heartbeat else 0.0,
-                dead_after=self.dead_after if host.link.heartbeat else 0.0,
+                dead_after=agent_patience(self.dead_after) if host.link.heartbeat else 0.0,
                 script=None if synced else _script(self.config.command),
                 # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
-                stack=len(hosts) > 1,
+                software=len(hosts) > 1,
             )
             for i, host in enumerate(hosts)
         ]
@@ -452,12 +452,20 @@ class Job:
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
-            answers = probe(nodes, requests, PROBE_STALL, self.wake_fd, shown, deadline_at=self.deadline)
+            answers = probe(
+                nodes,
+                requests,
+                PROBE_STALL,
+                self.wake_fd,
+                shown,
+                deadline_at=self.deadline,
+                startup=self.config.startup_timeout,
+            )
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
-            log.debug("host %s: %s", node.name, facts)
+            log.debug("host %s: %s", node.name, _facts_text(facts))
             host.facts = facts
             if self.watch is not None:
                 self.watch.timeline.mark(node.name, "probed", node.probed_at)
@@ -520,7 +528,7 @@ class Job:
             "hosts": hosts,
         }
 
-    def same_stack(self, hosts: Sequence[HostAttempt]) -> None:
+    def same_software(self, hosts: Sequence[HostAttempt]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
         if len(hosts) < 2:
             return
@@ -528,7 +536,7 @@ class Job:
 
         reports = []
         for host in hosts:
-            values = dict(_facts(host).stack or {})
+            values = dict(_facts(host).software or {})
             if host.name in self.copies:
                 values["workdir"] = self.copies[host.name].manifest_hash[:12]
             reports.append((host.name, values))
@@ -607,8 +615,8 @@ class Job:
             if self.watch is not None:
                 self.watch.timeline.mark(host.name, "started", time.monotonic())
         log.info(
-            "started %d ranks on %d hosts; rendezvous at %s:%d", plan.world_size, plan.node_count,
-            rdzv.master_addr, rdzv.master_port,
+            "started %s on %s; rendezvous at %s:%d", plural(plan.world_size, "rank", "ranks"),
+            plural(plan.node_count, "host", "hosts"), rdzv.master_addr, rdzv.master_port,
         )  # fmt: skip
 
 
@@ -683,3 +691,9 @@ def _write_report(
         write_report(config.report, report)
     except (OSError, DistrunError) as err:
         log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)
+
+
+def _facts_text(facts: Facts) -> str:
+    """-vv's line of what a host's agent reported: each known field as `name value`, no record's repr."""
+    known = {k: v for k, v in dataclasses.asdict(facts).items() if v not in (None, "", [], {})}
+    return "; ".join(f"{name.replace('_', ' ')} {value}" for name, value in known.items())

@@ -35,10 +35,13 @@ from launcher.agent.protocol import (
 )
 from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.console.relay import LogRelay
+from launcher.core.plan import plural
+from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import DeadlineReached, HostError, Interrupted
-from launcher.job.node import HostAttempt, Node
+from launcher.job.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
+from launcher.job.startup import StartupWatch
 from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, Waiter, signal_name, stopping, suspend_self
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,7 @@ def probe(
     progress: ProgressFn | None = None,
     *,
     deadline_at: float | None = None,
+    startup: float | None = None,
 ) -> list[Facts]:
     """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
 
@@ -70,11 +74,14 @@ def probe(
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
     `deadline_at` (time.monotonic()): --timeout's end, which raises DeadlineReached.
+    `startup`: --startup-timeout; a host still alive (logging in) is then waited for past the stall time, up
+    to that many seconds (launcher.job.startup).
     """
     for node, request in zip(nodes, requests, strict=True):
         node.send(PROBE, request)
     started = time.monotonic()
     deadline = StallDeadline(stall, started)
+    watch = StartupWatch(startup, started, stall) if startup else None
     answers: dict[int, Facts] = {}  # by id(node)
     with Waiter[Node](wake_fd) as waiter:
 
@@ -96,13 +103,24 @@ def probe(
             if deadline_at is not None and now >= deadline_at:
                 raise DeadlineReached("--timeout expired while the agents were being probed")
             remaining = deadline.remaining(now)
+            missing_nodes = [n for n in nodes if id(n) not in answers]
+            if watch is not None and watch.left(now) <= 0:
+                raise watch.give_up(missing_nodes[0], now)
             if remaining <= 0:
-                missing = next(n for n in nodes if id(n) not in answers)
-                answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
-                raise HostError(
-                    f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
-                    host=missing.name,
-                )
+                silent = [n for n in missing_nodes if watch is None or not watch.alive(n, now)]
+                if silent:
+                    missing = silent[0]
+                    answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
+                    raise HostError(
+                        f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
+                        host=missing.name,
+                    )
+                assert watch is not None
+                log.warning("%s", watch.waiting(missing_nodes, len(nodes), now))
+                deadline.progressed(now)
+                remaining = deadline.remaining(now)
+            if watch is not None:
+                remaining = min(remaining, watch.left(now))
             if deadline_at is not None:
                 remaining = min(remaining, deadline_at - now)
             received, ready = waiter.wait(remaining)
@@ -124,7 +142,9 @@ def probe(
                     )
                 for frame in frames:
                     dispatch(handlers, frame, node)
-    log.debug("probe: %d agent(s) answered in %.2fs", len(nodes), time.monotonic() - started)
+    log.debug(
+        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - started
+    )
     return [answers[id(node)] for node in nodes]
 
 
@@ -189,7 +209,7 @@ class Supervisor:
         self.stop_at = now
         if self.watch is not None:
             self.watch.stopping()
-        log.info("stopping every rank: %s", type(self.cause).__name__)
+        log.info("stopping every rank: %s", describe_cause(self.cause))
         self._send_all(STOP, StopRequest(signal_name(first)))
 
     def _running(self) -> list[Node]:
@@ -264,11 +284,12 @@ class Supervisor:
         host.drop()
         node = host.node
         # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
-        ours = node.link.heartbeat and node.beat_gap > self.dead_after
+        waits = agent_patience(self.dead_after)
+        ours = node.link.heartbeat and node.beat_gap > waits
         if ours:
             detail = (
                 f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
-                f"{self.dead_after:g}s its agents wait for it (--ssh-keepalive x 5)"
+                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s)"
             )
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from launcher.diagnose.stacks import StackDump
     from launcher.diagnose.stragglers import Reading, Straggler
 
+from launcher.core.scrub import SCRUBBER
 from launcher.report.file import write_whole
 from launcher.signals import signal_name
 
@@ -217,5 +218,6 @@ def build_report(
 
 
 def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Written whole or not at all, through a symlink as `>` would (see launcher.report.file)."""
-    write_whole(path, json.dumps(report, indent=2) + "\n")
+    """Written whole or not at all, through a symlink as `>` would (see launcher.report.file), every string
+    in it scrubbed as the console's words are: a rank's stderr, an error or a command may quote a secret."""
+    write_whole(path, json.dumps(SCRUBBER.json(report), indent=2) + "\n")

@@ -4,11 +4,15 @@ A report replaces only a regular file (or creates one). A symlink is followed, s
 target gets the report, as `distrun ... > link` would do. Anything else at the path (a FIFO, a device such as
 /dev/full, a directory, a socket) is refused: replacing it would destroy what the user pointed at, and
 writing into it would block or fail at the end of a long job.
+
+For the same reason the start checks that the report's directory takes a file of a report's usual size: a
+full file system found only after the run would cost the account of a job that may have run for days.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -22,6 +26,11 @@ _KINDS = (
     (stat.S_ISBLK, "a block device"),
     (stat.S_ISSOCK, "a socket"),
 )
+
+
+# What the start allocates, briefly, to show a report fits: a small job's account (a large one's is tens of
+# KiB; what fills the disk during the run is still found at the end, with a warning and the old report kept).
+PROBE_BYTES = 16 * 1024
 
 
 class ReportPathError(UsageError):
@@ -53,6 +62,46 @@ def report_target(path: Path) -> Path:
     if not os.access(target.parent, os.W_OK):
         raise ReportPathError(f"--report {path}: cannot write in {target.parent}")
     return target
+
+
+def check_room(path: Path) -> None:
+    """ReportPathError unless a file of PROBE_BYTES can be made beside the report's target (`path` as
+    `report_target` accepts it): a full or read-only file system, or a spent quota, is said at the start.
+
+    The space is allocated, not only asked about: free-block counts do not see quotas or reserved blocks,
+    and a delayed-allocation file system takes a write it cannot keep. The trial file is removed at once.
+    """
+    target = report_target(path)
+    trial = target.with_name(f".{target.name}.{os.getpid()}.check")
+    try:
+        fd = os.open(trial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise ReportPathError(
+            f"--report {path}: cannot write in {target.parent}: {err.strerror or err}"
+        ) from None
+    try:
+        _allocate(fd, PROBE_BYTES)
+    except OSError as err:
+        raise ReportPathError(
+            f"--report {path}: {target.parent} has no room for the report: {err.strerror or err}"
+        ) from None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(trial)
+
+
+def _allocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        # A file system without fallocate (some network ones): real bytes, flushed so they are really held.
+        zeros = memoryview(bytes(size))
+        while zeros:
+            zeros = zeros[os.write(fd, zeros) :]
+        os.fsync(fd)
 
 
 def write_whole(path: Path, text: str) -> None:

@@ -28,6 +28,11 @@ def describe_exit(ended: RankExit) -> str:
     return f"exited with code {ended.returncode}"
 
 
+def _stopped(ranks: tuple[int, ...], what: str) -> str:
+    """`; ranks stopped: 0-3`, or nothing when no rank was left to stop (never a list reading "none")."""
+    return f"; {what}: {format_ranks(ranks)}" if ranks else ""
+
+
 def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list[str]:
     """Lines for the console when the attempt did not simply succeed; [] when it did."""
     if isinstance(outcome, RankFailed):
@@ -48,10 +53,10 @@ def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list
             lines.extend(f"  {line}" for line in tail)
         return lines
     if isinstance(outcome, TimedOut):
-        running = format_ranks(outcome.stopped) or "none"
-        return [f"timed out after {outcome.timeout:g}s; ranks still running were stopped: {running}"]
+        stopped = _stopped(outcome.stopped, "ranks still running were stopped")
+        return [f"timed out after {outcome.timeout:g}s{stopped}"]
     if isinstance(outcome, Signalled):
-        return [f"stopped by {outcome.signal_name}; ranks stopped: {format_ranks(outcome.stopped) or 'none'}"]
+        return [f"stopped by {outcome.signal_name}{_stopped(outcome.stopped, 'ranks stopped')}"]
     if isinstance(outcome, HostLost):
         if outcome.ours:
             return [f"host {outcome.host} stopped its ranks: {outcome.detail}"]

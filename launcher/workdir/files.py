@@ -5,7 +5,8 @@ In a git work tree: the files git tracks or could track (`git ls-files --cached 
 .gitignore honoured, .git itself never sent). Elsewhere: everything but DEFAULT_EXCLUDES. In both, the
 patterns of DIR/.distrunignore (gitignore-like: `name`, `*.ext`, `dir/`, `/anchored/path`, `# comments`) leave
 out more. Symlinks that stay inside DIR travel as symlinks; symlinks leaving it and files that cannot be read
-are skipped, each named in one line. Nothing is sent when the total is above the limit.
+are skipped, each named in one line. Nothing is sent when the total is above the limit, which the files'
+sizes decide before any is read. Each file keeps its permission bits (the copy drops their write bits).
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import os
 import stat
 import subprocess
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.agent.store import FILE, LINK, manifest_hash
 from launcher.core.plan import plural
-from launcher.errors import UsageError
+from launcher.errors import HostError, UsageError
 
 DEFAULT_LIMIT = 200 << 20
 IGNORE_FILE = ".distrunignore"
@@ -31,18 +32,19 @@ BIGGEST_SHOWN = 5
 
 @dataclass(frozen=True)
 class WorkdirFile:
-    """One entry of the copy: `target` set for a symlink (then `digest` is empty)."""
+    """One entry of the copy: `target` set for a symlink (then `digest` is empty); `mode`: the permission
+    bits."""
 
     path: str  # relative, with "/" separators
     size: int
     digest: str = ""
-    executable: bool = False
+    mode: int = 0o644
     target: str | None = None
 
     def entry(self) -> list[object]:
         if self.target is not None:
             return [self.path, LINK, self.target, 0, False]
-        return [self.path, FILE, self.digest, self.size, self.executable]
+        return [self.path, FILE, self.digest, self.size, self.mode]
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,19 @@ class Workdir:
 
 class WorkdirError(UsageError):
     """--workdir cannot be sent as it is (missing, too big): nothing was sent anywhere."""
+
+
+class WorkdirChanged(WorkdirError, HostError):
+    """A file of --workdir changed (or went away) between its hashing and its sending: bad input (exit 2),
+    not a host's fault; no rank started. Also a HostError without a host, so that the sync's wait, which
+    passes a sender's HostError on as it is, ends the launch with it and a restart never hides it."""
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(
+            f"--workdir: {path} {what} while distrun was sending it, so hosts could get different"
+            " versions of it; nothing ran. Launch again once it is saved (or leave it out in"
+            f" {IGNORE_FILE})"
+        )
 
 
 def parse_ignore(lines: Iterable[str]) -> tuple[str, ...]:
@@ -163,14 +178,14 @@ def _hash_file(path: Path) -> str:
 
 
 def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
-    """DIR's files, hashed; WorkdirError when DIR is no directory or the total is above `limit` bytes."""
+    """DIR's files, hashed; WorkdirError when DIR is no directory or the total is above `limit` bytes (the
+    sizes decide that before any file is read)."""
     if not root.is_dir():
         raise WorkdirError(f"--workdir {root}: not a directory")
     root = root.resolve()
-    paths = candidate_paths(root)
     files: list[WorkdirFile] = []
     skipped: list[str] = []
-    for rel in paths:
+    for rel in candidate_paths(root):
         path = root / rel
         try:
             st = path.lstat()
@@ -186,18 +201,19 @@ def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
                 skipped.append(f"{rel}: a symlink leaving the workdir (to {target}); skipped")
                 continue
             files.append(WorkdirFile(rel, 0, target=target))
+        elif stat.S_ISREG(st.st_mode):  # not a submodule's directory, a socket or a fifo: nothing to copy
+            files.append(WorkdirFile(rel, st.st_size, mode=stat.S_IMODE(st.st_mode) & 0o777))
+    check_limit(Workdir(root, tuple(files)), limit)
+    hashed: list[WorkdirFile] = []
+    for entry in files:
+        if entry.target is not None:
+            hashed.append(entry)
             continue
-        if not stat.S_ISREG(st.st_mode):
-            continue  # a submodule's directory, a socket or a fifo: nothing to copy
         try:
-            digest = _hash_file(path)
+            hashed.append(replace(entry, digest=_hash_file(root / entry.path)))
         except OSError as err:
-            skipped.append(f"{rel}: cannot read it ({err.strerror}); skipped")
-            continue
-        files.append(WorkdirFile(rel, st.st_size, digest, bool(st.st_mode & stat.S_IXUSR)))
-    workdir = Workdir(root, tuple(files), tuple(skipped))
-    check_limit(workdir, limit)
-    return workdir
+            skipped.append(f"{entry.path}: cannot read it ({err.strerror}); skipped")
+    return Workdir(root, tuple(hashed), tuple(skipped))
 
 
 def _mib(size: int) -> str:

@@ -42,7 +42,7 @@ from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.errors import HostError, Interrupted
 from launcher.job.node import Node
 from launcher.signals import Waiter, stopping
-from launcher.workdir.files import Workdir, WorkdirFile
+from launcher.workdir.files import Workdir, WorkdirChanged, WorkdirFile
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +129,9 @@ class Blobs:
         try:
             data = (self._root / entry.path).read_bytes()
         except OSError as err:
-            raise HostError(f"--workdir: cannot read {entry.path} any more: {err.strerror}") from None
+            raise WorkdirChanged(entry.path, f"could not be read any more ({err.strerror})") from None
         if hashlib.sha256(data).hexdigest() != entry.digest:
-            raise HostError(f"--workdir: {entry.path} changed while it was being sent; launch again")
+            raise WorkdirChanged(entry.path, "changed")
         flags = 0
         if _compressible(data):
             packed = zlib.compress(data, 1)

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from launcher.agent.protocol import (
     DONE,
     EXIT,
@@ -125,3 +127,27 @@ def test_check_probe_reports_versions_disk_clock_and_tcp(tmp_path: Path) -> None
     assert facts.tcp_error == "Connection refused"
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
+
+
+def test_agent_that_stops_hearing_the_launcher_stops_its_ranks_and_says_why(tmp_path: Path) -> None:
+    """The agent's own heartbeat-silence limit: with its channel open but nothing arriving, it stops its
+    rank and exits, and its last stderr line (what distrun shows for a host whose connection closed) says
+    that the agent gave up, after how long, and its limit."""
+    proc, reader = _agent()
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=1, cwd="/", heartbeat=0.2, dead_after=1.5)))
+    proc.stdin.flush()
+    _read_until(proc, reader, FACTS)
+    pid_file = tmp_path / "rank.pid"
+    script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    proc.stdin.write(
+        encode_message(START, StartRequest("/", 1.0, [RankSpec(0, [sys.executable, "-c", script], {})]))
+    )
+    proc.stdin.flush()
+    assert proc.wait(timeout=30) == 0  # stdin still open: only the agent's patience ends it
+    said = proc.stderr.read().decode().strip().splitlines()[-1]
+    assert said.startswith("distrun agent: gave up on distrun after "), said
+    assert said.endswith("without a word from it (it waits 1.5s): stopped the ranks"), said
+    rank = int(pid_file.read_text())
+    assert not psutil.pid_exists(rank) or psutil.Process(rank).status() == psutil.STATUS_ZOMBIE
+    proc.stdin.close()

@@ -1,4 +1,4 @@
-"""What an agent keeps between launches on its host: the compiled agent code and the ranks' stack."""
+"""What an agent keeps between launches on its host: the compiled agent code and the ranks' software."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from launcher.agent import software as interp
+from launcher.agent.software import software_of
 from launcher.agent.store import default_root
 from launcher.backends.bootstrap import SHIPPED, bootstrap_args, shipped_sources
 
 
 @pytest.fixture
 def python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An interpreter that counts its starts, with a fake torch first on its path."""
+    """An interpreter that counts its starts, whose path is its own fake site (a fake torch) and the standard
+    library: this machine's site-packages (a real torch, NCCL) and user site stay out of it (-s -S)."""
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
     (site / "torch" / "__init__.py").write_text("")
     (site / "torch" / "version.py").write_text("__version__ = '9.9.0'\ncuda = None\n")
     wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\necho x >> {tmp_path / "starts"}\nexec {sys.executable} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho x >> {tmp_path / "starts"}\nexec {sys.executable} -s -S "$@"\n')
     wrapper.chmod(0o755)
     monkeypatch.setenv("PYTHONPATH", str(site))
     return wrapper
@@ -33,44 +34,44 @@ def starts(python: Path) -> int:
     return len(counted.read_text().splitlines()) if counted.exists() else 0
 
 
-def test_stack_is_asked_once_then_kept_while_nothing_changed(python: Path, tmp_path: Path) -> None:
+def test_software_is_asked_once_then_kept_while_nothing_changed(python: Path, tmp_path: Path) -> None:
     root = str(tmp_path / "cache")
-    first = interp.stack(str(python), root)
+    first = software_of(str(python), root)
     assert first["torch"] == "9.9.0" and first["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert interp.stack(str(python), root) == first
+    assert software_of(str(python), root) == first
     assert starts(python) == 1
 
 
-def test_stack_is_asked_again_after_an_upgrade(python: Path, tmp_path: Path) -> None:
+def test_software_is_asked_again_after_an_upgrade(python: Path, tmp_path: Path) -> None:
     root = str(tmp_path / "cache")
-    assert interp.stack(str(python), root)["torch"] == "9.9.0"
+    assert software_of(str(python), root)["torch"] == "9.9.0"
     version = tmp_path / "site" / "torch" / "version.py"
     version.write_text("__version__ = '9.10.0'\ncuda = None\n")  # size differs whatever the clock says
-    assert interp.stack(str(python), root)["torch"] == "9.10.0"
+    assert software_of(str(python), root)["torch"] == "9.10.0"
     assert starts(python) == 2
 
 
-def test_stack_is_asked_again_when_a_package_appears_on_the_path(python: Path, tmp_path: Path) -> None:
+def test_software_is_asked_again_when_a_package_appears_on_the_path(python: Path, tmp_path: Path) -> None:
     root = str(tmp_path / "cache")
-    assert interp.stack(str(python), root)["nccl"] == ""
+    assert software_of(str(python), root)["nccl"] == ""
     (tmp_path / "site" / "nvidia_nccl_cu12-2.27.3.dist-info").mkdir()
     os.utime(tmp_path / "site", ns=(1, 1))  # a new entry, even within the clock's resolution
-    assert interp.stack(str(python), root)["nccl"] == "2.27.3"
+    assert software_of(str(python), root)["nccl"] == "2.27.3"
 
 
-def test_a_damaged_stack_cache_is_asked_again(python: Path, tmp_path: Path) -> None:
+def test_a_damaged_software_cache_is_asked_again(python: Path, tmp_path: Path) -> None:
     root = tmp_path / "cache"
-    interp.stack(str(python), str(root))
-    for kept in (root / "stack").iterdir():
+    software_of(str(python), str(root))
+    for kept in (root / "software").iterdir():
         kept.write_text("{not json")
-    assert interp.stack(str(python), str(root))["torch"] == "9.9.0"
+    assert software_of(str(python), str(root))["torch"] == "9.9.0"
     assert starts(python) == 2
 
 
-def test_stack_without_a_cache_directory_still_answers(python: Path, tmp_path: Path) -> None:
+def test_software_without_a_cache_directory_still_answers(python: Path, tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("")
-    assert interp.stack(str(python), str(blocked / "cache"))["torch"] == "9.9.0"
+    assert software_of(str(python), str(blocked / "cache"))["torch"] == "9.9.0"
 
 
 def run_bootstrap(

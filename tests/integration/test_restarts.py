@@ -53,6 +53,17 @@ def test_without_max_restarts_a_failure_ends_the_job_as_before(tmp_path: Path) -
     assert not (tmp_path / "a1.r0.json").exists()
 
 
+def test_a_restart_keeps_oversubscribe(tmp_path: Path) -> None:
+    result = run_distrun(
+        "-np", "3", "-H", "localhost:2", "--oversubscribe", "--max-restarts", "1", "--restart-delay", "0",
+        RESTARTABLE, "--out", tmp_path, "--fail", "0:1:3",
+    )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert "attempt 1: 3 ranks on localhost: succeeded" in err
+    assert {_env(tmp_path, 1, rank)["WORLD_SIZE"] for rank in range(3)} == {"3"}
+
+
 def test_when_restarts_run_out_the_last_failure_decides_the_exit_code(tmp_path: Path) -> None:
     result = run_distrun(
         "-np", "1", "--max-restarts", "1", "--restart-delay", "0",

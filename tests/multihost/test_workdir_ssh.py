@@ -282,3 +282,78 @@ def test_jobs_at_once_keep_their_own_copies_while_later_ones_prune(setup: Setup,
         out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err.decode()
     assert sorted(out.decode().splitlines()) == [f"[{r}] value=1 same=True" for r in range(len(HOSTS))]
+
+
+EDITING = """\
+import os, pathlib, sys
+v = pathlib.Path("v.txt")
+said = v.read_text().strip()
+if len(sys.argv) > 1:  # a careless rank rewrites its file in place (root ignores the missing write bit)
+    with open(v, "r+") as f:
+        f.write("EDITED")
+print(f"read={said}")
+"""
+
+
+def test_a_rank_that_edits_its_copy_changes_no_later_job_on_any_host(setup: Setup, tmp_path: Path) -> None:
+    """Issue 27, item 1: h1's rank rewrites v.txt; the next job on h1 and h2 (sent fresh) reads the original
+    on both, and the object the edit went through is sent again."""
+    project = tmp_path / "proj3"
+    project.mkdir()
+    (project / "train.py").write_text(EDITING)
+    (project / "v.txt").write_text("original\n")
+    for host in HOSTS:
+        setup.cluster.hide_path(host, project)
+    env = setup.cluster.env(PYTHONPATH=str(REPO))
+    edit = run_distrun("-H", "h1:1", "--workdir", project, "train.py", "edit", env=env, timeout=120)
+    assert edit.returncode == 0, edit.stderr.decode()
+    assert edit.stdout.decode().splitlines() == ["[0] read=original"]
+
+    report = tmp_path / "report.json"
+    both = run_distrun(
+        "-H", "h1:1,h2:1", "--workdir", project, "-v", "--report", report, "train.py", env=env, timeout=120
+    )
+    assert both.returncode == 0, both.stderr.decode()
+    assert _lines(both) == ["[0] read=original", "[1] read=original"]
+    hosts = json.loads(report.read_text())["workdir"]["hosts"]
+    assert {h: v["files_sent"] for h, v in hosts.items()} == {"h1": 1, "h2": 2}
+    assert "sent 0 B to 0 hosts" not in both.stderr.decode()
+
+
+def test_a_full_disk_on_a_host_leaves_nothing_that_fails_later_syncs(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Issue 27, item 2, over SSH: h1's cache is a 3 MiB tmpfs; a 4 MiB project fails there with the host's
+    error and leaves no unfinished file, and a small project then runs, twice."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # Mounted before the cluster exists: its hosts' mount namespaces start as copies of this machine's.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(disk)], check=True)
+    try:
+        cluster = make_cluster(1)
+        CACHE.mkdir(parents=True, exist_ok=True)
+        cluster.bind("h1", disk, CACHE)
+        env = cluster.env(PYTHONPATH=str(REPO))
+        big = tmp_path / "big"
+        big.mkdir()
+        (big / "train.py").write_text("print('big')\n")
+        for i in range(4):
+            (big / f"part{i}.bin").write_bytes(os.urandom(1 << 20))
+        small = tmp_path / "small"
+        small.mkdir()
+        (small / "train.py").write_text("print('small')\n")
+        # More than the cut sync left free, less than the disk: what that sync stored is given up for it.
+        (small / "data.bin").write_bytes(os.urandom(3 << 19))
+        for project in (big, small):
+            cluster.hide_path("h1", project)
+        cut = run_distrun("-H", "h1:1", "--workdir", big, "train.py", env=env, timeout=120)
+        assert cut.returncode == 3, cut.stderr.decode()
+        assert "h1" in cut.stderr.decode() and "No space left on device" in cut.stderr.decode()
+        assert os.listdir(disk / "workdir" / "tmp") == []
+        for attempt in range(2):
+            fits = run_distrun("-H", "h1:1", "--workdir", small, "train.py", env=env, timeout=120)
+            assert fits.returncode == 0, f"attempt {attempt}: {fits.stderr.decode()}"
+            assert fits.stdout.decode().splitlines() == ["[0] small"]
+        assert os.listdir(disk / "workdir" / "tmp") == []
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

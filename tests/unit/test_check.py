@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from launcher.check.verdict import HostCheck, findings, row, stack_findings, table, verdict, workdir_line
+from launcher.check.verdict import HostCheck, findings, row, software_findings, table, verdict, workdir_line
 
 GOOD: dict[str, Any] = {
     "hostname": "h1",
@@ -137,21 +137,21 @@ def test_one_machine_under_two_names_is_a_problem_of_the_second() -> None:
     assert found.fix == "list it once with both entries' slots (h1:3)"
 
 
-def test_a_host_with_another_stack_is_a_problem_unless_allowed() -> None:
-    stack = {"python": "3.11.7", "torch": "2.13.0", "cuda": "", "nccl": ""}
+def test_a_host_with_other_software_is_a_problem_unless_allowed() -> None:
+    software = {"python": "3.11.7", "torch": "2.13.0", "cuda": "", "nccl": ""}
     checks = [
-        HostCheck("h1", 1, probe={**GOOD, "stack": stack}),
-        HostCheck("h2", 1, probe={**GOOD, "stack": {**stack, "torch": "2.12.0"}}),
-        HostCheck("h3", 1, probe={**GOOD, "stack": stack}),
+        HostCheck("h1", 1, probe={**GOOD, "software": software}),
+        HostCheck("h2", 1, probe={**GOOD, "software": {**software, "torch": "2.12.0"}}),
+        HostCheck("h3", 1, probe={**GOOD, "software": software}),
         HostCheck("h4", 1, error="unreachable"),
     ]
-    (found,) = stack_findings(checks, allow_mismatch=False)
+    (found,) = software_findings(checks, allow_mismatch=False)
     assert (found.host, found.what, found.fatal) == (
         "h2",
         "a different stack: torch 2.12.0, others 2.13.0",
         True,
     )
-    assert [f.fatal for f in stack_findings(checks, allow_mismatch=True)] == [False]
+    assert [f.fatal for f in software_findings(checks, allow_mismatch=True)] == [False]
 
 
 def test_workdir_line_names_the_hosts_that_hold_the_copy() -> None:

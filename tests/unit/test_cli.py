@@ -400,7 +400,7 @@ def test_x_on_the_command_line_adds_to_the_file_exports(
     ("text", "message"),
     [
         ("num-proc: 2.7\n", "c.yaml:1: num-proc: expected a whole number, got 2.7"),
-        ("timeout: 5\nnum-proc: yes\n", "c.yaml:2: num-proc: expected a whole number, got True"),
+        ("timeout: 5\nnum-proc: yes\n", "c.yaml:2: num-proc: expected a whole number, got yes"),
         ("timeout: 5\ntimeout: 6\n", "c.yaml:2: 'timeout' is already set at line 1"),
         ("timeout: 0\n", "c.yaml:1: timeout must be a positive number of seconds, got 0"),
         ("grace-period: -1\n", "c.yaml:1: grace-period must be a positive number of seconds"),
@@ -645,3 +645,22 @@ def test_distrun_variables_that_name_no_option_are_warned_about() -> None:
         "DISTRUN_NUMPROC names no option of distrun and is ignored (did you mean DISTRUN_NUM_PROC?)",
         "DISTRUN_WHATEVER names no option of distrun and is ignored",
     ]
+
+
+def test_startup_timeout_is_an_option_a_variable_and_a_config_key(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    assert config_of(launched, capsys, "x").startup_timeout == 180.0
+    assert config_of(launched, capsys, "--startup-timeout", "45", "x").startup_timeout == 45.0
+    (tmp_path / "distrun.yaml").write_text("startup_timeout: 50\n")
+    assert (
+        config_of(launched, capsys, "--config", str(tmp_path / "distrun.yaml"), "x").startup_timeout == 50.0
+    )
+    monkeypatch.setenv("DISTRUN_STARTUP_TIMEOUT", "60")
+    assert config_of(launched, capsys, "x").startup_timeout == 60.0
+    code, _, err = run(capsys, "--startup-timeout", "0", "x")
+    assert (code, err) == (
+        2,
+        "distrun: error: --startup-timeout must be a positive number of seconds, got 0\n",
+    )

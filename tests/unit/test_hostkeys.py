@@ -10,7 +10,7 @@ import pytest
 
 from launcher.backends.ssh import hostkeys
 from launcher.backends.ssh.config import SshTarget
-from launcher.core.config import HostKeyPolicy
+from launcher.backends.ssh.options import HostKeyPolicy
 
 
 def test_known_hosts_are_parsed_once_and_again_when_the_file_changes(tmp_path: Path) -> None:

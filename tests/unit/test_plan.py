@@ -5,7 +5,7 @@ import re
 import pytest
 
 from launcher.core.hosts import Host
-from launcher.core.plan import Plan, implicit_localhost, make_plan
+from launcher.core.plan import Plan, PlanInputs, build_plan, implicit_localhost, make_plan
 from launcher.errors import PlanError
 
 OVER = "; add --oversubscribe to place more ranks than slots"
@@ -120,3 +120,11 @@ def test_implicit_localhost(num_proc: int | None, cpus: int, oversubscribe: bool
 def test_implicit_localhost_is_bounded_by_cores() -> None:
     with pytest.raises(PlanError, match=r"-np 1000: this machine has 2 CPU cores .* at most 8 ranks here"):
         implicit_localhost(1000, 2, False)
+
+
+def test_plan_inputs_keep_oversubscription_through_a_resize() -> None:
+    inputs = PlanInputs((Host("a", 2),), 3, oversubscribe=True)
+    assert build_plan(inputs).world_size == 3
+    resized = inputs.resized([Host("b", 1)], 2)
+    assert resized == PlanInputs((Host("b", 1),), 2, oversubscribe=True)
+    assert [s.host.name for s in build_plan(resized).slots] == ["b", "b"]

@@ -9,7 +9,7 @@ import pytest
 
 from launcher.core.config import LaunchConfig, RestartOptions
 from launcher.core.hosts import Host
-from launcher.core.plan import Plan, make_plan
+from launcher.core.plan import Plan, build_plan, make_plan
 from launcher.core.restart import GiveUp, HostBook, Restart, decide
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.job.discovery import DiscoveryError, parse_discovery_output
@@ -136,7 +136,7 @@ def _job(outcomes: list[Outcome], **restart: object) -> tuple[ScriptedJob, Outco
     )
     with signal_pipe() as wake_fd:
         job = ScriptedJob(config, wake_fd, outcomes)
-        return job, job.run(make_plan(config.hosts, config.num_proc))
+        return job, job.run(make_plan(config.hosts, config.num_proc, config.oversubscribe))
 
 
 def test_the_loop_runs_attempts_until_one_succeeds_and_lists_them() -> None:
@@ -164,3 +164,20 @@ def test_the_elastic_loop_below_min_np_gives_up_with_the_reason() -> None:
     job, outcome = _job([LOST_B], max_restarts=3, min_np=3, max_np=4)
     assert outcome == LOST_B
     assert job.give_up is not None and job.give_up.below_min_np
+
+
+def test_a_restart_plans_from_the_same_inputs_as_the_launch_oversubscription_included() -> None:
+    config = LaunchConfig(
+        command=("train.py",),
+        hosts=(Host("localhost", slots=2),),
+        num_proc=3,
+        oversubscribe=True,
+        restart=RestartOptions(max_restarts=1, delay=0.0),
+    )
+    failed = RankFailed(RankExit(2, "localhost", 1))
+    with signal_pipe() as wake_fd:
+        job = ScriptedJob(config, wake_fd, [failed, Succeeded()])
+        outcome = job.run(build_plan(config.plan_inputs))
+    assert outcome == Succeeded()
+    assert [p.world_size for p in job.plans] == [3, 3]
+    assert job.plans[1] == job.plans[0]

@@ -18,7 +18,7 @@ from launcher.backends.ssh.config import (
     resolve_target,
     routes,
 )
-from launcher.core.config import SshOptions
+from launcher.backends.ssh.options import SshOptions
 from launcher.core.hosts import Host
 from launcher.errors import UsageError
 

@@ -12,8 +12,8 @@ import pytest
 from launcher.backends.ssh import connect as sshconn
 from launcher.backends.ssh.config import SshTarget, resolve_target
 from launcher.backends.ssh.connect import connect_all
+from launcher.backends.ssh.options import SshOptions
 from launcher.backends.window import Aborted, Window
-from launcher.core.config import SshOptions
 from launcher.core.hosts import Host
 from launcher.errors import HostError, UsageError
 

@@ -57,7 +57,7 @@ def test_the_timeout_waits_for_the_stacks_then_stops_every_host() -> None:
     dump = watch.dumps[0]
     assert dump.reason == "timeout"
     # Rank 1 is on an answering host but was not in its answer: it no longer runs.
-    assert [(g.ranks, g.error) for g in dump.groups] == [((0, 2), ""), ((1,), "not running")]
+    assert [(g.ranks, g.error) for g in dump.groups] == [((0, 2), ""), ((1,), "it has exited")]
 
 
 def test_a_host_that_does_not_answer_holds_the_others_only_until_the_bounded_wait() -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from launcher.core.hosts import Host, is_host_name
+from launcher.core.plan import plural
 from launcher.errors import SlurmEnvError
 
 JOB_ID = "SLURM_JOB_ID"
@@ -157,8 +158,9 @@ def allocation_from_env(env: Mapping[str, str]) -> Allocation | None:
     slots = _read(env, TASKS_PER_NODE, expand_counts) or (1,) * len(names)
     if len(slots) != len(names):
         raise SlurmEnvError(
-            f"{TASKS_PER_NODE}={env[TASKS_PER_NODE]!r} gives {len(slots)} task counts "
-            f"for the {len(names)} hosts of {NODELIST}={env[NODELIST]!r}"
+            f"{TASKS_PER_NODE}={env[TASKS_PER_NODE]!r} gives "
+            f"{plural(len(slots), 'task count', 'task counts')} "
+            f"for the {plural(len(names), 'host', 'hosts')} of {NODELIST}={env[NODELIST]!r}"
         )
     origin = f"{NODELIST} of Slurm job {job_id}"
     hosts = tuple(Host(name, slots=count, origin=origin) for name, count in zip(names, slots, strict=True))

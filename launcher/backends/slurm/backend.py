@@ -19,21 +19,18 @@ import ipaddress
 import re
 import socket
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from launcher.agent.protocol import write_all
-from launcher.backends.api import Backend
-from launcher.backends.bootstrap import HOMING, agent_pythons, remote_command, shipped_sources
-from launcher.backends.dialhome import Home, SocketLink
-from launcher.backends.link import Link
-from launcher.backends.slurm.allocation import JOB_ID, srun_step_argv
+from launcher.backends.api import Backend, FoundHosts
+from launcher.backends.slurm.allocation import JOB_ID, allocation_from_env, srun_step_argv
 from launcher.console.progress import ProgressFn
 from launcher.core.hosts import Host
 from launcher.errors import HostError, UsageError
 
 if TYPE_CHECKING:
+    from launcher.backends.dialhome import SocketLink
+    from launcher.backends.link import Link
     from launcher.core.config import LaunchConfig
 
 # srun's lines that say nothing the agent has not said better: "srun: error: node01: task 0: Exited with exit
@@ -74,6 +71,13 @@ class SrunStep:
     """The one `srun` process running every agent; links share it, and the last one closed ends it."""
 
     def __init__(self, names: Sequence[str], pythons: Sequence[str]) -> None:
+        # Only a job that starts a step loads these: every launch's command line reads this module's options.
+        import tempfile
+
+        from launcher.agent.protocol import write_all
+        from launcher.backends.bootstrap import HOMING, remote_command, shipped_sources
+        from launcher.backends.dialhome import Home
+
         self.home = Home(names, _addresses(names[0]))
         sources = shipped_sources()
         command = ["/bin/sh", "-c", remote_command(pythons, sources, HOMING)]
@@ -139,6 +143,11 @@ class SrunBackend(Backend):
 
     name = "srun"
 
+    def find_hosts(self, environ: Mapping[str, str], options: object) -> FoundHosts | None:
+        """The allocation's nodes and task slots, and its task count (SLURM_NTASKS) as the default -np."""
+        allocation = allocation_from_env(environ)
+        return None if allocation is None else FoundHosts(allocation.hosts, allocation.num_tasks)
+
     def check_options(self, hosts: Sequence[Host] | None, environ: Mapping[str, str]) -> None:
         if not environ.get(JOB_ID):
             raise UsageError(
@@ -148,6 +157,8 @@ class SrunBackend(Backend):
     def open(
         self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None
     ) -> dict[str, Link]:
+        from launcher.backends.bootstrap import agent_pythons
+
         names = [h.name for h in hosts]
         try:
             step = SrunStep(names, agent_pythons(config.python))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from launcher.agent.protocol import READ_SIZE
 from launcher.backends.api import Backend, CheckedLink
@@ -20,8 +20,10 @@ from launcher.backends.locality import (
     refuse_this_machine_twice,
     runs_here,
 )
+from launcher.backends.ssh.options import SSH_OPTIONS, SshOptions, parse_ssh_options
+from launcher.backends.ssh.tcp import acked_ago, cap_backoff
 from launcher.console.progress import ProgressFn
-from launcher.core.config import LaunchConfig, SshOptions
+from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
 from launcher.errors import HostError
 
@@ -42,8 +44,11 @@ class SshLink:
         # Through a ProxyJump tunnel the socket is a channel, and neither address means anything here.
         self.peer_addr: str | None = getattr(client, "peer_addr", None)
         self.local_addr: str | None = None
+        self._sock: socket.socket | None = None
         if isinstance(transport.sock, socket.socket):
+            self._sock = transport.sock
             self.local_addr = str(transport.sock.getsockname()[0])
+            cap_backoff(transport.sock)
         self._channel = transport.open_session()
         # Only our own constant bootstrap goes through the remote shell; user data travels in frames.
         self._channel.exec_command(command)
@@ -74,9 +79,17 @@ class SshLink:
             while self._channel.recv_stderr_ready():
                 self._stderr += self._channel.recv_stderr(READ_SIZE)
 
+    def acked_ago(self) -> float | None:
+        """Seconds since the host's kernel acknowledged our bytes (see launcher.backends.ssh.tcp); None
+        through a tunnel, whose acknowledgements are the jump host's."""
+        return acked_ago(self._sock) if self._sock is not None else None
+
     def diagnostics(self) -> str:
         self._drain_stderr()
         return self._stderr.decode(errors="replace").strip()
+
+    def said_so_far(self) -> str:
+        return self.diagnostics()
 
     def close_input(self) -> None:
         with contextlib.suppress(OSError, EOFError):
@@ -161,6 +174,10 @@ class SshBackend(Backend):
     """`--launcher ssh` (the default outside Slurm)."""
 
     name = "ssh"
+    options = SSH_OPTIONS
+
+    def parse_options(self, values: Mapping[str, Any], label: Callable[[str], str]) -> SshOptions:
+        return parse_ssh_options(values, label)
 
     def local_hosts(self, hosts: Sequence[Host], config: LaunchConfig) -> list[bool]:
         """Which hosts are this machine (they run through a local agent, without SSH).

@@ -16,7 +16,7 @@ from typing import Any
 
 import paramiko
 
-from launcher.core.config import HostKeyPolicy, SshOptions
+from launcher.backends.ssh.options import HostKeyPolicy, SshOptions
 from launcher.core.hosts import Host
 from launcher.errors import UsageError
 

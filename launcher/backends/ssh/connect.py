@@ -24,9 +24,9 @@ import paramiko
 from launcher.backends.fanout import ALL_OR_NOTHING, fan_out
 from launcher.backends.ssh.config import SshTarget, routes
 from launcher.backends.ssh.hostkeys import HostKeyPolicy, UnknownHostKey, changed_key_reason, trust_known_keys
+from launcher.backends.ssh.options import SshOptions
 from launcher.backends.window import Aborted, Window
 from launcher.console.progress import ProgressFn
-from launcher.core.config import SshOptions
 from launcher.core.hosts import Host
 from launcher.errors import HostError, UsageError
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 from launcher.backends.ssh.config import Route, routes
 from launcher.backends.ssh.connect import AuthRefused, connect_target
-from launcher.core.config import SshOptions
+from launcher.backends.ssh.options import SshOptions
 from launcher.core.hosts import Host
 from launcher.errors import HostError, UsageError
 

@@ -1,0 +1,94 @@
+"""Horovod's ``join`` and ``barrier``: ranks that run out of data finish while the others go on.
+
+A rank that calls :func:`join` keeps answering the other ranks' negotiation rounds with a JOIN row until
+every rank has joined. While it waits it takes part, with zeros, in their allreduces (grouped, and
+DistributedOptimizer's gradient buckets included), so Average still divides by the full set size, as in
+Horovod; any other collective raises on the ranks that call it. The return value, equal on every rank, is
+the rank that joined last.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from collectives.context import _Context, _require
+from collectives.negotiation import _AGREED, Call, Kind, _joined_seen, dtype_of, negotiate, op_of
+from collectives.process_sets import ProcessSet, _registered, global_process_set, groups_of
+from collectives.reduce_op import ReduceOp
+
+__all__ = ["barrier", "join"]
+
+
+class _JoinableStep(Protocol):
+    def _join_step(self) -> None: ...
+
+
+# Layout digest -> the DistributedOptimizer with that gradient layout in this process, so that a joined
+# rank can take part in the other ranks' optimizer steps.
+joinable_optimizers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of ``process_set`` has reached the barrier."""
+    negotiate(Call(Kind.BARRIER), groups_of(process_set, "barrier"))
+
+
+def _zeros_device(context: _Context, device: int) -> torch.device:
+    if context.device_index is not None:
+        return torch.device("cuda", context.device_index)
+    return torch.device("cpu") if device < 0 else torch.device("cuda", device)
+
+
+def _reduce_zeros(
+    dtype: torch.dtype, numel: int, op: ReduceOp, device: torch.device, context: _Context
+) -> None:
+    zeros = torch.zeros(numel, dtype=dtype, device=device)
+    cuda_average = op is ReduceOp.AVERAGE and context.device_type == "cuda" and zeros.is_floating_point()
+    dist.all_reduce(zeros, op=dist.ReduceOp.AVG if cuda_average else dist.ReduceOp.SUM)
+
+
+def _take_part(row: list[int], context: _Context, device: torch.device) -> None:
+    """Contribute zeros to the collective the active ranks agreed on in ``row``."""
+    kind, op = row[0], op_of(row[3]) or ReduceOp.SUM
+    dims = row[8 : 8 + row[6]]
+    if kind == Kind.ALLREDUCE:
+        numel = 1
+        for d in dims:
+            numel *= d
+        _reduce_zeros(dtype_of(row[1]), numel, op, device, context)
+    elif kind == Kind.GROUPED_ALLREDUCE:
+        for code, numel in zip(dims[0::2], dims[1::2], strict=True):
+            _reduce_zeros(dtype_of(code), numel, op, device, context)
+    elif kind == Kind.OPTIMIZER_STEP:
+        optimizer = joinable_optimizers.get(row[7])
+        if optimizer is not None:
+            optimizer._join_step()
+
+
+def join(device: int = -1) -> int:
+    """Declare that this rank has no more data; return the rank that joined last, once all have.
+
+    ``device`` is where the zeros for the other ranks' allreduces are made (-1: the CPU; under nccl always
+    this rank's GPU).
+    """
+    context = _require("join")
+    groups = _registered[0]
+    if groups.size == 1:
+        return context.topology.rank
+    zeros_device = _zeros_device(context, device)
+    while True:
+        before = set(_joined_seen)
+        agreement = negotiate(Call(Kind.JOIN), groups)
+        rows = agreement.rows
+        if len(agreement.joined) == groups.size:
+            newly = [groups.ranks[i] for i in range(groups.size) if groups.ranks[i] not in before]
+            _joined_seen.clear()
+            return max(newly) if newly else max(groups.ranks)
+        active = [row for row in rows if row[0] != Kind.JOIN]
+        agreed = active[0][:_AGREED]
+        if all(row[:_AGREED] == agreed for row in active):
+            _take_part(active[0], context, zeros_device)

@@ -1,0 +1,171 @@
+"""Horovod's process sets on torch.distributed subgroups.
+
+A process set is a subset of the ranks that runs collectives of its own (``process_set=`` on every
+collective). Each registered set owns two torch.distributed groups: the data group (the job's backend) that
+carries tensors, and a gloo control group that carries the small metadata rows with which its ranks agree on
+each collective before it starts (``collectives.negotiation``). Keeping control apart from data means a rank
+whose data collective is still in flight cannot be paired with another rank's metadata exchange.
+
+Creating and removing a set is collective over the whole job, as in Horovod: torch.distributed requires
+every rank to create every group, member or not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch.distributed as dist
+
+from collectives.context import _require
+from collectives.errors import ArgumentError, CollectivesError
+
+__all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Groups:
+    """The torch.distributed side of a registered process set, as seen by this rank.
+
+    The groups themselves are looked up by id rather than held: an exception's traceback keeps its frames'
+    objects alive, and a held group would keep a shut-down job's rendezvous store alive with it, so that the
+    next ``init()`` hangs.
+    """
+
+    set_id: int
+    ranks: tuple[int, ...]
+    # This rank's index in ``ranks``; None when it is not a member.
+    index: int | None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def data(self) -> Any:
+        """The data group; None for the global set (torch.distributed's default group)."""
+        return _process_groups.get(self.set_id, (None, None))[0]
+
+    @property
+    def control(self) -> Any:
+        """The gloo group that carries the negotiation rows."""
+        return _process_groups.get(self.set_id, (None, None))[1]
+
+
+class ProcessSet:
+    """A set of global ranks; usable in collectives once registered with :func:`add_process_set`.
+
+    Mutable as Horovod's is: registration gives it a ``process_set_id`` and removal takes it back.
+    """
+
+    def __init__(self, ranks: Sequence[int] | None = None) -> None:
+        self.ranks: list[int] | None = None if ranks is None else sorted({int(r) for r in ranks})
+        self.process_set_id: int | None = None
+
+    def _groups(self) -> _Groups | None:
+        return None if self.process_set_id is None else _registered.get(self.process_set_id)
+
+    def size(self) -> int | None:
+        """Number of ranks in the set (None while it is not registered)."""
+        groups = self._groups()
+        return None if groups is None else groups.size
+
+    def rank(self) -> int | None:
+        """This process's rank within the set (None if it is not a member or the set is not registered)."""
+        groups = self._groups()
+        return None if groups is None else groups.index
+
+    def included(self) -> bool | None:
+        """Whether this process belongs to the set (None while it is not registered)."""
+        groups = self._groups()
+        return None if groups is None else groups.index is not None
+
+    def __repr__(self) -> str:
+        ranks = "all" if self.ranks is None else self.ranks
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks})"
+
+
+global_process_set = ProcessSet()
+
+_registered: dict[int, _Groups] = {}
+# Set id -> (data group, control group).
+_process_groups: dict[int, tuple[Any, Any]] = {}
+_next_id = [1]
+
+
+def _setup(rank: int, size: int) -> None:
+    """Register the global set; called by ``collectives.init()`` once the default group exists."""
+    control = dist.new_group(backend="gloo") if size > 1 else None
+    _registered[0] = _Groups(0, tuple(range(size)), index=rank)
+    _process_groups[0] = (None, control)
+    global_process_set.process_set_id = 0
+    global_process_set.ranks = list(range(size))
+
+
+def _teardown() -> None:
+    """Forget every set; called by ``collectives.shutdown()`` before the default group goes."""
+    _registered.clear()
+    _process_groups.clear()
+    _next_id[0] = 1
+    global_process_set.process_set_id = None
+
+
+def groups_of(process_set: ProcessSet, what: str) -> _Groups:
+    """The registered groups of ``process_set``; this rank must be a member."""
+    _require(what)
+    groups = process_set._groups()
+    if groups is None:
+        raise CollectivesError(
+            f"{what}: {process_set!r} is not registered; call collectives.add_process_set() first"
+        )
+    if groups.index is None:
+        raise CollectivesError(f"{what}: this rank is not a member of {process_set!r}")
+    return groups
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set; every rank of the job must call it with the same ranks, in the same order."""
+    from collectives.negotiation import Call, Kind, negotiate
+
+    context = _require("add_process_set")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.ranks is None or not ps.ranks:
+        raise ArgumentError("add_process_set needs a non-empty list of ranks")
+    size = context.topology.size
+    if ps.ranks[0] < 0 or ps.ranks[-1] >= size:
+        raise ArgumentError(f"process set ranks {ps.ranks} must lie in [0, {size})")
+    if ps.process_set_id is not None:
+        raise ArgumentError(f"{ps!r} is registered already")
+    same = [i for i, g in _registered.items() if list(g.ranks) == ps.ranks]
+    negotiate(Call(Kind.ADD_PROCESS_SET, shape=tuple(ps.ranks)), _registered[0])
+    if same:
+        raise ArgumentError(f"a process set with ranks {ps.ranks} is registered already (id {same[0]})")
+    data = dist.new_group(ps.ranks) if size > 1 else None
+    control = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
+    me = context.topology.rank
+    set_id = _next_id[0]
+    _next_id[0] += 1
+    _registered[set_id] = _Groups(
+        set_id, tuple(ps.ranks), index=ps.ranks.index(me) if me in ps.ranks else None
+    )
+    _process_groups[set_id] = (data, control)
+    ps.process_set_id = set_id
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a set added by :func:`add_process_set` (all ranks together); False if it was not one."""
+    from collectives.negotiation import Call, Kind, negotiate
+
+    _require("remove_process_set")
+    set_id = process_set.process_set_id
+    negotiate(Call(Kind.REMOVE_PROCESS_SET, shape=(-1 if set_id is None else set_id,)), _registered[0])
+    if set_id is None or set_id == 0 or set_id not in _registered:
+        return False
+    groups = _registered.pop(set_id)
+    for group in _process_groups.pop(set_id, (None, None)):
+        if group is not None and groups.index is not None:
+            dist.destroy_process_group(group)
+    process_set.process_set_id = None
+    return True

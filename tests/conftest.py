@@ -1,0 +1,59 @@
+"""What every test may take for granted, whatever machine, job or shell the suite runs in.
+
+The suite must pass inside another launcher's rank (torchrun, mpirun and srun leave TORCHELASTIC_*, OMPI_*,
+PMIX_*, SLURM_* behind), inside a distrun job, and when started with Ctrl-C or the hang-up ignored (`nohup
+pytest`, a script's `pytest &`). Both fixtures hold for the whole session, so session fixtures (the
+simulated clusters) start under the same conditions as the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+
+import pytest
+
+from launcher.core.forward import is_leftover
+
+# A Slurm job's or step's variables: with them a launch without -H would become an srun launch.
+SLURM_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_")
+# The signals tests send to distrun and expect it (and its ranks) to act on.
+SENT_BY_TESTS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM)
+
+
+def is_outer_job(name: str) -> bool:
+    """A variable that another launcher, Slurm or an enclosing distrun job leaves (see forward.py)."""
+    return is_leftover(name) or name.startswith(SLURM_PREFIXES)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_outer_job() -> Iterator[None]:
+    """The environment less every variable of an enclosing job: the tests see, and the distrun they start
+    forwards, only what they set themselves."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in sorted(filter(is_outer_job, os.environ)):
+            patch.delenv(name)
+        yield
+
+
+def _not_ignored(signum: int, frame: object) -> None:
+    """Does what SIG_IGN did for this process, yet is reset to the default in every program it starts."""
+
+
+@pytest.fixture(autouse=True, scope="session")
+def children_get_default_signals() -> Iterator[None]:
+    """An ignored signal stays ignored across exec, and distrun rightly keeps it so (`nohup distrun`): a
+    suite started with SIGINT/SIGHUP/SIGQUIT ignored would start every distrun deaf to what the tests send.
+
+    A handler, unlike SIG_IGN, is reset to the default at exec, so every process a test starts (whatever it
+    starts it with: Popen, pty.fork, a helper) begins with default dispositions, while the suite itself still
+    lets those signals pass as its shell asked."""
+    ignored = [sig for sig in SENT_BY_TESTS if signal.getsignal(sig) == signal.SIG_IGN]
+    for sig in ignored:
+        signal.signal(sig, _not_ignored)
+    try:
+        yield
+    finally:
+        for sig in ignored:
+            signal.signal(sig, signal.SIG_IGN)

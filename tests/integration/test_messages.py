@@ -1,0 +1,56 @@
+"""What a real distrun says, one case per class of issue 27 item 16 (tables: tests/unit/test_messages.py):
+a DISTRUN_* value's error, a distrun inside a rank, a command that cannot run, this machine's one name, -v
+without class names, plurals, no "none" lists."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from launcher.agent.protocol import Facts
+from launcher.core.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
+from tests.support import clean_env, run_distrun
+
+
+def test_a_bad_distrun_variable_is_named_with_its_option() -> None:
+    done = run_distrun("true", env=clean_env(DISTRUN_NUM_PROC="abc"))
+    assert done.returncode == 2
+    assert done.stderr.decode() == (
+        "distrun: error: Invalid value for DISTRUN_NUM_PROC (-np/--num-proc): 'abc' is not a valid integer.\n"
+    )
+
+
+def test_a_distrun_inside_a_rank_warns_about_nothing_it_was_given(tmp_path: Path) -> None:
+    """The inner distrun sees the contract and the stack hook's DISTRUN_* variables: no warning for any."""
+    inner = f"{sys.executable} -m launcher --dry-run true >/dev/null"
+    done = run_distrun("-np", "1", "sh", "-c", inner, env=clean_env())
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"names no option" not in done.stdout + done.stderr, done.stdout.decode() + done.stderr.decode()
+
+
+def test_a_directory_as_the_command_is_named_as_a_shell_would_and_as_localhost(tmp_path: Path) -> None:
+    done = run_distrun("-np", "1", tmp_path)
+    err = done.stderr.decode()
+    assert done.returncode == 126, err
+    assert f"[0] distrun: cannot start rank 0 on localhost: {tmp_path}: is a directory\n" in err
+    assert "Permission denied" not in err
+    assert "rank 0 (host localhost) exited with code 126" in err
+
+
+def test_v_names_the_cause_in_words_and_counts_agree(tmp_path: Path) -> None:
+    done = run_distrun("-vv", "-np", "1", "--timeout", "1", "sleep", "60")
+    err = done.stderr.decode()
+    assert done.returncode == 124, err
+    # No record's repr (`Facts(hostname=...)`), no class name, no "(s)" plural.
+    classes = (Facts, RankFailed, HostLost, Signalled, TimedOut, Succeeded)
+    assert [c.__name__ for c in classes if c.__name__ in err] == [], err
+    assert not re.search(r"\b[A-Z]\w+\(\w+=", err), err
+    assert "(s)" not in err
+    assert "distrun: probe: 1 agent answered" in err
+    assert "distrun: host localhost: hostname " in err
+    assert "distrun: started 1 rank on 1 host;" in err
+    assert "distrun: stopping every rank: timed out after 1s\n" in err
+    assert "TimedOut" not in err
+    assert "distrun: timed out after 1s; ranks still running were stopped: 0\n" in err
+    assert "none" not in err
