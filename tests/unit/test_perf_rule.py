@@ -198,3 +198,23 @@ def test_compute_suspects_are_cleared_or_confirmed_by_their_retest() -> None:
     gpu = HostFigures("g", gpus=(Gpu(0, "H100", "bf16", 100.0), Gpu(1, "H100", "bf16", 700.0)))
     better = best_of(gpu, HostFigures("g", gpus=(Gpu(0, "H100", "bf16", 690.0),)))
     assert [g.tflops for g in better.gpus] == [690.0, 700.0]
+
+
+def test_lines_name_the_outliers_last_and_colour_their_figures_on_a_terminal() -> None:
+    from launcher.check.perf import PerfResult, perf_lines
+
+    hosts = ["h1", "h2", "h3", "h4"]
+    samples = _samples(_slow_host("h3", hosts), hosts)
+    figures = [HostFigures(h, compute_gflops=8.0) for h in hosts]
+    result = PerfResult(tuple(figures), tuple(samples), tuple(judge(figures, samples)), seconds=3.0)
+    plain = perf_lines(result, color=False)
+    assert plain[0].split() == ["host", "compute", "intra-host", "link", "in", "link", "out", "latency"]
+    assert [line.split()[0] for line in plain[1:6]] == ["h1", "h2", "h3", "h4", "median"]
+    assert plain[-2].startswith(
+        "h3: link 2.4 MB/s in, 2.4 MB/s out; median 975.0 MB/s (slow with h2, h4 and h1)"
+    )
+    assert plain[-1] == "perf: 1 named (h3); 4 hosts measured in 3.0s"
+    coloured = perf_lines(result, color=True)
+    h3 = next(line for line in coloured if line.startswith("h3 "))
+    assert h3.count("\x1b[31m") == 2, "link in and link out in red"
+    assert "\x1b[31m" not in next(line for line in coloured if line.startswith("h1 "))
