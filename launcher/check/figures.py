@@ -117,23 +117,37 @@ def compute_suspects(hosts: Sequence[HostFigures]) -> list[str]:
     return [h.host for h in hosts if h.host in named]
 
 
-def _best(first: float | None, again: float | None) -> float | None:
-    return first if again is None else again if first is None else max(first, again)
+COMPUTE_KINDS = ("compute", "gpu", "intra-host")
 
 
-def best_of(first: HostFigures, again: HostFigures) -> HostFigures:
-    """A host's figures after its re-test: the better of the two for each (a host is slow only when it was
-    slow both times)."""
-    gpus = {g.index: g for g in first.gpus}
-    for g in again.gpus:
-        if g.index not in gpus or g.tflops > gpus[g.index].tflops:
-            gpus[g.index] = g
-    return HostFigures(
-        first.host,
-        backend=first.backend,
-        compute_gflops=_best(first.compute_gflops, again.compute_gflops),
-        gpus=tuple(gpus[i] for i in sorted(gpus)),
-        intra_host_bps=_best(first.intra_host_bps, again.intra_host_bps),
+def references(hosts: Sequence[HostFigures], suspected: Sequence[str]) -> list[str]:
+    """Hosts to re-test compute suspects against: as many as there are suspects (at least one), the best
+    of the others first."""
+
+    def score(h: HostFigures) -> float:
+        return min((g.tflops for g in h.gpus), default=h.compute_gflops or 0.0)
+
+    good = sorted((h for h in hosts if h.host not in suspected), key=score, reverse=True)
+    return [h.host for h in good[: max(1, len(suspected))]]
+
+
+def still_slow(again: HostFigures, refs: Sequence[HostFigures]) -> bool:
+    """Whether a compute suspect, measured again at the same time as hosts known to be good (`refs`, the
+    same moment's figures), is still below the floor of the rule against them: the comparison is made under
+    the same conditions, so a machine that got busier or quieter meanwhile moves both alike."""
+
+    def below(mine: float | None, theirs: Iterable[float | None], kind: str) -> bool:
+        present = [v for v in theirs if v is not None]
+        if mine is None or not present:
+            return False
+        return mine < (1.0 - RULES[kind].min_gap) * statistics.median(present)
+
+    return (
+        below(again.compute_gflops, (r.compute_gflops for r in refs), "compute")
+        or below(
+            min((g.tflops for g in again.gpus), default=None), (g.tflops for r in refs for g in r.gpus), "gpu"
+        )
+        or below(again.intra_host_bps, (r.intra_host_bps for r in refs), "intra-host")
     )
 
 

@@ -32,14 +32,16 @@ from launcher.agent.protocol import (
 )
 from launcher.backends import api as backend
 from launcher.check.figures import (
+    COMPUTE_KINDS,
     Gpu,
     HostFigures,
     LinkSample,
     Outlier,
-    best_of,
     compute_suspects,
     judge,
     link_figures,
+    references,
+    still_slow,
     suspects,
 )
 from launcher.check.pairing import Round, matchings, retests
@@ -436,21 +438,27 @@ def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfRe
         )
         retest_rounds = retests(suspected, good)
     slow = compute_suspects(figures_by_host)
+    refs = references(figures_by_host, slow) if slow else []
+    cleared: set[str] = set()
     if retest_rounds or slow:
-        involved = {h for pairs in retest_rounds for pair in pairs for h in pair} | set(slow)
+        involved = {h for pairs in retest_rounds for pair in pairs for h in pair} | {*slow, *refs}
         group = [n for n in active if n.name in involved]
         log.info("perf: re-testing %s", ", ".join(dict.fromkeys([*suspected, *slow])))
-        again, failed = runner.run(group, retest_rounds, compute=slow, repeats=5, allreduce=False)
+        again, failed = runner.run(group, retest_rounds, compute=[*slow, *refs], repeats=5, allreduce=False)
         problems += failed
         samples += _samples(group, again, True)
-        figures_by_host = [
-            best_of(h, _figures(h.host, again[h.host])) if h.host in again else h for h in figures_by_host
-        ]
+        measured = [_figures(h, again[h]) for h in refs if h in again]
+        cleared = {
+            h for h in slow if h in again and measured and not still_slow(_figures(h, again[h]), measured)
+        }
+    found = [
+        o for o in judge(figures_by_host, samples) if not (o.kind in COMPUTE_KINDS and o.host in cleared)
+    ]
     allreduce = next((r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), None)
     return PerfResult(
         hosts=tuple(figures_by_host),
         samples=tuple(samples),
-        outliers=tuple(judge(figures_by_host, samples)),
+        outliers=tuple(found),
         problems=tuple(dict.fromkeys(problems)),
         allreduce_bps=min(
             (r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), default=allreduce
