@@ -610,7 +610,7 @@ class Cluster:
                 raise ClusterError(f"{host}: tc failed: {proc.stderr.strip()}")
 
     @contextlib.contextmanager
-    def cpu_limited(self, host: str, share: float) -> Iterator[CpuLimit]:
+    def cpu_limited(self, host: str, share: float, name: str = "cpu") -> Iterator[CpuLimit]:
         """A cgroup v1 CFS quota of `share` of one CPU for the processes put into it (`CpuLimit.add`), as a
         node throttled or crowded by another job; removed on exit, its processes moved back. Raises
         ClusterUnavailable where this kernel has no cpu cgroup."""
@@ -618,7 +618,7 @@ class Cluster:
         if not (root / "cpu.cfs_quota_us").exists():
             raise ClusterUnavailable("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
         assert self._state is not None
-        group = root / f"distrun-{self._state.cluster_id}-{host}"
+        group = root / f"distrun-{self._state.cluster_id}-{host}-{name}"
         group.mkdir()
         try:
             (group / "cpu.cfs_period_us").write_text("100000")

@@ -91,26 +91,33 @@ def _has_socket(pid: int) -> bool:
 
 
 def test_throttled_cpu_is_named_for_compute(make_cluster: Callable[..., Cluster]) -> None:
-    """h2's measurement processes get 1% of one CPU once they have joined their group: every simulated host
-    shares this machine's 2 cores with the others' and other jobs, so a healthy host gets anything from a
-    tenth of a core up, and only a hard cap far below that is a throttled host here. The cap comes after
-    torch's import, which at 1% would take minutes."""
+    """Everything h2 runs gets 30% of one CPU, and its measurement processes 1% once they have joined their
+    group. Every simulated host shares this machine's 2 cores with the others and with other jobs, so a
+    healthy host gets anything from a tenth of a core up: only a cap far below that is a throttled host
+    here, and at 1% torch's import would take minutes. A process moved a moment late still ran at 30% only,
+    which its re-test against a good host, at the same moment, shows."""
     cluster = make_cluster(4)
+    sshd = cluster.sshd_pid("h2")
+    assert sshd is not None
     try:
-        with cluster.cpu_limited("h2", 0.01) as limit:
+        with (
+            cluster.cpu_limited("h2", 0.3, "host") as host,
+            cluster.cpu_limited("h2", 0.01, "measurement") as measurement,
+        ):
+            host.add(sshd)  # every session from now on, the agents and their processes
             done = threading.Event()
             moved: set[int] = set()
 
             def throttle() -> None:
-                # The measurement processes of h2 (a first pass, then a re-test) as they appear.
-                while not done.wait(0.05):
+                # The measurement processes of h2 (a first pass, then a re-test) as they join.
+                while not done.wait(0.02):
                     for proc in cluster.processes("h2"):
                         with contextlib.suppress(psutil.Error):
                             if proc.pid in moved or "DISTRUN-PERF-RESULT" not in " ".join(proc.cmdline()):
                                 continue
                             # Connected to its group's store: torch is imported, and the group waits for
                             # every host before anything is measured.
-                            if _has_socket(proc.pid) and limit.add(proc.pid):
+                            if _has_socket(proc.pid) and measurement.add(proc.pid):
                                 moved.add(proc.pid)
 
             watcher = threading.Thread(target=throttle, daemon=True)
