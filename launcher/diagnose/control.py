@@ -10,9 +10,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import stat
 import struct
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +24,9 @@ from launcher.errors import DistrunError
 log = logging.getLogger(__name__)
 
 REQUEST_STACKS = b"stacks\n"
+# How a job that runs no rank now (starting, syncing its workdir, restarting) starts its answer: what follows
+# is what it is doing, not stacks.
+BUSY = "distrun-busy "
 # A client that connected must say what it wants at once: the job's loop waits for it at most this long.
 REQUEST_WAIT = 1.0
 # Writing the answer to a client that does not read must not hold the job either.
@@ -35,6 +41,18 @@ class ControlError(DistrunError):
 
 class NoJob(ControlError):
     """No running job of this user (by that pid)."""
+
+
+class JobBusy(ControlError):
+    """The job runs no rank now (starting, syncing its workdir, between attempts): no stacks to show yet."""
+
+    exit_code = 75  # EX_TEMPFAIL (sysexits.h): a temporary state, worth asking again
+
+
+class NoAnswer(ControlError):
+    """The job did not answer within --wait (a job that is hung itself)."""
+
+    exit_code = 124
 
 
 class SeveralJobs(ControlError):
@@ -179,6 +197,40 @@ class ControlServer:
             self.path.unlink()
 
 
+@contextlib.contextmanager
+def answering(server: ControlServer | None, doing: str) -> Iterator[None]:
+    """While the job's loop cannot run (the connections open before it: SSH handshakes on threads), a thread
+    answers `distrun stacks` with what the job is doing, so that nobody waits for the handshakes."""
+    if server is None:
+        yield
+        return
+    stop_r, stop_w = os.pipe()
+
+    def serve() -> None:
+        while True:
+            readable, _, _ = select.select([server.sock.fileno(), stop_r], [], [])
+            if stop_r in readable:
+                return
+            conn = server.accept()
+            if conn is not None:
+                answer_busy(conn, doing)
+
+    thread = threading.Thread(target=serve, name="control", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        os.write(stop_w, b"x")
+        thread.join()
+        os.close(stop_r)
+        os.close(stop_w)
+
+
+def answer_busy(conn: socket.socket, doing: str) -> None:
+    """Tell `distrun stacks` what the job is doing instead of running ranks (`restarting in 3s`)."""
+    answer(conn, f"{BUSY}{doing}\n")
+
+
 def answer(conn: socket.socket, text: str) -> None:
     try:
         conn.sendall(text.encode())
@@ -243,9 +295,13 @@ def ask_stacks(pid: int | None, wait: float) -> str:
         except ConnectionRefusedError:
             raise NoJob(f"distrun job {pid} is gone") from None
         except TimeoutError:
-            raise ControlError(f"distrun job {pid} did not answer within {wait:g}s") from None
+            raise NoAnswer(f"distrun job {pid} did not answer within {wait:g}s") from None
         except OSError as err:
             raise NoJob(f"distrun job {pid}: {err.strerror or err}") from None
     if not chunks:
         raise NoJob(f"distrun job {pid} ended before its stacks were read")
-    return b"".join(chunks).decode(errors="replace")
+    text = b"".join(chunks).decode(errors="replace")
+    if text.startswith(BUSY):
+        doing = text.removeprefix(BUSY).strip()
+        raise JobBusy(f"distrun job {pid} runs no rank now: it is {doing}; ask again once its ranks run")
+    return text

@@ -19,7 +19,7 @@ from launcher.agent.protocol import STACKS, StackReply, StacksRequest
 from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
-from launcher.diagnose.control import ControlError, ControlServer, answer
+from launcher.diagnose.control import ControlError, ControlServer, answer, answer_busy
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.job.node import HostAttempt
 from launcher.report.timeline import Timeline, slowest
@@ -144,16 +144,12 @@ class JobWatch:
         if not pending.waiting:
             self._finish(now)
 
-    def on_control(self) -> None:
-        """A `distrun stacks` connection is waiting."""
-        assert self.control is not None
-        conn = self.control.accept()
-        if conn is None:
-            return
+    def ask(self, conn: socket.socket, now: float) -> None:
+        """`distrun stacks` asks while ranks run (the job's loop answers every other phase itself)."""
         if not self._hosts_now:
-            answer(conn, "distrun: no rank is running now (between attempts); ask again in a moment\n")
+            answer_busy(conn, "starting its ranks")
             return
-        self.request("request", time.monotonic(), conn)
+        self.request("request", now, conn)
 
     def tick(self, now: float) -> None:
         if self._pending is not None and now >= self._pending.deadline:

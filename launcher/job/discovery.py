@@ -1,4 +1,8 @@
-"""Run the user's `--host-discovery-script` and read the hosts it prints (`host[:slots]` per line)."""
+"""Run the user's `--host-discovery-script` and read the hosts it prints (`host[:slots]` per line).
+
+Between attempts it runs as a phase of the job's loop (`Discovering`), so that signals, --timeout, lost
+hosts and `distrun stacks` are handled meanwhile as in every other phase; `discover` runs it on its own.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,16 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from launcher.core.hosts import Host, parse_host_entry
 from launcher.errors import UsageError
+from launcher.job.node import Node
+from launcher.job.pause import BetweenAttempts
 
 TIMEOUT = 30.0
 
@@ -33,14 +43,12 @@ def parse_discovery_output(text: str, script: Path) -> tuple[Host, ...]:
     return tuple(hosts.values())
 
 
-def discover(script: Path, timeout: float = TIMEOUT) -> tuple[Host, ...]:
-    """The hosts the script lists now. Its argv is the path alone: nothing passes through a shell.
-
-    It runs in a process group of its own, so that when it overruns `timeout` the whole group goes (a `sleep`
-    it started, a pipeline), not only the script, and nothing of it keeps running or holds its pipes.
-    """
+def _start(script: Path) -> subprocess.Popen[bytes]:
+    """Its argv is the path alone: nothing passes through a shell. It runs in a process group of its own, so
+    that when it overruns its time the whole group goes (a `sleep` it started, a pipeline), not only the
+    script, and nothing of it keeps running or holds its pipes."""
     try:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             [str(script)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -50,21 +58,109 @@ def discover(script: Path, timeout: float = TIMEOUT) -> tuple[Host, ...]:
     except OSError as err:
         reason = err.strerror or err
         raise DiscoveryError(f"--host-discovery-script {script}: cannot run it: {reason}") from None
+
+
+def _overran(script: Path, timeout: float) -> DiscoveryError:
+    return DiscoveryError(
+        f"--host-discovery-script {script}: no answer within {timeout:.3g}s; stopped it and what it started"
+    )
+
+
+def _result(script: Path, returncode: int, out: bytes, err_out: bytes) -> tuple[Host, ...]:
+    if returncode != 0:
+        said = err_out.decode(errors="replace").strip().splitlines()
+        detail = f": {said[-1]}" if said else ""
+        raise DiscoveryError(f"--host-discovery-script {script} exited with code {returncode}{detail}")
+    return parse_discovery_output(out.decode(errors="replace"), script)
+
+
+def discover(script: Path, timeout: float = TIMEOUT) -> tuple[Host, ...]:
+    """The hosts the script lists now; DiscoveryError when it fails or overruns `timeout`."""
+    proc = _start(script)
     try:
         out, err_out = proc.communicate(timeout=max(0.0, timeout))
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         proc.communicate()  # reaps it; its pipes closed with the group
-        raise DiscoveryError(
-            f"--host-discovery-script {script}: no answer within {timeout:.3g}s; "
-            "stopped it and what it started"
-        ) from None
+        raise _overran(script, timeout) from None
     _kill_group(proc)  # what it left running in its group (a background `sleep &`)
-    if proc.returncode != 0:
-        said = err_out.decode(errors="replace").strip().splitlines()
-        detail = f": {said[-1]}" if said else ""
-        raise DiscoveryError(f"--host-discovery-script {script} exited with code {proc.returncode}{detail}")
-    return parse_discovery_output(out.decode(errors="replace"), script)
+    return _result(script, proc.returncode, out, err_out)
+
+
+class Discovering(BetweenAttempts):
+    """The script, run between attempts on the job's loop: its output read as it comes; `hosts` once it
+    exited, `error` when it failed or overran `timeout`; or the job's `outcome` (a signal, --timeout), which
+    stops it at once."""
+
+    def __init__(
+        self, script: Path, timeout: float, nodes: Sequence[Node], dead_after: float, job_timeout: float
+    ) -> None:
+        super().__init__(nodes, dead_after, job_timeout)
+        self.script = script
+        self.limit = timeout
+        self.end = time.monotonic() + timeout
+        self.proc = _start(script)
+        self._out, self._err = bytearray(), bytearray()
+        self._open = 0  # its pipes not closed yet
+        self.hosts: tuple[Host, ...] = ()
+        self.error: DiscoveryError | None = None
+        self._ended = False
+
+    def watches(self) -> Sequence[tuple[Any, Callable[[float], bool]]]:
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        self._open = 2
+        return [
+            (self.proc.stdout, partial(self._read, self.proc.stdout.fileno(), self._out)),
+            (self.proc.stderr, partial(self._read, self.proc.stderr.fileno(), self._err)),
+        ]
+
+    @property
+    def done(self) -> bool:
+        return self._ended or self.outcome is not None
+
+    def doing(self, now: float) -> str:
+        return f"running --host-discovery-script {self.script.name} before a restart"
+
+    def next_due(self) -> float | None:
+        return self.end
+
+    def _read(self, fd: int, into: bytearray, now: float) -> bool:
+        data = os.read(fd, 65536)
+        if data:
+            into += data
+            return True
+        self._open -= 1
+        if not self._open:
+            self._exited()
+        return False
+
+    def _exited(self) -> None:
+        # Both pipes closed: it has exited, or will soon (what it left behind is killed with its group).
+        try:
+            returncode = self.proc.wait(timeout=max(0.0, self.end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.error = _overran(self.script, self.limit)
+        else:
+            try:
+                self.hosts = _result(self.script, returncode, bytes(self._out), bytes(self._err))
+            except DiscoveryError as err:
+                self.error = err
+        self._ended = True
+
+    def on_tick(self, now: float) -> None:
+        super().on_tick(now)
+        if not self._ended and now >= self.end:
+            self.error = _overran(self.script, self.limit)
+            self._ended = True
+
+    def close(self) -> None:
+        """Whatever ended it: nothing it started keeps running."""
+        _kill_group(self.proc)
+        if self.proc.poll() is None:
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

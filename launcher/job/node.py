@@ -30,6 +30,7 @@ from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
 from launcher.core.plan import Slot
+from launcher.diagnose.control import ControlServer, answering
 from launcher.errors import HostError
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ class Node:
         self.local = local
         self.reader = FrameReader(after_magic=True)
         self.lost = False
+        # Liveness: written only by its methods (`read`, `excuse`; `missed_beats` from the heartbeat thread,
+        # `attempt_began`), so that every phase of the job judges silence the same way.
         self._heard = time.monotonic()
         self._frame_at: float | None = None  # when its agent last sent anything (None: not started)
         self._acked = link.acked_ago if isinstance(link, Acknowledging) else None
@@ -72,7 +75,6 @@ class Node:
         self._acks_count_for = 2 * dead_after + AGENT_MARGIN
         self.hello_at: float | None = None  # when its agent said HELLO: its login shell was done
         self._login_said = ""  # what the login shell had written to stderr by then
-        self.probed_at = 0.0  # when its agent last answered a probe (the start-up timeline's "probed")
         # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
         # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
         self.beat_gap = 0.0
@@ -98,6 +100,32 @@ class Node:
     @last_heard.setter
     def last_heard(self, when: float) -> None:
         self._heard = when
+
+    # -- liveness
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the host last gave word (0 for a local agent: its pipe closing says it died)."""
+        return now - self.last_heard if self.link.heartbeat else 0.0
+
+    def excuse(self, now: float) -> None:
+        """Nobody could be heard until `now` (distrun was stopped, starved, or not listening): that silence is
+        not the host's."""
+        self._heard = max(self._heard, now)
+
+    def missed_beats(self, gap: float) -> None:
+        """The heartbeat thread did not run for `gap` seconds (its own thread calls this)."""
+        with self._send_lock:
+            self.beat_gap = max(self.beat_gap, gap)
+
+    def attempt_began(self) -> None:
+        """A new attempt judges distrun's own silences afresh."""
+        with self._send_lock:
+            self.beat_gap = 0.0
+
+    def we_were_silent(self, patience: float) -> bool:
+        """distrun itself (not the host) went unheard longer than its agent waits (`patience`): the agent
+        stopped its ranks."""
+        return self.link.heartbeat and self.beat_gap > patience
 
     def send(self, kind: int, message: object = None) -> None:
         """One frame to this node's agent: `message` is the kind's dataclass
@@ -187,18 +215,28 @@ class HostAttempt:
         self.finished = True
 
 
-def connect(hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None) -> list[Node]:
+def connect(
+    hosts: Sequence[Host],
+    config: LaunchConfig,
+    progress: ProgressFn | None = None,
+    *,
+    control: ControlServer | None = None,
+    doing: str = "starting: connecting to its hosts",
+) -> list[Node]:
     """A Node per host, in the order given; all or nothing (HostError names the first failing host).
 
     The backend (`--launcher`) says which hosts are this machine and starts the agents of the others;
-    `progress` hears how far that got. This machine's hosts get a local agent over pipes.
+    `progress` hears how far that got. This machine's hosts get a local agent over pipes. While remote hosts
+    are reached (the job's loop cannot run then), `distrun stacks` on `control` is told `doing`.
     """
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
     remote = [h for h, is_local in zip(hosts, local, strict=True) if not is_local]
     with opening(abort) as links:
         if remote:  # first: it is what can fail
-            links.update(chosen.open(remote, config, progress))
+            # Only around the handshakes, which may take long: local agents fork, which wants one thread.
+            with answering(control, doing):
+                links.update(chosen.open(remote, config, progress))
         links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
     dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
     return [
@@ -248,6 +286,6 @@ class Heartbeat:
             # the whole process did not run meanwhile (SIGSTOP), when the agents heard nothing either.
             gap = time.monotonic() - sent
             for node in self._nodes:
-                node.beat_gap = max(node.beat_gap, gap)
+                node.missed_beats(gap)
                 node.send(BEAT)
             sent = time.monotonic()

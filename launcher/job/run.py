@@ -44,9 +44,11 @@ from launcher.errors import (
     HostError,
     Interrupted,
 )
-from launcher.job.discovery import TIMEOUT, discover
+from launcher.job.discovery import TIMEOUT, Discovering
+from launcher.job.loop import Loop
 from launcher.job.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
-from launcher.job.supervise import Supervisor, probe, supervise
+from launcher.job.pause import Pause
+from launcher.job.supervise import Supervisor, probe_on, supervise
 from launcher.report.account import (
     Attempt,
     Failure,
@@ -57,7 +59,7 @@ from launcher.report.account import (
     write_report,
 )
 from launcher.report.summary import summarize
-from launcher.signals import FORWARDED_SIGNALS, Waiter, caught, signal_pipe, stopping
+from launcher.signals import FORWARDED_SIGNALS, caught, signal_pipe
 
 if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
     from launcher.workdir.files import Workdir
@@ -111,14 +113,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         for signum in caught(FORWARDED_SIGNALS):
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
-            nodes = connect(plan.nodes, config, watch.timeline.hook(line, time.monotonic))
-        connected = time.monotonic()
-        watch.timeline.order(node.name for node in nodes)
-        for node in nodes:
-            # Hosts the fan-out did not report (this machine's): connected and agent up as connect() returned.
-            if "agent" not in watch.timeline.marks(node.name):
-                watch.timeline.mark(node.name, "connected", connected)
-                watch.timeline.mark(node.name, "agent", connected)
+            hook = watch.timeline.hook(line, time.monotonic)
+            nodes = connect(plan.nodes, config, hook, control=watch.control)
+        watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
             if config.preflight:
                 from launcher.check.preflight import preflight
@@ -196,7 +193,6 @@ class Job:
         self.backend = backend.get(config.launcher)
         self.relay = relay
         self.watch = watch
-        self.wake_fd = wake_fd
         self.nodes = {node.name: node for node in nodes}
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
         self.cwd = os.getcwd()
@@ -210,6 +206,10 @@ class Job:
         self.started = time.monotonic()
         # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
         self.deadline = self.started + config.timeout if config.timeout else None
+        # Every phase that waits on the hosts runs on this one loop: signals, the deadline, liveness and
+        # `distrun stacks` are handled alike in each.
+        control = watch.control if watch is not None else None
+        self.loop = Loop(wake_fd, deadline=self.deadline, check_every=self.check_every, control=control)
         self.attempts: list[AttemptRecord] = []
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
@@ -229,6 +229,9 @@ class Job:
             self.attempts.append(
                 AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
             )
+            discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
+            if isinstance(discovered, Outcome):
+                return self.ended_between(discovered)
             decision = decide(
                 outcome,
                 restarts_done=index,
@@ -237,7 +240,7 @@ class Job:
                 num_proc=plan.world_size,
                 book=self.book,
                 now=time.monotonic(),
-                discovered=self.discover() if outcome.retryable and index < options.max_restarts else (),
+                discovered=discovered,
             )
             if isinstance(decision, GiveUp):
                 self.give_up = decision
@@ -250,9 +253,13 @@ class Job:
             )
             interrupted = self.pause(options.delay)
             if interrupted is not None:
-                self.failure = Failure(None, None, summarize(interrupted, self.relay.stderr_tail)[0])
-                return interrupted
+                return self.ended_between(interrupted)
             plan = build_plan(self.config.plan_inputs.resized(decision.hosts, decision.num_proc))
+
+    def ended_between(self, outcome: Outcome) -> Outcome:
+        """A signal or --timeout between attempts ends the job with that outcome."""
+        self.failure = Failure(None, None, summarize(outcome, self.relay.stderr_tail)[0])
+        return outcome
 
     def closing_lines(self) -> list[str]:
         """Every attempt with its cause (when there was more than one), then why the job did not go on."""
@@ -270,7 +277,9 @@ class Job:
 
     # -- between attempts
 
-    def discover(self) -> tuple[Host, ...]:
+    def discover(self) -> tuple[Host, ...] | Outcome:
+        """The hosts the discovery script lists now; a signal or --timeout meanwhile ends the job (its
+        outcome)."""
         script = self.config.restart.discovery_script
         if script is None:
             return ()
@@ -278,7 +287,18 @@ class Job:
         if left <= 0:
             return ()  # --timeout has expired: the job ends before any restart
         try:
-            return discover(script, left)
+            phase = Discovering(
+                script, left, list(self.nodes.values()), self.dead_after, self.config.timeout or 0.0
+            )
+            try:
+                self.loop.run(phase)
+            finally:
+                phase.close()
+            if phase.outcome is not None:
+                return phase.outcome
+            if phase.error is not None:
+                raise phase.error
+            return phase.hosts
         except DistrunError as err:
             # A flaky discovery script must not end a job that could go on with the hosts it has.
             log.warning("%s; going on with the hosts already known", err)
@@ -286,18 +306,11 @@ class Job:
 
     def pause(self, seconds: float) -> Outcome | None:
         """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
-        end = time.monotonic() + seconds
-        with Waiter[None](self.wake_fd) as waiter:
-            while True:
-                now = time.monotonic()
-                if self.deadline is not None and now >= self.deadline:
-                    return self.timed_out()
-                left = end - now if self.deadline is None else min(end, self.deadline) - now
-                if end <= now:
-                    return None
-                received, _ = waiter.wait(left)
-                if stops := stopping(received):
-                    return Signalled(stops[0])
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return self.timed_out()
+        pause = Pause(list(self.nodes.values()), seconds, self.dead_after, self.config.timeout or 0.0)
+        self.loop.run(pause)
+        return pause.outcome
 
     def timed_out(self) -> TimedOut:
         return TimedOut(self.config.timeout or 0.0)
@@ -320,8 +333,10 @@ class Job:
                 node.link.close()
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
+            control = self.watch.control if self.watch is not None else None
+            doing = f"restarting: connecting to {plural(len(missing), 'host', 'hosts')}"
             with progress_line(sys.stderr) as line:
-                fresh = connect(missing, self.config, line)
+                fresh = connect(missing, self.config, line, control=control, doing=doing)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
@@ -334,6 +349,10 @@ class Job:
             return self.run_attempt(index, plan, nodes)
         except DeadlineReached:
             return self.timed_out()
+        except Interrupted as err:
+            if index == 0:
+                raise  # nothing ran yet: no outcome, only the signal's exit code
+            return Signalled(err.exit_code - 128)
         except HostError as err:
             if index == 0 or err.host is None:
                 raise
@@ -369,7 +388,7 @@ class Job:
         if self.watch is not None:
             self.watch.attempt_started(hosts, time.monotonic())
         try:
-            outcome = supervise(sup, self.wake_fd, self.check_every)
+            outcome = supervise(sup, self.loop)
         finally:
             if self.watch is not None:
                 self.watch.attempt_ended()
@@ -412,6 +431,13 @@ class Job:
                 tuple(self.relay.stderr_tail(failed.rank)) if failed else (),
             )
 
+    def mark(self, phase: str, when: dict[str, float]) -> None:
+        """The start-up timeline's marks of a phase the job's steps reach (the connections are marked as they
+        open, the first output as it comes), host by host: when (time.monotonic()) each got there."""
+        if self.watch is not None:
+            for host, at in when.items():
+                self.watch.timeline.mark(host, phase, at)
+
     def master_addr(self, nodes: Sequence[Node]) -> str:
         """An address of rank 0's host that every host can reach (never loopback when any host is remote)."""
         addr = self.backend.master_address(
@@ -452,23 +478,16 @@ class Job:
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
-            answers = probe(
-                nodes,
-                requests,
-                PROBE_STALL,
-                self.wake_fd,
-                shown,
-                deadline_at=self.deadline,
-                startup=self.config.startup_timeout,
+            answers, answered_at = probe_on(
+                self.loop, nodes, requests, PROBE_STALL, shown, startup=self.config.startup_timeout
             )
+        self.mark("probed", answered_at)
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
         for node, host, facts in zip(nodes, hosts, answers, strict=True):
             log.debug("host %s: %s", node.name, _facts_text(facts))
             host.facts = facts
-            if self.watch is not None:
-                self.watch.timeline.mark(node.name, "probed", node.probed_at)
             if not facts.cwd_exists and not synced:
                 raise HostError(
                     f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
@@ -491,7 +510,7 @@ class Job:
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             copies = sync(
-                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.wake_fd,
+                nodes, workdir, stall=PROBE_STALL, dead_after=self.dead_after, wake_fd=self.loop,
                 keep=KEEP, relay=self.config.workdir_relay, progress=line if remote else None,
             )  # fmt: skip
         for name, copy in copies.items():
@@ -610,10 +629,11 @@ class Job:
             raise HostError(
                 f"{names} are this same machine and drew the same free port; list it once"
             ) from None
+        sent = {}
         for host, request in zip(hosts, requests, strict=True):
             host.node.send(START, request)
-            if self.watch is not None:
-                self.watch.timeline.mark(host.name, "started", time.monotonic())
+            sent[host.name] = time.monotonic()
+        self.mark("started", sent)
         log.info(
             "started %s on %s; rendezvous at %s:%d", plural(plan.world_size, "rank", "ranks"),
             plural(plan.node_count, "host", "hosts"), rdzv.master_addr, rdzv.master_port,

@@ -1,14 +1,16 @@
 """Watch one attempt of the job: the preflight probe, then every host's agent until the attempt ends.
 
-`Supervisor` is the attempt's state, fed events (frames, a closed link, a signal, the clock) and deciding what
-to send; `supervise` is the thin selector loop that feeds it. Tests drive a Supervisor directly with fake
-links. The first failure, a signal, the timeout or a lost host stops every host.
+Both are phases of the job's loop (launcher.job.loop). `Supervisor` is the attempt's state, fed events
+(frames, a closed link, a signal, the clock) and deciding what to send; `supervise` runs it on the loop. Tests
+drive a Supervisor directly with fake links. The first failure, a signal, the timeout or a lost host stops
+every host.
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import socket
 import time
 from collections.abc import Callable, Sequence
 
@@ -20,15 +22,12 @@ from launcher.agent.protocol import (
     KILL,
     OUT,
     PROBE,
-    SIGNAL,
     STACK_DUMP,
     STOP,
     Facts,
     Frame,
-    Handlers,
     ProbeRequest,
     RankExited,
-    SignalRequest,
     StackReply,
     StopRequest,
     dispatch,
@@ -38,11 +37,13 @@ from launcher.console.relay import LogRelay
 from launcher.core.plan import plural
 from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
+from launcher.diagnose.control import answer_busy
 from launcher.diagnose.watch import JobWatch
-from launcher.errors import DeadlineReached, HostError, Interrupted
+from launcher.errors import HostError
+from launcher.job.loop import Loop, Phase, forward_signal
 from launcher.job.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
 from launcher.job.startup import StartupWatch
-from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, Waiter, signal_name, stopping, suspend_self
+from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, signal_name, suspend_self
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +51,82 @@ log = logging.getLogger(__name__)
 TEARDOWN_SLACK = 5.0
 
 
-def forward_signal(nodes: Sequence[Node], signum: int) -> None:
-    """Have every agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
-    request = SignalRequest(signal_name(signum))
-    for node in nodes:
-        node.send(SIGNAL, request)
+class ProbePhase(Phase[Node]):
+    """Waiting for every agent's FACTS. The wait follows progress: it gives up only when no agent at all has
+    answered for `stall` seconds, or, given `startup` (--startup-timeout), once no host still starting is
+    alive (see `probe`)."""
+
+    def __init__(
+        self, nodes: Sequence[Node], stall: float, progress: ProgressFn | None, startup: float | None = None
+    ) -> None:
+        # No liveness by heartbeat here: the stall deadline names a silent host.
+        super().__init__([(node, node) for node in nodes], dead_after=float("inf"))
+        self.nodes = list(nodes)
+        self.stall = stall
+        self.progress = progress
+        self.began = time.monotonic()
+        self.deadline = StallDeadline(stall, self.began)
+        self.startup = StartupWatch(startup, self.began, stall) if startup else None
+        self.answers: dict[int, Facts] = {}  # by id(node)
+        self.answered_at: dict[str, float] = {}  # when each host's agent answered
+        self.handlers = {FACTS: self._on_facts}
+
+    @property
+    def done(self) -> bool:
+        return len(self.answers) == len(self.nodes)
+
+    def listening(self, context: Node) -> bool:
+        return id(context) not in self.answers
+
+    def doing(self, now: float) -> str:
+        answered = f" ({len(self.answers)} of {len(self.nodes)} answered)" if len(self.nodes) > 1 else ""
+        return f"starting: waiting for the agents' answers{answered}"
+
+    def next_due(self) -> float | None:
+        if self.startup is None:
+            return self.deadline.at
+        return min(self.deadline.at, self.startup.started + self.startup.limit)
+
+    def _on_facts(self, node: Node, now: float, frame: Frame, facts: Facts) -> None:
+        self.answers[id(node)] = facts
+        self.answered_at[node.name] = now
+        self.deadline.progressed(now)
+        if self.progress is not None:
+            self.progress(Progress("waiting for agents", len(self.nodes), len(self.answers)))
+
+    def on_tick(self, now: float) -> None:
+        missing = [n for n in self.nodes if id(n) not in self.answers]
+        if self.startup is not None and self.startup.left(now) <= 0:
+            raise self.startup.give_up(missing[0], now)
+        if self.deadline.remaining(now) <= 0:
+            silent = [n for n in missing if self.startup is None or not self.startup.alive(n, now)]
+            if silent:
+                name, total = silent[0].name, len(self.nodes)
+                answered = f"; {len(self.answers)} of {total} answered" if total > 1 else ""
+                raise HostError(
+                    f"host {name}: no answer from the distrun agent within {self.stall:g}s{answered}",
+                    host=name,
+                )
+            assert self.startup is not None
+            log.warning("%s", self.startup.waiting(missing, len(self.nodes), now))
+            self.deadline.progressed(now)
+
+    def on_closed(self, node: Node, now: float) -> None:
+        detail = node.diagnostics()
+        detail = f": {detail}" if detail else ""
+        raise HostError(
+            f"host {node.name}: the distrun agent exited before answering{detail}", host=node.name
+        )
+
+    def on_stall(self, seconds: float, now: float) -> None:
+        self.deadline.progressed(now)  # time spent stopped is no agent's fault
 
 
 def probe(
     nodes: Sequence[Node],
     requests: Sequence[ProbeRequest],
     stall: float,
-    wake_fd: int,
+    wake_fd: int | Loop,
     progress: ProgressFn | None = None,
     *,
     deadline_at: float | None = None,
@@ -73,84 +138,41 @@ def probe(
     hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
-    `deadline_at` (time.monotonic()): --timeout's end, which raises DeadlineReached.
+    `wake_fd`: the job's Loop (or a signal pipe's fd, for a loop of its own that ends at `deadline_at`,
+    time.monotonic(): --timeout's end, which raises DeadlineReached).
     `startup`: --startup-timeout; a host still alive (logging in) is then waited for past the stall time, up
     to that many seconds (launcher.job.startup).
     """
+    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, deadline=deadline_at, check_every=1.0)
+    return probe_on(loop, nodes, requests, stall, progress, startup=startup)[0]
+
+
+def probe_on(
+    loop: Loop,
+    nodes: Sequence[Node],
+    requests: Sequence[ProbeRequest],
+    stall: float,
+    progress: ProgressFn | None = None,
+    *,
+    startup: float | None = None,
+) -> tuple[list[Facts], dict[str, float]]:
+    """`probe` on the job's loop; also when each host answered (time.monotonic(), for the timeline)."""
     for node, request in zip(nodes, requests, strict=True):
         node.send(PROBE, request)
-    started = time.monotonic()
-    deadline = StallDeadline(stall, started)
-    watch = StartupWatch(startup, started, stall) if startup else None
-    answers: dict[int, Facts] = {}  # by id(node)
-    with Waiter[Node](wake_fd) as waiter:
-
-        def on_facts(node: Node, frame: Frame, facts: Facts) -> None:
-            answers[id(node)] = facts
-            node.probed_at = time.monotonic()
-            waiter.unregister(node.link)
-            deadline.progressed(time.monotonic())
-            if progress is not None:
-                progress(Progress("waiting for agents", len(nodes), len(answers)))
-
-        handlers: Handlers = {FACTS: on_facts}
-        for node in nodes:
-            waiter.register(node.link, node)
-        if progress is not None:
-            progress(Progress("waiting for agents", len(nodes)))
-        while len(answers) < len(nodes):
-            now = time.monotonic()
-            if deadline_at is not None and now >= deadline_at:
-                raise DeadlineReached("--timeout expired while the agents were being probed")
-            remaining = deadline.remaining(now)
-            missing_nodes = [n for n in nodes if id(n) not in answers]
-            if watch is not None and watch.left(now) <= 0:
-                raise watch.give_up(missing_nodes[0], now)
-            if remaining <= 0:
-                silent = [n for n in missing_nodes if watch is None or not watch.alive(n, now)]
-                if silent:
-                    missing = silent[0]
-                    answered = f"; {len(answers)} of {len(nodes)} answered" if len(nodes) > 1 else ""
-                    raise HostError(
-                        f"host {missing.name}: no answer from the distrun agent within {stall:g}s{answered}",
-                        host=missing.name,
-                    )
-                assert watch is not None
-                log.warning("%s", watch.waiting(missing_nodes, len(nodes), now))
-                deadline.progressed(now)
-                remaining = deadline.remaining(now)
-            if watch is not None:
-                remaining = min(remaining, watch.left(now))
-            if deadline_at is not None:
-                remaining = min(remaining, deadline_at - now)
-            received, ready = waiter.wait(remaining)
-            if stops := stopping(received):
-                raise Interrupted.from_signals(stops)
-            if signal.SIGTSTP in received:
-                # No rank runs yet; the agents only must not take our silence for death.
-                forward_signal(nodes, signal.SIGSTOP)
-                suspend_self()
-                forward_signal(nodes, signal.SIGCONT)
-                deadline.progressed(time.monotonic())  # time spent stopped is no agent's fault
-            for node in ready:
-                frames = node.read()
-                if frames is None:
-                    detail = node.diagnostics()
-                    detail = f": {detail}" if detail else ""
-                    raise HostError(
-                        f"host {node.name}: the distrun agent exited before answering{detail}", host=node.name
-                    )
-                for frame in frames:
-                    dispatch(handlers, frame, node)
+    phase = ProbePhase(nodes, stall, progress, startup)
+    if progress is not None:
+        progress(Progress("waiting for agents", len(nodes)))
+    loop.run(phase)
     log.debug(
-        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - started
+        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - phase.began
     )
-    return [answers[id(node)] for node in nodes]
+    return [phase.answers[id(node)] for node in nodes], phase.answered_at
 
 
-class Supervisor:
+class Supervisor(Phase[HostAttempt]):
     """The state of one started attempt: what has exited, whether and why it is stopping. `hosts` are the
-    attempt's records of its hosts (their `finished` is the Supervisor's to set)."""
+    attempt's records of its hosts (their `finished` is the Supervisor's to set). The running attempt's phase
+    of the job's loop: a signal, the timeout or a lost host stop every rank rather than raise."""
 
     def __init__(
         self,
@@ -163,6 +185,7 @@ class Supervisor:
         now: float,
         watch: JobWatch | None = None,
     ) -> None:
+        super().__init__([(host.node, host) for host in hosts], dead_after)
         self.hosts = list(hosts)
         # Stacks on request, at the timeout (before stopping) and on a stall; stragglers. None: none of it.
         self.watch = watch
@@ -172,9 +195,8 @@ class Supervisor:
         self.timeout = timeout
         self.deadline = now + timeout if timeout else None
         self.grace = grace
-        self.dead_after = dead_after
         for host in self.hosts:
-            host.node.beat_gap = 0.0
+            host.node.attempt_began()
         self.exits: dict[int, RankExit] = {}
         self.measured: dict[int, RankExited] = {}  # what each rank's agent measured (pid, times, memory)
         self.cause: Outcome | None = None  # why the attempt is stopping; None while it runs
@@ -182,7 +204,7 @@ class Supervisor:
         self.killed = False
         self.suspend = False  # Ctrl-Z: the ranks were told to stop; the loop now stops this process
         # The frames an attempt's agents send, by kind (BEAT needs none: any frame counts as word from it).
-        self._handlers: Handlers = {
+        self.handlers = {
             OUT: self._on_out,
             ERR: self._on_err,
             EXIT: self._on_exit,
@@ -193,6 +215,18 @@ class Supervisor:
     @property
     def done(self) -> bool:
         return all(host.finished for host in self.hosts)
+
+    def listening(self, context: HostAttempt) -> bool:
+        return not context.finished
+
+    def doing(self, now: float) -> str:
+        return "stopping its ranks" if self.cause is not None else "running its ranks"
+
+    def next_due(self) -> float | None:
+        return self.watch.next_deadline() if self.watch is not None else None
+
+    def next_wake(self) -> float | None:
+        return self.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
 
     def outcome(self) -> Outcome:
         return self.cause or Succeeded()
@@ -225,6 +259,10 @@ class Supervisor:
 
     # -- events
 
+    def on_signals(self, received: bytes, now: float) -> None:
+        for signum in received:
+            self.on_signal(signum, now)
+
     def on_signal(self, signum: int, now: float) -> None:
         if signum in FORWARDED_SIGNALS or signum == signal.SIGCONT:
             forward_signal(self._running(), signum)
@@ -248,7 +286,7 @@ class Supervisor:
             self._kill_now()
 
     def on_frame(self, host: HostAttempt, frame: Frame, now: float) -> None:
-        dispatch(self._handlers, frame, host, now)
+        dispatch(self.handlers, frame, host, now)
 
     def _on_out(self, host: HostAttempt, now: float, frame: Frame, data: bytes) -> None:
         self.relay.feed(frame.rank, "stdout", data)
@@ -285,7 +323,7 @@ class Supervisor:
         node = host.node
         # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
         waits = agent_patience(self.dead_after)
-        ours = node.link.heartbeat and node.beat_gap > waits
+        ours = node.we_were_silent(waits)
         if ours:
             detail = (
                 f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
@@ -293,12 +331,28 @@ class Supervisor:
             )
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 
+    def on_silent(self, host: HostAttempt, seconds: float, now: float) -> None:
+        self._lose(host, f"no word from it for {seconds:.0f}s", now)
+
     def on_stall(self, seconds: float, now: float) -> None:
-        """distrun did not run for `seconds` (stopped, or starved): nobody could be heard meanwhile, so that
-        silence is not the hosts'; and the rank output waiting unread was not quiet either."""
-        for host in self.hosts:
-            host.node.last_heard = max(host.node.last_heard, now)
+        """distrun did not run for `seconds` (stopped, or starved): the rank output waiting unread was not
+        quiet either (the loop excused the hosts' silence)."""
         self.relay.stalled(seconds)
+
+    def on_control(self, conn: socket.socket, now: float) -> None:
+        if self.watch is None:
+            answer_busy(conn, self.doing(now))
+        else:
+            self.watch.ask(conn, now)
+
+    def on_deadline(self, now: float) -> None:
+        self._check_timeout(now)
+
+    def after_events(self, now: float) -> None:
+        self.relay.tick(now)
+        if self.suspend:
+            self.suspend = False
+            suspend_self()
 
     def _check_timeout(self, now: float) -> None:
         if self.deadline is None or now < self.deadline or self.cause is not None:
@@ -317,11 +371,8 @@ class Supervisor:
         if self.watch is not None:
             self.watch.tick(now)
         self._check_timeout(now)
-        for host in self.hosts:
-            node = host.node
-            # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
-            if not host.finished and node.link.heartbeat and now - node.last_heard > self.dead_after:
-                self._lose(host, f"no word from it for {now - node.last_heard:.0f}s", now)
+        # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
+        self.check_liveness(now)
         if self.stop_at is not None and now - self.stop_at > self.grace + TEARDOWN_SLACK:
             for host in self.hosts:
                 if not host.finished:
@@ -335,64 +386,13 @@ class Supervisor:
         return max(0.0, self.deadline - now)
 
 
-def supervise(sup: Supervisor, wake_fd: int, check_every: float) -> Outcome:
-    """Run the started attempt to its end: wait for events and hand them to `sup`."""
-    now = time.monotonic()
-    next_check = now + check_every
-    for host in sup.hosts:
-        host.node.last_heard = max(host.node.last_heard, now)  # we were not listening before the attempt
-    with Waiter[HostAttempt | str](wake_fd) as waiter:
+def supervise(sup: Supervisor, wake_fd: int | Loop, check_every: float = 1.0) -> Outcome:
+    """Run the started attempt to its end on the job's loop (or, given a signal pipe's fd, on a loop of its
+    own)."""
+    if isinstance(wake_fd, Loop):
+        loop = wake_fd
+    else:
         control = sup.watch.control if sup.watch is not None else None
-        if control is not None:
-            waiter.register(control, "control")
-        for host in sup.hosts:
-            if not host.finished:
-                waiter.register(host.link, host)
-        while not sup.done:
-            wait = next_check - now
-            until = sup.until_deadline(now)
-            if until is not None:
-                wait = min(wait, until)
-            relay_due = sup.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
-            watch_due = sup.watch.next_deadline() if sup.watch is not None else None
-            for due in (relay_due, watch_due):
-                if due is not None:
-                    wait = min(wait, due - now)
-            before = time.monotonic()
-            received, ready = waiter.wait(max(0.0, wait))
-            selected = time.monotonic()
-            overslept = selected - before - max(0.0, wait)
-            if overslept > check_every:
-                # Our clock jumped past the wait: this process was stopped (SIGSTOP) or starved meanwhile.
-                sup.on_stall(overslept, selected)
-            for signum in received:
-                sup.on_signal(signum, selected)
-            for source in ready:
-                if isinstance(source, str):
-                    if sup.watch is not None:
-                        sup.watch.on_control()
-                    continue
-                frames = source.node.read()
-                if frames is None:
-                    waiter.unregister(source.link)
-                    sup.on_closed(source, selected)
-                    continue
-                for frame in frames:
-                    sup.on_frame(source, frame, selected)
-                if source.finished:
-                    waiter.unregister(source.link)
-            sup.relay.tick(time.monotonic())
-            if sup.suspend:
-                sup.suspend = False
-                suspend_self()
-            now = time.monotonic()
-            if now - selected > check_every:
-                # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile. (The
-                # heartbeat thread went on, so the agents heard us; the relay counts its own wait.)
-                for host in sup.hosts:
-                    host.node.last_heard = max(host.node.last_heard, now)
-            due = now >= next_check or (sup.deadline is not None and now >= sup.deadline)
-            if due or (watch_due is not None and now >= watch_due):
-                next_check = now + check_every
-                sup.on_tick(now)
+        loop = Loop(wake_fd, deadline=sup.deadline, check_every=check_every, control=control)
+    loop.run(sup)
     return sup.outcome()

@@ -76,6 +76,16 @@ class Timeline:
         ordered = {host: self._host(host) for host in hosts}
         self.hosts = {**ordered, **self.hosts}
 
+    def connected(self, hosts: Iterable[str], now: float) -> None:
+        """The job's hosts are connected, in this order (the plan's). Those the fan-out did not report (this
+        machine's): connected and agent up now."""
+        hosts = list(hosts)
+        self.order(hosts)
+        for host in hosts:
+            if "agent" not in self.marks(host):
+                self.mark(host, "connected", now)
+                self.mark(host, "agent", now)
+
     def to_json(self) -> list[dict[str, Any]]:
         return [times.to_json() for times in self.hosts.values()]
 

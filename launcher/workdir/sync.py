@@ -9,7 +9,8 @@ feeds whom: hosts form a chain fed by the launcher at its head, so the launcher'
 not one per host, and all hosts receive at once. A fetch that fails falls back to the launcher. The agent
 answers SYNCED once its copy is complete.
 
-Senders run one thread per host; the main thread reads answers and notices lost hosts as the probe does.
+Senders run one thread per host; the main thread reads answers on the job's loop (launcher.job.loop), which
+handles --timeout, signals, lost hosts and `distrun stacks` as in every other phase.
 """
 
 from __future__ import annotations
@@ -33,15 +34,15 @@ from launcher.agent.protocol import (
     SYNCED,
     WANT,
     FetchRequest,
+    Frame,
     Synced,
     SyncRequest,
     Want,
-    decode_message,
 )
 from launcher.console.progress import Progress, ProgressFn, StallDeadline
-from launcher.errors import HostError, Interrupted
+from launcher.errors import HostError
+from launcher.job.loop import Loop, Phase
 from launcher.job.node import Node
-from launcher.signals import Waiter, stopping
 from launcher.workdir.files import Workdir, WorkdirChanged, WorkdirFile
 
 log = logging.getLogger(__name__)
@@ -147,22 +148,156 @@ def _lost(node: Node, what: str) -> HostError:
 
 
 class _Sender(threading.Thread):
-    """Sends one host the objects it asked for; a send error is kept for the main thread to report."""
+    """Sends one host the objects it asked for; a send error is kept for the main thread to report. `cancel`
+    stops it between objects (the sync was given up)."""
 
     def __init__(self, node: Node, digests: Sequence[str], blobs: Blobs) -> None:
         super().__init__(name=f"workdir-{node.name}", daemon=True)
         self.node, self.digests, self.blobs = node, digests, blobs
         self.sent = 0
         self.error: BaseException | None = None
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
 
     def run(self) -> None:
         try:
             for digest in self.digests:
+                if self._cancelled.is_set():
+                    return
                 body = self.blobs.body(digest)
                 self.node.send(BLOB, body)
                 self.sent += len(body)
         except BaseException as exc:  # handed to the main thread, which raises it
             self.error = exc
+
+
+class Syncing(Phase[Node]):
+    """The sync, a phase of the job's loop: WANT and SYNCED answers by the handler table; senders' errors,
+    their progress and the stall deadline checked on each tick. `dead_after`: the heartbeat liveness of
+    every phase."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        workdir: Workdir,
+        *,
+        stall: float,
+        dead_after: float,
+        relay: bool,
+        token: str,
+        progress: ProgressFn | None,
+    ) -> None:
+        super().__init__([(node, node) for node in nodes], dead_after if dead_after > 0 else float("inf"))
+        self.nodes = list(nodes)
+        self.by_name = {node.name: node for node in nodes}
+        self.stall = stall
+        self.token = token
+        self.progress = progress
+        self.blobs = Blobs(workdir)
+        self.senders: dict[str, _Sender] = {}
+        self.wanted: dict[str, list[str]] = {}
+        self.ports: dict[str, int] = {}
+        # Relaying needs hosts others can reach: remote ones the launcher reached directly (not by a proxy).
+        servers = [n for n in nodes if not n.local and n.link.peer_addr]
+        self.chain = Chain(relay and len(servers) > 1)
+        self.copies: dict[str, HostCopy] = {}
+        self.deadline = StallDeadline(stall, time.monotonic())
+        self.moved = 0
+        self.handlers = {WANT: self._on_want, SYNCED: self._on_synced}
+
+    @property
+    def done(self) -> bool:
+        return len(self.copies) == len(self.nodes)
+
+    def listening(self, context: Node) -> bool:
+        return context.name not in self.copies
+
+    def doing(self, now: float) -> str:
+        return f"syncing its workdir ({len(self.copies)} of {len(self.nodes)} hosts done)"
+
+    def next_due(self) -> float | None:
+        return self.deadline.at
+
+    def cancel(self) -> None:
+        for sender in self.senders.values():
+            sender.cancel()
+
+    # -- events
+
+    def on_tick(self, now: float) -> None:
+        for sender in self.senders.values():
+            if sender.error is not None:
+                if isinstance(sender.error, HostError):
+                    raise sender.error
+                raise _lost(sender.node, f"sending the workdir failed: {sender.error}")
+        if (total := sum(s.sent for s in self.senders.values())) != self.moved:
+            self.moved = total
+            self.deadline.progressed(now)  # bytes still going out: not a stall
+        self.check_liveness(now)
+        if self.deadline.remaining(now) <= 0:
+            name = next(n.name for n in self.nodes if n.name not in self.copies)
+            raise HostError(
+                f"host {name}: no answer while syncing the workdir for {self.stall:g}s", host=name
+            )
+
+    def on_silent(self, context: Node, seconds: float, now: float) -> None:
+        raise _lost(context, f"silent for {self.dead_after:g}s while syncing the workdir")
+
+    def on_closed(self, context: Node, now: float) -> None:
+        detail = context.diagnostics()
+        raise _lost(context, "the link closed while syncing the workdir" + (f": {detail}" if detail else ""))
+
+    def on_stall(self, seconds: float, now: float) -> None:
+        self.deadline.progressed(now)  # time spent stopped is no host's fault
+
+    def _feed(self, name: str, feeder: str | None) -> None:
+        node = self.by_name[name]
+        if feeder is None:
+            self.senders[name] = _Sender(node, self.wanted[name], self.blobs)
+            self.senders[name].start()
+            return
+        peer = self.by_name[feeder]
+        addr = peer.link.peer_addr
+        assert addr is not None, "only hosts with an address serve"
+        node.send(FETCH, FetchRequest(addr, self.ports[feeder], self.token, self.wanted[name]))
+
+    def _on_want(self, node: Node, now: float, frame: Frame, want: Want) -> None:
+        self.deadline.progressed(now)
+        self.wanted[node.name] = want.digests
+        serves = bool(want.serve_port and node.link.peer_addr) and not node.local
+        if serves:
+            self.ports[node.name] = want.serve_port
+        if want.error:  # a peer failed it
+            log.info("host %s: fetching the workdir failed (%s); sending it", node.name, want.error)
+            self.chain.fallback(node.name)
+            self._feed(node.name, None)
+        elif not want.digests:
+            if serves:
+                self.chain.has_copy(node.name)
+        elif node.local:
+            self._feed(node.name, None)  # a pipe on this machine: no uplink to spare
+        else:
+            self._feed(node.name, self.chain.want(node.name, serves))
+
+    def _on_synced(self, node: Node, now: float, frame: Frame, synced: Synced) -> None:
+        self.deadline.progressed(now)
+        if synced.error:
+            raise HostError(f"host {node.name}: {synced.error}", host=node.name)
+        fed = self.senders.get(node.name)
+        if fed is not None:
+            fed.join()
+        self.copies[node.name] = HostCopy(
+            synced.path,
+            synced.manifest_hash,
+            len(self.wanted.get(node.name, ())),
+            fed.sent if fed else 0,
+            synced.from_peers,
+            self.chain.fed_by.get(node.name),
+        )
+        if self.progress is not None:
+            self.progress(Progress("syncing the workdir", len(self.nodes), len(self.copies)))
 
 
 def sync(
@@ -171,7 +306,7 @@ def sync(
     *,
     stall: float,
     dead_after: float,
-    wake_fd: int,
+    wake_fd: int | Loop,
     keep: int,
     relay: bool = True,
     progress: ProgressFn | None = None,
@@ -181,101 +316,19 @@ def sync(
     As in the probe, the wait gives up when nothing moved for `stall` seconds; a host whose link carries
     heartbeats is lost, as during the run, once it has been silent for `dead_after` seconds. `relay`: hosts
     with the copy feed others (remote hosts the launcher reached directly, so others can reach them too).
+    `wake_fd`: the job's loop (--timeout, signals, `distrun stacks`), or a signal pipe's fd for a loop of
+    its own.
     """
+    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, deadline=None, check_every=1.0)
     token = os.urandom(16).hex() if relay else ""
     request = SyncRequest(project_key(str(workdir.root)), workdir.entries, workdir.manifest_hash, keep, token)
     for node in nodes:
         node.send(SYNC, request)
-    by_name = {node.name: node for node in nodes}
-    blobs = Blobs(workdir)
-    senders: dict[str, _Sender] = {}
-    wanted: dict[str, list[str]] = {}
-    ports: dict[str, int] = {}
-    # Relaying needs hosts others can reach: remote ones the launcher reached directly (not through a proxy).
-    servers = [n for n in nodes if not n.local and n.link.peer_addr]
-    chain = Chain(relay and len(servers) > 1)
-    done: dict[str, HostCopy] = {}
-    deadline = StallDeadline(stall, time.monotonic())
-    moved = 0
-
-    def feed(name: str, feeder: str | None) -> None:
-        node = by_name[name]
-        if feeder is None:
-            senders[name] = _Sender(node, wanted[name], blobs)
-            senders[name].start()
-            return
-        peer = by_name[feeder]
-        addr = peer.link.peer_addr
-        assert addr is not None, "only hosts with an address serve"
-        node.send(FETCH, FetchRequest(addr, ports[feeder], token, wanted[name]))
-
-    with Waiter[Node](wake_fd) as waiter:
-        for node in nodes:
-            waiter.register(node.link, node)
-        while len(done) < len(nodes):
-            now = time.monotonic()
-            for sender in senders.values():
-                if sender.error is not None:
-                    if isinstance(sender.error, HostError):
-                        raise sender.error
-                    raise _lost(sender.node, f"sending the workdir failed: {sender.error}")
-            if (total := sum(s.sent for s in senders.values())) != moved:
-                moved = total
-                deadline.progressed(now)  # bytes still going out: not a stall
-            for node in nodes:
-                silent = now - node.last_heard > dead_after > 0
-                if node.name not in done and node.link.heartbeat and silent:
-                    raise _lost(node, f"silent for {dead_after:g}s while syncing the workdir")
-            if deadline.remaining(now) <= 0:
-                name = next(n.name for n in nodes if n.name not in done)
-                raise HostError(f"host {name}: no answer while syncing the workdir for {stall:g}s", host=name)
-            received, ready = waiter.wait(min(1.0, deadline.remaining(now)))
-            if stops := stopping(received):
-                raise Interrupted.from_signals(stops)
-            for node in ready:
-                frames = node.read()
-                if frames is None:
-                    detail = node.diagnostics()
-                    raise _lost(
-                        node, "the link closed while syncing the workdir" + (f": {detail}" if detail else "")
-                    )
-                for kind, _, _, payload in frames:
-                    deadline.progressed(time.monotonic())
-                    if kind == WANT:
-                        want = decode_message(Want, payload)
-                        wanted[node.name] = want.digests
-                        serves = bool(want.serve_port and node.link.peer_addr) and not node.local
-                        if serves:
-                            ports[node.name] = want.serve_port
-                        if want.error:  # a peer failed it
-                            log.info(
-                                "host %s: fetching the workdir failed (%s); sending it", node.name, want.error
-                            )
-                            chain.fallback(node.name)
-                            feed(node.name, None)
-                        elif not want.digests:
-                            if serves:
-                                chain.has_copy(node.name)
-                        elif node.local:
-                            feed(node.name, None)  # a pipe on this machine: no uplink to spare
-                        else:
-                            feed(node.name, chain.want(node.name, serves))
-                    elif kind == SYNCED:
-                        synced = decode_message(Synced, payload)
-                        if synced.error:
-                            raise HostError(f"host {node.name}: {synced.error}", host=node.name)
-                        fed = senders.get(node.name)
-                        if fed is not None:
-                            fed.join()
-                        done[node.name] = HostCopy(
-                            synced.path,
-                            synced.manifest_hash,
-                            len(wanted.get(node.name, ())),
-                            fed.sent if fed else 0,
-                            synced.from_peers,
-                            chain.fed_by.get(node.name),
-                        )
-                        waiter.unregister(node.link)
-                        if progress is not None:
-                            progress(Progress("syncing the workdir", len(nodes), len(done)))
-    return done
+    phase = Syncing(
+        nodes, workdir, stall=stall, dead_after=dead_after, relay=relay, token=token, progress=progress
+    )
+    try:
+        loop.run(phase)
+    finally:
+        phase.cancel()  # given up (a signal, --timeout, a lost host): no more objects go out
+    return phase.copies

@@ -1,0 +1,240 @@
+"""The job's one wait loop: every phase that waits on the hosts (the probe, the workdir sync, the host
+discovery and the pause before a restart, a running attempt) runs on `Loop`, so that `--timeout`, Ctrl-C,
+Ctrl-Z, a lost host and `distrun stacks` are handled the same way in each.
+
+`Loop` owns what every phase shares: the signal pipe, the job's deadline, the clock's stalls (this process
+stopped or starved), the hosts' liveness, the control socket, and reading frames, which it hands to the
+phase's kind -> handler table. A `Phase` says what it waits for and how it reacts; its defaults are the job's
+common behaviour before any rank runs (a stopping signal raises Interrupted, the deadline DeadlineReached, a
+lost host HostError), and a phase overrides only what differs (the running attempt stops its ranks instead).
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+from launcher.agent.protocol import SIGNAL, Handlers, SignalRequest, dispatch
+from launcher.diagnose.control import ControlServer, answer_busy
+from launcher.errors import DeadlineReached, HostError, Interrupted
+from launcher.job.node import Node
+from launcher.signals import Waiter, signal_name, stopping, suspend_self
+
+C = TypeVar("C")  # what a phase knows a host by (a Node, an attempt's HostAttempt), handed to its handlers
+
+
+def forward_signal(nodes: Sequence[Node], signum: int) -> None:
+    """Have every agent send `signum` to its running ranks (SIGSTOP/SIGCONT also pause its watch)."""
+    request = SignalRequest(signal_name(signum))
+    for node in nodes:
+        node.send(SIGNAL, request)
+
+
+class Phase(Generic[C]):
+    """One phase of the job on the loop. `sources`: each host it listens to, as (node, what the handlers get);
+    `handlers`: its frames by kind, each called `handler(context, now, frame, message)`."""
+
+    def __init__(self, sources: Sequence[tuple[Node, C]], dead_after: float) -> None:
+        self.sources = list(sources)
+        self._node_of = {id(context): node for node, context in self.sources}
+        self.dead_after = dead_after
+        self.handlers: Handlers = {}
+
+    # -- what it is waiting for
+
+    @property
+    def done(self) -> bool:
+        raise NotImplementedError
+
+    def listening(self, context: C) -> bool:
+        """Whether it still waits for word from this host (False: the loop stops reading its link)."""
+        return True
+
+    def doing(self, now: float) -> str:
+        """What the job is doing, for `distrun stacks` when no rank runs: `restarting in 3s`."""
+        raise NotImplementedError
+
+    def next_due(self) -> float | None:
+        """When (time.monotonic()) it wants `on_tick` besides the loop's regular checks."""
+        return None
+
+    def watches(self) -> Sequence[tuple[Any, Callable[[float], bool]]]:
+        """Other fds it waits on (a discovery script's pipes), each with what to call when it is readable;
+        that returns whether to go on watching it."""
+        return ()
+
+    def next_wake(self) -> float | None:
+        """When it wants `after_events` at the latest, with no tick (the relay's held-back output)."""
+        return None
+
+    # -- events; the defaults are the job's behaviour while no rank runs
+
+    def on_tick(self, now: float) -> None:
+        self.check_liveness(now)
+
+    def node_of(self, context: C) -> Node:
+        return self._node_of[id(context)]
+
+    def check_liveness(self, now: float) -> None:
+        """Hosts it listens to that have been silent longer than their agents' heartbeats allow are lost."""
+        for node, context in self.sources:
+            silent = node.silent_for(now)
+            if silent > self.dead_after and self.listening(context):
+                self.on_silent(context, silent, now)
+
+    def on_silent(self, context: C, seconds: float, now: float) -> None:
+        node = self.node_of(context)
+        node.drop()
+        raise HostError(
+            f"host {node.name}: no word from it for {seconds:.0f}s while {self.doing(now)}", host=node.name
+        )
+
+    def on_closed(self, context: C, now: float) -> None:
+        node = self.node_of(context)
+        detail = node.diagnostics()
+        node.drop()
+        raise HostError(
+            f"host {node.name}: the link closed while {self.doing(now)}" + (f": {detail}" if detail else ""),
+            host=node.name,
+        )
+
+    def on_signals(self, received: bytes, now: float) -> None:
+        """Signals received (one byte each, in arrival order). A stopping one (SIGINT, SIGTERM, ...) raises
+        Interrupted: nothing runs yet, so there is nothing to stop."""
+        if stops := stopping(received):
+            raise Interrupted.from_signals(stops)
+        for signum in received:
+            self.on_signal(signum, now)
+
+    def on_signal(self, signum: int, now: float) -> None:
+        """Any other handled signal. Ctrl-Z stops the agents' watch (no rank runs to stop) and this process;
+        SIGCONT (`fg`) resumes them."""
+        nodes = [node for node, _ in self.sources if not node.lost]
+        if signum == signal.SIGTSTP:
+            forward_signal(nodes, signal.SIGSTOP)
+            suspend_self()
+        elif signum == signal.SIGCONT:
+            forward_signal(nodes, signal.SIGCONT)
+
+    def on_deadline(self, now: float) -> None:
+        """--timeout expired (the loop calls this once)."""
+        raise DeadlineReached(f"--timeout expired while {self.doing(now)}")
+
+    def on_stall(self, seconds: float, now: float) -> None:
+        """distrun did not run for `seconds`: nobody could be heard meanwhile (the loop excused the hosts)."""
+
+    def on_control(self, conn: socket.socket, now: float) -> None:
+        """`distrun stacks` asks: no rank runs, so the answer is what the job is doing, at once."""
+        answer_busy(conn, self.doing(now))
+
+    def after_events(self, now: float) -> None:
+        """After each wake-up's events were handled."""
+
+
+class Loop:
+    """Waits for the job: the signal pipe, the deadline (time.monotonic(); None: no --timeout), the control
+    socket, and every link a phase listens to; checks liveness and the deadline every `check_every`."""
+
+    def __init__(
+        self,
+        wake_fd: int,
+        *,
+        deadline: float | None,
+        check_every: float,
+        control: ControlServer | None = None,
+    ) -> None:
+        self.wake_fd = wake_fd
+        self.deadline = deadline
+        self.check_every = check_every
+        self.control = control
+
+    def run(self, phase: Phase[C]) -> None:
+        """Feed `phase` its events until it is done (or a handler raises)."""
+        now = time.monotonic()
+        for node, _ in phase.sources:
+            node.excuse(now)  # nobody listened to it before this phase
+        deadline_told = False
+        # Registrations: (node, context) for a link, (fd, on_ready) for a phase's own fd, None for the control
+        # socket.
+        with Waiter[tuple[Any, Any] | None](self.wake_fd) as waiter:
+            if self.control is not None:
+                waiter.register(self.control, None)
+            for fileobj, on_ready in phase.watches():
+                waiter.register(fileobj, (fileobj, on_ready))
+            # The links it reads, by id(node): their fds as registered, for a link torn down (fd closed) since
+            # can no longer say its number.
+            registered: dict[int, int] = {}
+            for node, context in phase.sources:
+                if not node.lost and phase.listening(context):
+                    fd = node.link.fileno()
+                    waiter.register(fd, (node, context))
+                    registered[id(node)] = fd
+            next_check = now + self.check_every
+            handlers = phase.handlers
+            while not phase.done:
+                wait = next_check - now
+                if self.deadline is not None and not deadline_told:
+                    wait = min(wait, self.deadline - now)
+                due = phase.next_due()
+                for at in (due, phase.next_wake()):
+                    if at is not None:
+                        wait = min(wait, at - now)
+                wait = max(0.0, wait)
+                before = time.monotonic()
+                received, ready = waiter.wait(wait)
+                selected = time.monotonic()
+                overslept = selected - before - wait
+                if overslept > self.check_every:
+                    # Our clock jumped past the wait: this process was stopped (SIGSTOP) or starved meanwhile.
+                    self._excuse(phase, selected)
+                    phase.on_stall(overslept, selected)
+                if received:
+                    phase.on_signals(received, selected)
+                for source in ready:
+                    if source is None:
+                        self._on_control(phase, selected)
+                        continue
+                    node, context = source
+                    if not isinstance(node, Node):  # a phase's own fd
+                        if not context(selected):
+                            waiter.unregister(node)
+                        continue
+                    frames = node.read()
+                    if frames is None:
+                        waiter.unregister(registered.pop(id(node)))
+                        phase.on_closed(context, selected)
+                        continue
+                    for frame in frames:
+                        dispatch(handlers, frame, context, selected)
+                    if not phase.listening(context):
+                        waiter.unregister(registered.pop(id(node)))
+                now = time.monotonic()
+                phase.after_events(now)
+                if now - selected > self.check_every:
+                    # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
+                    # (The heartbeat thread went on, so the agents heard us.)
+                    self._excuse(phase, now)
+                late = self.deadline is not None and now >= self.deadline and not deadline_told
+                if now >= next_check or late or (due is not None and now >= due):
+                    next_check = now + self.check_every
+                    if late:
+                        deadline_told = True
+                        phase.on_deadline(now)
+                    phase.on_tick(now)
+                    for node, context in phase.sources:
+                        # A host the tick gave up is read no more (its link is torn down).
+                        if id(node) in registered and not phase.listening(context):
+                            waiter.unregister(registered.pop(id(node)))
+
+    def _excuse(self, phase: Phase[C], now: float) -> None:
+        for node, _ in phase.sources:
+            node.excuse(now)
+
+    def _on_control(self, phase: Phase[C], now: float) -> None:
+        assert self.control is not None
+        conn = self.control.accept()
+        if conn is not None:
+            phase.on_control(conn, now)
