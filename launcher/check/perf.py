@@ -28,7 +28,6 @@ from launcher.agent.protocol import (
     Frame,
     ProbeRequest,
     RankExited,
-    decode_message,
 )
 from launcher.backends import api as backend
 from launcher.check.figures import (
@@ -54,9 +53,10 @@ from launcher.core.plan import PlanInputs, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.start_requests import start_requests
 from launcher.errors import HostError, Interrupted
+from launcher.job.loop import Loop, Phase
 from launcher.job.node import Node
 from launcher.job.supervise import probe
-from launcher.signals import Waiter, stopping
+from launcher.signals import stopping
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +155,9 @@ class _Host:
 class Measurement:
     """The passes over connected nodes: probe, start, watch, stop."""
 
-    def __init__(self, config: LaunchConfig, wake_fd: int, deadline: float | None) -> None:
+    def __init__(self, config: LaunchConfig, loop: Loop, deadline: float | None) -> None:
         self.config = config
-        self.wake_fd = wake_fd
+        self.loop = loop
         self.deadline = deadline
         self.cwd = os.getcwd()
         self.env = job_env(
@@ -224,7 +224,7 @@ class Measurement:
             raise HostError(f"host {nodes[0].name}: its address is unknown (a proxy); give --master-addr")
         python = interpreter(self.config.python)
         listen = ProbeRequest(ports=1, cwd=self.cwd, python=python, listen=True)
-        [first] = probe(nodes[:1], [listen], PROBE_STALL, self.wake_fd)
+        [first] = probe(nodes[:1], [listen], PROBE_STALL, self.loop)
         requests = [
             ProbeRequest(
                 ports=0,
@@ -236,7 +236,7 @@ class Measurement:
             )
             for _ in nodes[1:]
         ]
-        facts = [first, *probe(nodes[1:], requests, PROBE_STALL, self.wake_fd)]
+        facts = [first, *probe(nodes[1:], requests, PROBE_STALL, self.loop)]
         blocked = [
             Finding(
                 n.name,
@@ -272,69 +272,93 @@ class Measurement:
     def watch(self, nodes: Sequence[Node], until: float) -> tuple[dict[str, dict[str, Any]], list[Finding]]:
         hosts = [_Host(node) for node in nodes]
         started = time.monotonic()
-        failed: list[Finding] = []
-        stopping_at: float | None = None
-
-        def stop(now: float) -> float:
-            for h in hosts:
-                if not h.done:
-                    h.node.send(KILL)
-            return now + KILL_WAIT
-
-        with Waiter[_Host](self.wake_fd) as waiter:
-            for h in hosts:
-                waiter.register(h.node.link, h)
-            while not all(h.done for h in hosts):
-                now = time.monotonic()
-                if stopping_at is None and now >= until:
-                    failed += _stalled(hosts)
-                    stopping_at = stop(now)
-                elif stopping_at is not None and now >= stopping_at:
-                    for h in hosts:
-                        if not h.done:
-                            h.node.drop()
-                            h.done = True
-                    break
-                received, ready = waiter.wait(max(0.0, (stopping_at or until) - now))
-                if stops := stopping(received):
-                    stop(now)
-                    raise Interrupted.from_signals(stops)
-                for h in ready:
-                    frames = h.node.read()
-                    if frames is None:
-                        waiter.unregister(h.node.link)
-                        h.done = True
-                        if stopping_at is None:
-                            detail = h.node.diagnostics() or "connection closed"
-                            failed.append(
-                                Finding(h.node.name, f"lost during the measurement: {detail}", _FIX)
-                            )
-                            stopping_at = stop(time.monotonic())
-                        continue
-                    for frame in frames:
-                        self._on_frame(h, frame)
-                    if h.returncode not in (None, 0) and stopping_at is None:
-                        failed.append(_crashed(h))
-                        stopping_at = stop(time.monotonic())
-                    if h.done:
-                        waiter.unregister(h.node.link)
-        if failed:
-            return {}, failed
+        phase = Measuring(hosts, until)
+        self.loop.run(phase)
+        if phase.failed:
+            return {}, phase.failed
         joined = [h.joined_at for h in hosts if h.joined_at is not None]
         if joined:
             self.startup_s += max(joined) - started
-        return {h.node.name: h.result for h in hosts if h.result is not None}, failed
+        return {h.node.name: h.result for h in hosts if h.result is not None}, []
 
-    @staticmethod
-    def _on_frame(h: _Host, frame: Frame) -> None:
-        if frame.kind == OUT:
-            h.feed_out(frame.payload)
-        elif frame.kind == ERR:
-            h.feed_err(frame.payload)
-        elif frame.kind == EXIT:
-            h.returncode = decode_message(RankExited, frame.payload).returncode
-        elif frame.kind == DONE:
-            h.done = True
+
+class Measuring(Phase[_Host]):
+    """The measurement's processes running, a phase of the job's loop: a host whose process fails or whose
+    link closes is a finding (its measurement stopped everywhere), `until` names the hosts that got least
+    far; a stopping signal stops every process and ends the check."""
+
+    def __init__(self, hosts: Sequence[_Host], until: float) -> None:
+        # No liveness rule of its own: a host's process that dies or a link that closes is heard, and a host
+        # that goes quiet is named at `until` with how far it got.
+        super().__init__([(h.node, h) for h in hosts], dead_after=float("inf"))
+        self.hosts = list(hosts)
+        self.until = until
+        self.stopping_at: float | None = None
+        self.failed: list[Finding] = []
+        self.handlers = {
+            OUT: lambda h, now, frame, _: h.feed_out(frame.payload),
+            ERR: lambda h, now, frame, _: h.feed_err(frame.payload),
+            EXIT: self._on_exit,
+            DONE: self._on_done,
+        }
+
+    @property
+    def done(self) -> bool:
+        return all(h.done for h in self.hosts)
+
+    def listening(self, context: _Host) -> bool:
+        return not context.done
+
+    def doing(self, now: float) -> str:
+        return "measuring the hosts (check --perf)"
+
+    def next_due(self) -> float | None:
+        return self.stopping_at if self.stopping_at is not None else self.until
+
+    def _stop(self, now: float) -> None:
+        for h in self.hosts:
+            if not h.done:
+                h.node.send(KILL)
+        self.stopping_at = now + KILL_WAIT
+
+    def _fail(self, finding: Finding, now: float) -> None:
+        if self.stopping_at is None:
+            self.failed.append(finding)
+            self._stop(now)
+
+    def _on_exit(self, h: _Host, now: float, frame: Frame, message: RankExited) -> None:
+        h.returncode = message.returncode
+        if h.returncode != 0:
+            self._fail(_crashed(h), now)
+
+    def _on_done(self, h: _Host, now: float, frame: Frame, message: object) -> None:
+        h.done = True
+
+    def on_tick(self, now: float) -> None:
+        if self.stopping_at is None and now >= self.until:
+            self.failed += _stalled(self.hosts)
+            self._stop(now)
+        elif self.stopping_at is not None and now >= self.stopping_at:
+            for h in self.hosts:  # agents that did not report their processes gone in time
+                if not h.done:
+                    h.node.drop()
+                    h.done = True
+
+    def on_closed(self, context: _Host, now: float) -> None:
+        detail = context.node.diagnostics() or "connection closed"
+        context.node.drop()
+        context.done = True
+        self._fail(Finding(context.node.name, f"lost during the measurement: {detail}", _FIX), now)
+
+    def on_signals(self, received: bytes, now: float) -> None:
+        if stops := stopping(received):
+            self._stop(now)
+            raise Interrupted.from_signals(stops)
+        super().on_signals(received, now)
+
+    def on_deadline(self, now: float) -> None:
+        """--timeout: the hosts still measuring are named as not measured in time, not a DeadlineReached."""
+        self.until = min(self.until, now)
 
 
 _FIX = "run `distrun check` on it; -v shows the measurement's output"
@@ -403,10 +427,11 @@ def _samples(nodes: Sequence[Node], results: dict[str, dict[str, Any]], retest: 
 
 def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfResult:
     """Measure every host of `nodes` (connected, agents up) and judge; HostError only for what is no one
-    host's fault."""
+    host's fault. It waits on a loop of the job's kind (launcher.job.loop): signals, Ctrl-Z and `distrun
+    stacks` as in every other phase; --timeout names the hosts not measured in time instead of ending it."""
     started = time.monotonic()
     deadline = started + config.timeout if config.timeout else None
-    runner = Measurement(config, wake_fd, deadline)
+    runner = Measurement(config, Loop(wake_fd, deadline=None, check_every=1.0), deadline)
     active = list(nodes)
     problems: list[Finding] = []
     results: dict[str, dict[str, Any]] = {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import psutil
 import pytest
 
 from tests.multihost.cluster import Cluster, ClusterUnavailable
-from tests.support import REPO, distrun_argv
+from tests.support import REPO, distrun_argv, never_left_running, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -200,3 +201,29 @@ def test_blocked_port_is_a_named_problem_not_a_hang(make_cluster: Callable[..., 
     assert result.returncode == 3, result.stdout + result.stderr
     assert "distrun: preflight: h3: cannot open a TCP connection to h1:" in result.stderr
     assert "preflight named h3; nothing was started" in result.stderr
+
+
+def _measuring(cluster: Cluster) -> list[psutil.Process]:
+    found = []
+    for host in cluster.hosts:
+        for proc in cluster.processes(host):
+            with contextlib.suppress(psutil.Error):
+                if "DISTRUN-PERF-RESULT" in " ".join(proc.cmdline()):
+                    found.append(proc)
+    return found
+
+
+def test_ctrl_c_during_the_measurement_stops_every_host(make_cluster: Callable[..., Cluster]) -> None:
+    """The measurement is a phase of the job's one loop: Ctrl-C there ends `check --perf` with 130 and stops
+    every host's measurement process, as in every other phase."""
+    cluster = make_cluster(2)
+    argv = distrun_argv("check", "--perf", "-H", ",".join(cluster.hosts))
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cluster.env(PYTHONPATH=str(REPO)), cwd=REPO
+    )
+    with never_left_running(proc):
+        wait_until(lambda: len(_measuring(cluster)) == 2, timeout=120, what="both hosts measuring")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert cluster.wait_clean() == {}
