@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -625,10 +626,20 @@ class Cluster:
             (group / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
             yield CpuLimit(group)
         finally:
-            for pid in (group / "cgroup.procs").read_text().split():
-                with contextlib.suppress(OSError):
-                    (root / "cgroup.procs").write_text(pid)
-            group.rmdir()
+            # A process forked meanwhile (sshd's child for a new connection) joins the group after it was
+            # read, and an exiting one stays listed a moment: move out whatever is there until it goes.
+            deadline = time.monotonic() + 10.0
+            while True:
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (root / "cgroup.procs").write_text(pid)
+                try:
+                    group.rmdir()
+                    break
+                except OSError as err:
+                    if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise
+                time.sleep(0.05)
 
     def host_key(self, host: str) -> str:
         """The host's current public key line (`ssh-ed25519 AAAA...`)."""
