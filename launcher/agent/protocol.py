@@ -89,7 +89,7 @@ class ProbeRequest:
     # The script a `.py` command runs (relative to cwd): a missing one is exit 127 before anything starts.
     script: str | None = None
     # `distrun check`: also report versions, disk and clock (`check`), keep a TCP port open (`listen`), or
-    # connect to one on another host (`connect_to`/`connect_port`).
+    # connect to one on another host (`connect_to`/`connect_port`, with or without `check`).
     check: bool = False
     listen: bool = False
     connect_to: str | None = None

@@ -274,9 +274,9 @@ def host_facts(request: ProbeRequest, listener: Any = None) -> Facts:
             time=received,
             torch=ask(request.python or sys.executable, TORCH_PROBE),
         )
-        if request.connect_to and request.connect_port:
-            extra["tcp_port"] = request.connect_port
-            extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
+    if request.connect_to and request.connect_port:
+        extra["tcp_port"] = request.connect_port
+        extra["tcp_error"] = _tcp_error(request.connect_to, request.connect_port)
     return Facts(
         hostname=socket.gethostname(),
         machine=machine_identity(),

@@ -177,7 +177,8 @@ def check_hosts(
         close_all([node for node in nodes if node is not None])
 
 
-def run_check(config: LaunchConfig) -> int:
+def run_check(config: LaunchConfig, perf: bool = False) -> int:
+    """`distrun check`; `perf`: then measure the hosts that passed (launcher.check.perf)."""
     plan = build_plan(config.plan_inputs)
     chosen = backend.get(config.launcher)
     # --workdir: which hosts hold the copy a launch would run (bad input, as at launch, before any host).
@@ -217,4 +218,9 @@ def run_check(config: LaunchConfig) -> int:
     final = verdict(checks, problems)
     ready = final.startswith("ready")
     click.echo(click.style(final, fg="green" if ready else "red", bold=True) if color else final)
+    if perf:
+        from launcher.check.perf import perf_after_check
+
+        failing = {f.host for f in problems if f.fatal}
+        return perf_after_check(config, [h for h in hosts if h.name not in failing], color, ready)
     return EXIT_OK if ready else EXIT_HOST

@@ -210,9 +210,9 @@ HEADER = (
 )
 
 
-def table(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in (HEADER, *rows)) for i in range(len(HEADER))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (HEADER, *rows)]
+def table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = HEADER) -> list[str]:
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in (header, *rows)]
 
 
 def same_machines(checks: Sequence[HostCheck]) -> list[Finding]:

@@ -238,6 +238,12 @@ class Request:
     is_flag=True,
     help="Run even where hosts differ in workdir copy, Python, torch, CUDA or NCCL (warn only).",
 )
+@_option(
+    "--preflight",
+    is_flag=True,
+    help="Before any rank starts, measure every host and link as `check --perf` does: an outlier ends a "
+    "fixed-size job (exit 3); an elastic one (--min-np) leaves it out.",
+)
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
 @_option("-v", "--verbose", count=True, help="Say more about what distrun does (-vv: SSH details too).")
@@ -456,6 +462,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources, backends: Sequen
         workdir_limit=values["workdir_limit"] << 20,
         workdir_relay=values["workdir_relay"],
         allow_mismatch=values["allow_mismatch"],
+        preflight=bool(values.get("preflight")),
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
@@ -472,22 +479,20 @@ Exit codes: 0 every host is ready; 3 a host has a problem (each with its fix); 2
 
 
 # A launch's options that say nothing to `distrun check`: its --help leaves them out, and a --config file's
-# keys for them are ignored there (one file serves both).
+# keys for them are ignored there (one file serves both). `check --perf` measures with the launch's
+# environment and writes --report within --timeout: -x, --env-file, --forward-env, --network-interface,
+# --report and --timeout apply to it.
 _LAUNCH_ONLY = frozenset(
     {
         "command",
         "dry_run",
+        "preflight",
         "master_port",
-        "export",
-        "env_file",
-        "forward_env",
         "redact",
-        "report",
         "prefix",
         "timestamp",
         "output_dir",
         "ranks",
-        "timeout",
         "stall_timeout",
         "stack_tool",
         "straggler_after",
@@ -498,7 +503,6 @@ _LAUNCH_ONLY = frozenset(
         "host_discovery_script",
         "grace_period",
         "progress_interval",
-        "network_interface",
         "gpus_per_rank",
         "bind_cores",
         "numa_binding",
@@ -515,6 +519,7 @@ def check_command(launch: click.Command) -> click.Command:
         """Check that every host is ready for a launch: SSH, Python and torch, GPUs, the launch directory,
         disk, clock, and TCP to rank 0's host. Takes the launch's host and SSH options; prints a row per
         host."""
+        perf = options.pop("perf")
         # The launch's own defaults for what check leaves out (no DISTRUN_* variable read for them).
         with launch.make_context("distrun", ["check"], auto_envvar_prefix=None) as defaults:
             given = {**defaults.params, **options, "command": ("check",)}
@@ -523,12 +528,19 @@ def check_command(launch: click.Command) -> click.Command:
         _configure_logging(request.verbose)
         from launcher.check.run import run_check
 
-        return run_check(request.config)
+        return run_check(request.config, perf=perf)
 
     return click.Command(
         name="distrun check",
         callback=check,
-        params=[p for p in launch.params if p.name not in _LAUNCH_ONLY],
+        params=[p for p in launch.params if p.name not in _LAUNCH_ONLY]
+        + [
+            click.Option(
+                ["--perf"],
+                is_flag=True,
+                help="Also measure every host and link (compute, GPUs, bandwidth, latency); name outliers.",
+            )
+        ],
         context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": ENV_PREFIX},
         epilog=_CHECK_EPILOG,
         help=check.__doc__,

@@ -81,6 +81,7 @@ class LaunchConfig:
     workdir_limit: int = 200 << 20
     workdir_relay: bool = True  # hosts with the copy feed the others (see launcher.workdir.sync)
     allow_mismatch: bool = False
+    preflight: bool = False  # measure hosts and links before any rank starts (launcher.check.perf)
 
     @property
     def placement(self) -> Placement:

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from launcher.agent.protocol import START, Facts, ProbeRequest
 from launcher.backends import api as backend
@@ -95,6 +95,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     exit_code = EXIT_INTERNAL
     error: Failure | None = None  # what ended the run before (or instead of) an outcome
     final: str | None = None  # the job's outcome
+    perf: dict[str, Any] | None = None  # --preflight's figures, for --report
     watch = JobWatch(
         relay,
         WatchOptions(
@@ -116,6 +117,10 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             nodes = connect(plan.nodes, config, hook, control=watch.control)
         watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
+            if config.preflight:
+                from launcher.check.preflight import preflight
+
+                plan, nodes, perf = preflight(config, plan, nodes, wake_fd)
             job = Job(config, relay, wake_fd, nodes, workdir, watch=watch)
             try:
                 with job.heartbeat:
@@ -131,6 +136,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             return exit_code
     except DistrunError as err:
         exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
+        perf = getattr(err, "perf", perf)  # --preflight's figures, when it named the hosts that ended it
         raise
     except KeyboardInterrupt:
         exit_code, error = EXIT_SIGINT, Failure(None, None, str(Interrupted("SIGINT", EXIT_SIGINT)))
@@ -150,7 +156,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             relay.close()
             if config.report is not None:
                 # Every run given --report writes it, whatever ended it: no earlier run's report stays.
-                _write_report(config, job, exit_code, error, final)
+                _write_report(config, job, exit_code, error, final, perf=perf)
 
 
 @dataclass(frozen=True)
@@ -677,7 +683,13 @@ def _script(command: Sequence[str]) -> str | None:
 
 
 def _write_report(
-    config: LaunchConfig, job: Job | None, exit_code: int, error: Failure | None, outcome: str | None
+    config: LaunchConfig,
+    job: Job | None,
+    exit_code: int,
+    error: Failure | None,
+    outcome: str | None,
+    *,
+    perf: dict[str, Any] | None = None,
 ) -> None:
     assert config.report is not None
     attempts = job.accounts if job is not None else []
@@ -693,6 +705,7 @@ def _write_report(
         stacks=job.watch.dumps if job is not None and job.watch is not None else (),
         stragglers=job.watch.named if job is not None and job.watch is not None else (),
         timeline=job.watch.timeline.to_json() if job is not None and job.watch is not None else (),
+        perf=perf,
     )
     try:
         write_report(config.report, report)

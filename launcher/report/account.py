@@ -167,6 +167,7 @@ def build_report(
     stragglers: Sequence[Straggler] = (),
     timeline: Sequence[dict[str, Any]] = (),
     workdir: dict[str, Any] | None = None,
+    perf: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`;
     `workdir` (with --workdir): the copy's manifest hash, size, and what syncing sent to each host.
@@ -175,6 +176,8 @@ def build_report(
     """
     last = attempts[-1] if attempts else None
     extra = {} if workdir is None else {"workdir": workdir}
+    if perf is not None:
+        extra["perf"] = perf  # `check --perf`, `--preflight`: launcher.check.perf.PerfResult.record
     return {
         **extra,
         "version": REPORT_VERSION,

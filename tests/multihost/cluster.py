@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -66,7 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -141,6 +142,21 @@ class SimHost:
     netns: str
     veth: str
     dir: str
+
+
+@dataclass(frozen=True)
+class CpuLimit:
+    """A cgroup with a CPU quota (see Cluster.cpu_limited)."""
+
+    group: Path
+
+    def add(self, pid: int) -> bool:
+        """Move process `pid`, every thread of it, under the quota; False if it is gone already."""
+        try:
+            (self.group / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -579,6 +595,51 @@ class Cluster:
             # Not a skip: a root machine that can build the cluster can install nftables (.ci/run does).
             hint = " (apt-get install nftables)" if shutil.which("nft", path=SBIN_PATH) is None else ""
             raise ClusterError(f"{host}: nft failed{hint}: {proc.stderr.strip()}")
+
+    def shape_link(self, host: str, rate: str = "20mbit") -> None:
+        """Slow the host's cable: a token bucket of `rate` on both ends of its veth, as a NIC that negotiated
+        a lower speed. Goes away with the veth."""
+        qdisc = f"root tbf rate {rate} burst 32kbit latency 400ms"
+        for netns, dev in ((None, self._host(host).veth), (self.netns(host), "eth0")):
+            prefix = ["ip", "netns", "exec", netns] if netns else []
+            proc = subprocess.run(
+                [*prefix, "tc", "qdisc", "replace", "dev", dev, *qdisc.split()],
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                raise ClusterError(f"{host}: tc failed: {proc.stderr.strip()}")
+
+    @contextlib.contextmanager
+    def cpu_limited(self, host: str, share: float, name: str = "cpu") -> Iterator[CpuLimit]:
+        """A cgroup v1 CFS quota of `share` of one CPU for the processes put into it (`CpuLimit.add`), as a
+        node throttled or crowded by another job; removed on exit, its processes moved back. Raises
+        ClusterUnavailable where this kernel has no cpu cgroup."""
+        root = Path("/sys/fs/cgroup/cpu")
+        if not (root / "cpu.cfs_quota_us").exists():
+            raise ClusterUnavailable("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
+        assert self._state is not None
+        group = root / f"distrun-{self._state.cluster_id}-{host}-{name}"
+        group.mkdir()
+        try:
+            (group / "cpu.cfs_period_us").write_text("100000")
+            (group / "cpu.cfs_quota_us").write_text(str(int(100000 * share)))
+            yield CpuLimit(group)
+        finally:
+            # A process forked meanwhile (sshd's child for a new connection) joins the group after it was
+            # read, and an exiting one stays listed a moment: move out whatever is there until it goes.
+            deadline = time.monotonic() + 10.0
+            while True:
+                for pid in (group / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(OSError):
+                        (root / "cgroup.procs").write_text(pid)
+                try:
+                    group.rmdir()
+                    break
+                except OSError as err:
+                    if err.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise
+                time.sleep(0.05)
 
     def host_key(self, host: str) -> str:
         """The host's current public key line (`ssh-ed25519 AAAA...`)."""

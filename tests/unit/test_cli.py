@@ -664,3 +664,25 @@ def test_startup_timeout_is_an_option_a_variable_and_a_config_key(
         2,
         "distrun: error: --startup-timeout must be a positive number of seconds, got 0\n",
     )
+
+
+def test_preflight_and_check_perf_options(
+    launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert config_of(launched, capsys, "--preflight", "-np", "2", "true").preflight
+    assert not config_of(launched, capsys, "-np", "2", "true").preflight
+    asked: list[tuple[LaunchConfig, bool]] = []
+
+    def run_check(config: LaunchConfig, perf: bool = False) -> int:
+        asked.append((config, perf))
+        return 0
+
+    monkeypatch.setattr("launcher.check.run.run_check", run_check)
+    assert run(capsys, "check", "--perf", "-H", "a,b", "--timeout", "50", "-x", "NCCL_DEBUG=INFO")[0] == 0
+    assert run(capsys, "check", "-H", "a,b")[0] == 0
+    assert [flag for _, flag in asked] == [True, False]
+    perf, plain = (config for config, _ in asked)
+    assert perf.timeout == 50.0 and ("NCCL_DEBUG", "INFO") in perf.exports
+    assert not plain.preflight
+    code, out, _ = run(capsys, "check", "--help")
+    assert code == 0 and "--perf" in out and "--preflight" not in out
