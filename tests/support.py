@@ -198,13 +198,16 @@ def read_terminal(fd: int) -> bytes:
 
 
 def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> bytes:
-    """distrun's stdout, line by line, until `needle` was seen `count` times."""
+    """distrun's stdout until `needle` was seen `count` times: every byte read, maybe ending inside a line.
+
+    Read from the pipe's fd, never through `proc.stdout`'s buffer: `communicate()` afterwards reads the fd
+    itself, so bytes a buffered readline had read ahead would be lost to the caller."""
     assert proc.stdout is not None
     seen = b""
     while seen.count(needle) < count:
-        line = proc.stdout.readline()
-        assert line, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
-        seen += line
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        assert chunk, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
+        seen += chunk
     return seen
 
 
