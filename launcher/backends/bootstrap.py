@@ -55,7 +55,19 @@ def shipped_modules(folder: Path = AGENT_DIR) -> tuple[str, ...]:
     return tuple(f"launcher.agent.{name}" for name in order)
 
 
-SHIPPED = shipped_modules()
+def _shipped() -> tuple[str, ...]:
+    """SHIPPED, read from the folder at its first use: a job on this machine alone ships nothing and never
+    reads it (reading it is most of this module's import time)."""
+    known: tuple[str, ...] | None = globals().get("SHIPPED")
+    if known is None:
+        known = globals()["SHIPPED"] = shipped_modules()
+    return known
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    if name == "SHIPPED":  # every module of launcher/agent/, in the order the bootstrap runs them
+        return _shipped()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def bootstrap(entry: str = SERVER) -> str:
@@ -112,7 +124,7 @@ def bootstrap(entry: str = SERVER) -> str:
         " return c\n"
         "p=types.ModuleType('launcher');p.__path__=[];sys.modules['launcher']=p\n"
         "g=types.ModuleType('launcher.agent');g.__path__=[];sys.modules['launcher.agent']=g;p.agent=g\n"
-        f"for q,a in zip({SHIPPED!r},sys.argv[1:]):\n"
+        f"for q,a in zip({_shipped()!r},sys.argv[1:]):\n"
         " m=types.ModuleType(q);sys.modules[q]=m;setattr(g,q[15:],m)\n"
         " exec(k(q,a),m.__dict__)\n"
         f"sys.exit(sys.modules[{entry!r}].main())\n"
@@ -121,7 +133,7 @@ def bootstrap(entry: str = SERVER) -> str:
 
 def shipped_sources() -> list[bytes]:
     """SHIPPED's sources, in its order: what the bootstrap reads from stdin."""
-    return [(AGENT_DIR / f"{name[15:]}.py").read_bytes() for name in SHIPPED]
+    return [(AGENT_DIR / f"{name[15:]}.py").read_bytes() for name in _shipped()]
 
 
 def bootstrap_args(sources: Sequence[bytes], entry: str = SERVER) -> list[str]:
