@@ -19,6 +19,8 @@ from typing import TypeVar
 import psutil
 import pytest
 
+from launcher.agent.protocol import Frame, FrameReader
+
 T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "integration" / "scripts"
 REPO = Path(__file__).resolve().parents[1]
@@ -195,6 +197,17 @@ def read_terminal(fd: int) -> bytes:
         if not chunk:
             return output
         output += chunk
+
+
+def read_frames_until(proc: subprocess.Popen[bytes], reader: FrameReader, kind: int) -> list[Frame]:
+    """An agent's frames (read from its stdout through `reader`) until one of `kind` has come."""
+    assert proc.stdout is not None
+    frames: list[Frame] = []
+    while not any(f.kind == kind for f in frames):
+        data = os.read(proc.stdout.fileno(), 65536)
+        assert data, f"agent closed its output early; stderr: {proc.stderr.read() if proc.stderr else ''!r}"
+        frames.extend(reader.feed(data))
+    return frames
 
 
 def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -21,7 +20,6 @@ from launcher.agent.protocol import (
     START,
     VERSION,
     Facts,
-    Frame,
     FrameReader,
     Hello,
     ProbeRequest,
@@ -32,17 +30,7 @@ from launcher.agent.protocol import (
     encode,
     encode_message,
 )
-from tests.support import start_shipped_agent
-
-
-def _read_until(proc: subprocess.Popen[bytes], reader: FrameReader, kind: int) -> list[Frame]:
-    assert proc.stdout is not None
-    frames: list[Frame] = []
-    while not any(f.kind == kind for f in frames):
-        data = os.read(proc.stdout.fileno(), 65536)
-        assert data, f"agent closed its output early; stderr: {proc.stderr.read() if proc.stderr else ''!r}"
-        frames.extend(reader.feed(data))
-    return frames
+from tests.support import read_frames_until, start_shipped_agent
 
 
 def _agent(**env: str) -> tuple[subprocess.Popen[bytes], FrameReader]:
@@ -56,7 +44,7 @@ def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() 
     # A request of a kind this agent does not know (a newer launcher's) is ignored.
     proc.stdin.write(encode(99, agent=7) + encode_message(PROBE, ProbeRequest(ports=2, cwd="/"), agent=7))
     proc.stdin.flush()
-    frames = _read_until(proc, reader, FACTS)
+    frames = read_frames_until(proc, reader, FACTS)
     assert decode_message(Hello, frames[0].payload) == Hello(VERSION, proc.pid) and frames[0].kind == HELLO
     assert frames[-1].agent == 7  # the agent answers with the id the launcher gave it
     facts = decode_message(Facts, frames[-1].payload)
@@ -66,7 +54,7 @@ def test_shipped_agent_answers_probes_and_runs_two_attempts_then_exits_at_eof() 
         spec = StartRequest("/", 1.0, [RankSpec(0, [sys.executable, "-c", script], {})])
         proc.stdin.write(encode_message(START, spec))
         proc.stdin.flush()
-        frames = _read_until(proc, reader, DONE)
+        frames = read_frames_until(proc, reader, DONE)
         assert (OUT, 0, 0, f"attempt {attempt}\n".encode()) in frames
         exits = [decode_message(RankExited, f.payload) for f in frames if f.kind == EXIT]
         assert [e.returncode for e in exits] == [code]
@@ -86,7 +74,7 @@ def test_start_request_env_replaces_leftovers_and_is_shared_by_ranks() -> None:
     spec = StartRequest("/", 1.0, ranks, env={"SHARED": "yes"}, unset_prefixes=["TORCHELASTIC_"])
     proc.stdin.write(encode_message(START, spec))
     proc.stdin.flush()
-    frames = _read_until(proc, reader, DONE)
+    frames = read_frames_until(proc, reader, DONE)
     seen = {f.rank: json.loads(f.payload) for f in frames if f.kind == OUT}
     assert seen == {
         r: {"TORCHELASTIC_USE_AGENT_STORE": None, "KEEP": "host", "SHARED": "yes", "OWN": str(r)}
@@ -105,7 +93,7 @@ def test_check_probe_reports_versions_disk_clock_and_tcp(tmp_path: Path) -> None
     )
     proc.stdin.write(encode_message(PROBE, request))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
+    facts = decode_message(Facts, read_frames_until(proc, reader, FACTS)[-1].payload)
     assert facts.python_version == ".".join(map(str, sys.version_info[:3]))
     assert facts.disk_free and facts.disk_free > 0
     assert before <= facts.time <= time.time()
@@ -118,12 +106,12 @@ def test_check_probe_reports_versions_disk_clock_and_tcp(tmp_path: Path) -> None
     )
     proc.stdin.write(encode_message(PROBE, request))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
+    facts = decode_message(Facts, read_frames_until(proc, reader, FACTS)[-1].payload)
     assert facts.tcp_error == ""
     closed = ProbeRequest(ports=0, cwd="/", connect_to="127.0.0.1", connect_port=1, check=True)
     proc.stdin.write(encode_message(PROBE, closed))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
+    facts = decode_message(Facts, read_frames_until(proc, reader, FACTS)[-1].payload)
     assert facts.tcp_error == "Connection refused"
     proc.stdin.close()
     assert proc.wait(timeout=30) == 0
@@ -137,7 +125,7 @@ def test_agent_that_stops_hearing_the_launcher_stops_its_ranks_and_says_why(tmp_
     assert proc.stdin is not None and proc.stderr is not None
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=1, cwd="/", heartbeat=0.2, dead_after=1.5)))
     proc.stdin.flush()
-    _read_until(proc, reader, FACTS)
+    read_frames_until(proc, reader, FACTS)
     pid_file = tmp_path / "rank.pid"
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
     proc.stdin.write(

@@ -22,8 +22,7 @@ from launcher.agent.protocol import (
     decode_message,
     encode_message,
 )
-from tests.integration.test_agent import _read_until
-from tests.support import start_shipped_agent
+from tests.support import read_frames_until, start_shipped_agent
 
 AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
 
@@ -34,7 +33,7 @@ def test_ranks_run_on_their_cpus_and_an_impossible_set_fails_to_start_clearly() 
     reader = FrameReader(after_magic=True)
     proc.stdin.write(encode_message(PROBE, ProbeRequest(ports=0, cwd="/")))
     proc.stdin.flush()
-    facts = decode_message(Facts, _read_until(proc, reader, FACTS)[-1].payload)
+    facts = decode_message(Facts, read_frames_until(proc, reader, FACTS)[-1].payload)
     allowed = sorted(os.sched_getaffinity(0))
     assert facts.devices["cores"] == allowed
     last = allowed[-1]
@@ -45,7 +44,7 @@ def test_ranks_run_on_their_cpus_and_an_impossible_set_fails_to_start_clearly() 
     ]
     proc.stdin.write(encode_message(START, StartRequest("/", 1.0, ranks)))
     proc.stdin.flush()
-    frames = _read_until(proc, reader, DONE)
+    frames = read_frames_until(proc, reader, DONE)
     assert (OUT, 0, 0, f"[{last}]\n".encode()) in frames
     assert (OUT, 0, 1, f"{allowed}\n".encode()) in frames  # no cpus: left as the agent is
     errors = [f.payload.decode() for f in frames if f.kind == ERR and f.rank == 2]

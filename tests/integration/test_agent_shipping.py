@@ -22,7 +22,6 @@ from launcher.agent.protocol import (
     START,
     VERSION,
     Facts,
-    Frame,
     FrameReader,
     ProbeRequest,
     RankExited,
@@ -33,7 +32,7 @@ from launcher.agent.protocol import (
 )
 from launcher.backends import bootstrap
 from launcher.backends.bootstrap import TOO_OLD, bootstrap_args, shipped_modules, shipped_sources
-from tests.support import start_shipped_agent
+from tests.support import read_frames_until, start_shipped_agent
 
 # Sorts first in the folder, yet must run after the protocol module it imports.
 ADDED = """
@@ -100,17 +99,6 @@ def test_a_module_added_to_the_folder_is_shipped_and_runs(
     assert ran.stdout.decode().split() == [str(VERSION), *sorted(["launcher.agent", *shipped])]
 
 
-def _frames_until(proc: subprocess.Popen[bytes], kind: int) -> list[Frame]:
-    assert proc.stdout is not None
-    reader = FrameReader(after_magic=True)
-    frames: list[Frame] = []
-    while not any(f.kind == kind for f in frames):
-        data = os.read(proc.stdout.fileno(), 65536)
-        assert data, proc.stderr.read().decode() if proc.stderr else ""
-        frames.extend(reader.feed(data))
-    return frames
-
-
 def test_the_shipped_agent_runs_on_the_oldest_python_hosts_need(tmp_path: Path) -> None:
     """A probe with every question (check, software) and one rank's start, on that interpreter."""
     python = installed_python(OLDEST_PYTHON)
@@ -123,7 +111,7 @@ def test_the_shipped_agent_runs_on_the_oldest_python_hosts_need(tmp_path: Path) 
     proc.stdin.write(encode_message(PROBE, probe, agent=1))
     proc.stdin.write(encode_message(START, StartRequest(cwd="/", grace=1.0, ranks=[rank]), agent=1))
     proc.stdin.flush()
-    frames = _frames_until(proc, DONE)
+    frames = read_frames_until(proc, FrameReader(after_magic=True), DONE)
     proc.stdin.close()
     assert proc.wait(timeout=60) == 0
     facts = decode_message(Facts, next(f.payload for f in frames if f.kind == FACTS))
