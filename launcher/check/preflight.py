@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from launcher.check.perf import PerfResult, measure
 from launcher.core.config import LaunchConfig
 from launcher.core.plan import Plan, build_plan, plural
-from launcher.errors import HostError
+from launcher.errors import DeadlineReached, HostError
 from launcher.job.node import Node, close_all
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,14 @@ class PreflightFailed(HostError):
         self.perf = perf
 
 
+class PreflightTimedOut(DeadlineReached):
+    """The job's --timeout ran out during the preflight (exit 124); `perf` as in PreflightFailed."""
+
+    def __init__(self, message: str, perf: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.perf = perf
+
+
 def _say(lines: Sequence[str]) -> None:
     for line in lines:
         sys.stderr.write(f"distrun: preflight: {line}\n")
@@ -33,12 +42,17 @@ def _say(lines: Sequence[str]) -> None:
 
 
 def preflight(
-    config: LaunchConfig, plan: Plan, nodes: Sequence[Node], wake_fd: int
+    config: LaunchConfig, plan: Plan, nodes: Sequence[Node], wake_fd: int, started: float
 ) -> tuple[Plan, list[Node], dict[str, Any]]:
     """The plan and nodes to start on, and the report's `perf` object. PreflightFailed when a fixed-size job
-    has a named host, or an elastic one would fall below --min-np; the hosts left out are closed."""
+    has a named host, or an elastic one would fall below --min-np; the hosts left out are closed.
+    DeadlineReached when the job's --timeout, counted from `started` (time.monotonic()), ran out meanwhile:
+    the hosts the measurement could not finish are the timeout's doing, not theirs."""
     result: PerfResult = measure(nodes, config, wake_fd)
     record = result.record()
+    if config.timeout is not None and time.monotonic() - started >= config.timeout:
+        close_all(nodes)
+        raise PreflightTimedOut("--timeout expired during --preflight; nothing was started", record)
     named = result.named
     lines = [o.line() for o in result.outliers] + [
         f"{p.host}: {p.what}; fix: {p.fix}" for p in result.problems

@@ -117,11 +117,12 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             nodes = connect(plan.nodes, config, hook, control=watch.control)
         watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
+            started = time.monotonic()  # --timeout counts the preflight too
             if config.preflight:
                 from launcher.check.preflight import preflight
 
-                plan, nodes, perf = preflight(config, plan, nodes, wake_fd)
-            job = Job(config, relay, wake_fd, nodes, workdir, watch=watch)
+                plan, nodes, perf = preflight(config, plan, nodes, wake_fd, started)
+            job = Job(config, relay, wake_fd, nodes, workdir, watch=watch, started=started)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)
@@ -184,7 +185,9 @@ class Job:
         workdir: Workdir | None = None,
         *,
         watch: JobWatch | None = None,
+        started: float | None = None,
     ) -> None:
+        """`started`: when the job's --timeout began (time.monotonic(); default now)."""
         self.config = config
         self.workdir = workdir
         # --workdir: each host's copy (this attempt's), and every sync's, for --report.
@@ -203,7 +206,7 @@ class Job:
         self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
         self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
         self.heartbeat = Heartbeat(nodes, self.check_every)
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
         self.deadline = self.started + config.timeout if config.timeout else None
         # Every phase that waits on the hosts runs on this one loop: signals, the deadline, liveness and

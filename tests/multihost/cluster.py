@@ -17,6 +17,10 @@ Layout (X is picked per cluster so that concurrent clusters never share a subnet
   the bridge) with 198.18.X.(10+I), ``lo`` up and a default route via the bridge. A policy-routing rule in
   the root namespace makes anything arriving from the bridge and not addressed to this machine unreachable,
   so that even with ``ip_forward=1`` no test traffic can leave the machine.
+* every host's ``eth0`` has a fixed MAC address, and every host knows every other's (permanent neighbour
+  entries): when 32 hosts on one kernel's bridge all ARP for their peers at once (a torch.distributed group
+  forming), the flood of broadcasts lost SYNs for 35 s and more, which no real switch does; the bridge's
+  address is still resolved by ARP.
 * ``/etc/netns/<ns>/hosts`` maps every ``hI`` (and ``launcher``, the bridge address) to its test address and
   ``/etc/netns/<ns>/resolv.conf`` has no nameserver and ``nsswitch.conf`` only ``hosts: files``, so name
   lookups inside the hosts never use DNS. ``ip netns exec`` bind-mounts these over /etc, and every process
@@ -189,6 +193,12 @@ def _files_only_nsswitch() -> str:
         lines = []
     kept = [line for line in lines if not line.strip().startswith("hosts:")]
     return "\n".join([*kept, "hosts:          files", ""])
+
+
+def _mac(addr: str) -> str:
+    """A host's MAC address, from its IPv4 address: locally administered, unique on its bridge."""
+    octets = [int(part) for part in addr.split(".")]
+    return "02:00:" + ":".join(f"{octet:02x}" for octet in octets)
 
 
 def _ip_batch(commands: Iterable[str], netns: str | None = None, *, force: bool = False) -> None:
@@ -770,7 +780,7 @@ class Cluster:
         for h in self._hosts.values():
             cmds += [
                 f"netns add {h.netns}",
-                f"link add {h.veth} type veth peer name eth0 netns {h.netns}",
+                f"link add {h.veth} type veth peer name eth0 address {_mac(h.addr)} netns {h.netns}",
                 f"link set {h.veth} master {bridge}",
                 f"link set {h.veth} up",
             ]
@@ -783,6 +793,11 @@ class Cluster:
                     f"addr add {h.addr}/{self.prefix_len} dev eth0",
                     "link set eth0 up",
                     f"route add default via {self.bridge_addr}",
+                    *(
+                        f"neigh replace {peer.addr} lladdr {_mac(peer.addr)} dev eth0 nud permanent"
+                        for peer in self._hosts.values()
+                        if peer is not h
+                    ),
                 ],
                 netns=h.netns,
             )

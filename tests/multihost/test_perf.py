@@ -227,3 +227,63 @@ def test_ctrl_c_during_the_measurement_stops_every_host(make_cluster: Callable[.
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
     assert cluster.wait_clean() == {}
+
+
+def _stopped_measurement(cluster: Cluster, host: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run distrun with `args`, and SIGSTOP `host`'s measurement process as soon as it exists: it never gets
+    past torch's import, so only --timeout can end the measurement. Nothing is left running afterwards."""
+    proc = subprocess.Popen(
+        distrun_argv(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cluster.env(PYTHONPATH=str(REPO)),
+        cwd=REPO,
+    )
+    with never_left_running(proc):
+
+        def stopped() -> bool:
+            for each in cluster.processes(host):
+                with contextlib.suppress(psutil.Error):
+                    if "DISTRUN-PERF-RESULT" in " ".join(each.cmdline()):
+                        each.send_signal(signal.SIGSTOP)
+                        return True
+            return False
+
+        wait_until(stopped, timeout=120, every=0.01, what=f"{host}'s measurement process")
+        out, err = proc.communicate(timeout=300)
+    assert cluster.wait_clean() == {}
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(), err.decode())
+
+
+def test_timeout_bounds_check_perf_and_names_the_host_that_held_it_up(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(3)
+    result = _stopped_measurement(
+        cluster, "h2", "check", "--perf", "--timeout", "20", "-H", ",".join(cluster.hosts)
+    )
+    assert result.returncode == 3, result.stdout + result.stderr
+    problems = [line for line in result.stdout.splitlines() if " in time" in line]
+    assert [line.split(":", 1)[0] for line in problems] == ["h2"], result.stdout
+    assert "perf: 1 named (h2)" in result.stdout.splitlines()[-1], result.stdout
+
+
+def test_timeout_counts_the_preflight(make_cluster: Callable[..., Cluster]) -> None:
+    """--timeout bounds the whole job, its preflight included: a preflight that outlasts it ends the job
+    with 124 and nothing started, not a job with a fresh --timeout of its own."""
+    cluster = make_cluster(3)
+    result = _stopped_measurement(
+        cluster,
+        "h2",
+        "--preflight",
+        "--timeout",
+        "20",
+        "-H",
+        ",".join(cluster.hosts),
+        "python3",
+        "-c",
+        RANK_SCRIPT,
+    )
+    assert result.returncode == 124, result.stdout + result.stderr
+    assert "--timeout expired during --preflight; nothing was started" in result.stderr
+    assert "rank" not in result.stdout
