@@ -4,13 +4,16 @@
 
 Needs root, iproute2 and openssh-server (it builds the simulated cluster of tests/multihost/cluster.py). Per
 host count it reports the wall time of the whole command (SSH, the ordinary check, the measurement: torch's
-import on every host, the rounds, the all-reduce, re-tests if any), the time the measurement itself reports,
-its rounds, and whom it named (nobody, on a healthy cluster). `--slow-link` shapes h2's cable to 20 Mbit/s,
-as the worst case for the rounds (every transfer with h2 takes ~1.7 s each way, and h2 is re-tested).
+import on every host, the rounds, the all-reduce, re-tests if any), that of the ordinary `distrun check`
+alone on the same hosts just before, the time the measurement itself reports and how much of it was torch's
+import and the group's start (`startup_s`), its rounds, and whom it named (nobody, on a healthy cluster).
+`--slow-link` shapes h2's cable to 20 Mbit/s, as the worst case for the rounds (every transfer with h2 takes
+~1.7 s each way, and h2 is re-tested).
 
-Every simulated host runs on this one machine: torch is imported by every host's measurement process at once
-on the same cores, which a real cluster's hosts do side by side, so the wall time here grows with the host
-count for reasons no real cluster shows; the compute figures are those of shared cores.
+Every simulated host runs on this one machine: torch is imported by every host at once on the same cores
+(twice: by the ordinary check's probe and by the measurement process), which a real cluster's hosts do side
+by side, so the wall time here grows with the host count for reasons no real cluster shows; the compute
+figures are those of shared cores.
 """
 
 from __future__ import annotations
@@ -35,12 +38,22 @@ def one(hosts: int, slow_link: bool) -> dict[str, object]:
         if slow_link:
             cluster.shape_link("h2", "20mbit")
         report = Path(tmp) / "perf.json"
-        argv = distrun("check", "--perf", "-H", ",".join(cluster.hosts), "--report", report)
-        started = time.monotonic()
-        result = subprocess.run(
-            argv, capture_output=True, text=True, env=cluster.env(PYTHONPATH=str(REPO)), cwd=REPO, timeout=600
-        )
-        wall = time.monotonic() - started
+
+        def timed(*args: object) -> tuple[subprocess.CompletedProcess[str], float]:
+            started = time.monotonic()
+            result = subprocess.run(
+                distrun(*args, "-H", ",".join(cluster.hosts)),
+                capture_output=True,
+                text=True,
+                env=cluster.env(PYTHONPATH=str(REPO)),
+                cwd=REPO,
+                timeout=600,
+            )
+            return result, time.monotonic() - started
+
+        # The ordinary check alone first, on the same hosts: what --perf adds is the difference.
+        _, check_wall = timed("check")
+        result, wall = timed("check", "--perf", "--report", report)
         if not report.exists():
             return {"hosts": hosts, "wall_s": round(wall, 1), "error": result.stderr.strip()[-300:]}
         perf = json.loads(report.read_text())["perf"]
@@ -50,6 +63,7 @@ def one(hosts: int, slow_link: bool) -> dict[str, object]:
             "hosts": hosts,
             "exit": result.returncode,
             "wall_s": round(wall, 1),
+            "check_alone_s": round(check_wall, 1),
             "measurement_s": perf["seconds"],
             "startup_s": perf["startup_s"],
             "rounds": perf["rounds"],
