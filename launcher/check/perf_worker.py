@@ -237,7 +237,9 @@ def main() -> None:
         result["compute_GFLOPs"] = max(passes)
     say(RESULT, json.dumps(result))
     dist.barrier(group=control)
-    dist.destroy_process_group()
+    # Every host has said its result (the barrier), so nobody's collective can fail now: exit at once. A
+    # clean shutdown of the group and of torch took 6 s at 32 simulated hosts, for nothing anyone reads.
+    os._exit(0)
 
 
 if __name__ == "__main__":
