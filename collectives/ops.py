@@ -19,8 +19,8 @@ from collectives.buckets import fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.context import _Context, _require
 from collectives.errors import ArgumentError, CollectivesError
-from collectives.negotiation import Call, Kind, dtype_code, negotiate, shape_digest
-from collectives.process_sets import ProcessSet, global_process_set, groups_of
+from collectives.negotiation import Agreement, Call, Kind, dtype_code, negotiate, shape_digest
+from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 
 __all__ = [
@@ -102,6 +102,20 @@ def _claim(name: str | None) -> None:
             f"an operation named {name!r} is in flight already: synchronize it before reusing the name"
         )
     _in_flight.add(name)
+
+
+def _agree(call: Call, groups: _Groups, *, claim: bool) -> Agreement:
+    """Agree on ``call`` with every rank of ``groups`` (:func:`negotiate`); ``claim``: an operation that
+    outlives this call (``_async``, grouped) holds its name until it is synchronized, and frees it again when
+    the ranks disagree."""
+    if claim:
+        _claim(call.name)
+    try:
+        return negotiate(call, groups)
+    except BaseException:
+        if claim:
+            _in_flight.discard(call.name or "")
+        raise
 
 
 def poll(handle: Handle[Any]) -> bool:
@@ -189,16 +203,11 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     """Reduce ``tensor`` in place; blocking skips a Work round trip through Python on the common path."""
     context = _require(what)
     groups = groups_of(process_set, what)
-    if not blocking:
-        _claim(name)
-    try:
-        negotiate(
-            Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
-            groups,
-        )
-    except BaseException:
-        _in_flight.discard(name or "")
-        raise
+    _agree(
+        Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
+        groups,
+        claim=not blocking,
+    )
     _scale(tensor, prescale)
     torch_op, divisor = _reduction(op, tensor, context, groups.size)
 
@@ -362,22 +371,18 @@ def _grouped_allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     targets = list(tensors)
     fused = fuse(targets) if targets else []
     device = targets[0].device.type if targets else "cpu"
-    _claim(name)
-    try:
-        negotiate(
-            Call(
-                Kind.GROUPED_ALLREDUCE,
-                name,
-                device=device,
-                op=op,
-                shape=fused_buffers_shape([flat for _, flat in fused]),
-                digest=shape_digest(targets),
-            ),
-            groups,
-        )
-    except BaseException:
-        _in_flight.discard(name or "")
-        raise
+    _agree(
+        Call(
+            Kind.GROUPED_ALLREDUCE,
+            name,
+            device=device,
+            op=op,
+            shape=fused_buffers_shape([flat for _, flat in fused]),
+            digest=shape_digest(targets),
+        ),
+        groups,
+        claim=True,
+    )
     works: list[dist.Work] = []
     divisors: list[int] = []
     for _, flat in fused:
@@ -578,24 +583,19 @@ def _allgather_start(
     _require(what)
     groups = groups_of(process_set, what)
     local = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach()
-    if not blocking:
-        _claim(name)
-    try:
-        # The rows carry each rank's first dimension, so the sizes cost no exchange of their own.
-        agreement = negotiate(
-            Call(
-                Kind.ALLGATHER,
-                name,
-                local.dtype,
-                local.device.type,
-                shape=tuple(local.shape[1:]),
-                free=(local.shape[0],),
-            ),
-            groups,
-        )
-    except BaseException:
-        _in_flight.discard(name or "")
-        raise
+    # The rows carry each rank's first dimension, so the sizes cost no exchange of their own.
+    agreement = _agree(
+        Call(
+            Kind.ALLGATHER,
+            name,
+            local.dtype,
+            local.device.type,
+            shape=tuple(local.shape[1:]),
+            free=(local.shape[0],),
+        ),
+        groups,
+        claim=not blocking,
+    )
     firsts = [agreement.free(i)[0] for i in range(groups.size)] if groups.size > 1 else [local.shape[0]]
     longest = max(firsts)
     trailing = tuple(local.shape[1:])
@@ -696,23 +696,18 @@ def _broadcast_start(  # noqa: PLR0917 (Horovod's signature)
     groups = groups_of(process_set, what)
     if root_rank not in groups.ranks:
         raise ArgumentError(f"{what}: root_rank {root_rank} is not a rank of {process_set!r}")
-    if not blocking:
-        _claim(name)
-    try:
-        negotiate(
-            Call(
-                Kind.BROADCAST,
-                name,
-                tensor.dtype,
-                tensor.device.type,
-                root=root_rank,
-                shape=tuple(tensor.shape),
-            ),
-            groups,
-        )
-    except BaseException:
-        _in_flight.discard(name or "")
-        raise
+    _agree(
+        Call(
+            Kind.BROADCAST,
+            name,
+            tensor.dtype,
+            tensor.device.type,
+            root=root_rank,
+            shape=tuple(tensor.shape),
+        ),
+        groups,
+        claim=not blocking,
+    )
     # The bytes of a type the backend lacks, in place when the tensor is contiguous.
     carried = tensor
     if tensor.dtype not in _CARRIED:
@@ -829,15 +824,11 @@ def _alltoall_start(  # noqa: PLR0917 (Horovod's signature)
     context = _require(what)
     groups = groups_of(process_set, what)
     send = _split_counts(tensor, splits, groups.size)
-    if not blocking:
-        _claim(name)
-    try:
-        negotiate(
-            Call(Kind.ALLTOALL, name, tensor.dtype, tensor.device.type, shape=tuple(tensor.shape[1:])), groups
-        )
-    except BaseException:
-        _in_flight.discard(name or "")
-        raise
+    _agree(
+        Call(Kind.ALLTOALL, name, tensor.dtype, tensor.device.type, shape=tuple(tensor.shape[1:])),
+        groups,
+        claim=not blocking,
+    )
     device = _comm_device(context)
     received_counts = torch.empty(groups.size, dtype=torch.int64, device=device)
     counts = torch.tensor(send, dtype=torch.int64, device=device)
@@ -932,16 +923,11 @@ def _reducescatter_start(  # noqa: PLR0917 (Horovod's signature)
     groups = groups_of(process_set, what)
     if tensor.dim() == 0:
         raise ArgumentError(f"{what} needs a tensor of at least one dimension")
-    if not blocking:
-        _claim(name)
-    try:
-        negotiate(
-            Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
-            groups,
-        )
-    except BaseException:
-        _in_flight.discard(name or "")
-        raise
+    _agree(
+        Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
+        groups,
+        claim=not blocking,
+    )
     world, me = groups.size, groups.index or 0
     rows = tensor.shape[0]
     base, extra = divmod(rows, world)

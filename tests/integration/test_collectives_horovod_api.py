@@ -73,6 +73,8 @@ def test_allreduce_arguments_as_horovod_takes_them(job: Job) -> None:
         assert api["poll_after_synchronize"] is True
         assert api["duplicate_name"]["error"] == "ArgumentError"
         assert "in flight" in api["duplicate_name"]["message"]
+        assert api["blocking_mismatch"]["mismatch"], api["blocking_mismatch"]
+        assert "in flight" in api["duplicate_name_after_mismatch"].get("message", ""), "the name stays held"
         torch.testing.assert_close(api["grouped"][0], total)
         torch.testing.assert_close(
             api["grouped"][1], torch.full((2,), float(sum(range(size))), dtype=torch.float64)

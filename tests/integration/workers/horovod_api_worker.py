@@ -60,6 +60,9 @@ def apis(rank: int, size: int) -> dict[str, Any]:
     out["allreduce_inplace_positional"] = inplace
     handle = hvd.allreduce_async(t, name="async.t", op=hvd.Sum)
     out["duplicate_name"] = outcome(lambda: hvd.allreduce_async(t, name="async.t"))
+    # A blocking call under the same name that the ranks disagree on leaves the async operation's name held.
+    out["blocking_mismatch"] = outcome(lambda: hvd.allreduce(torch.ones(rank + 1), name="async.t"))
+    out["duplicate_name_after_mismatch"] = outcome(lambda: hvd.allreduce_async(t, name="async.t"))
     out["async_result"] = hvd.synchronize(handle)
     out["poll_after_synchronize"] = hvd.poll(handle)
     out["grouped"] = hvd.grouped_allreduce([t, torch.ones(2, dtype=torch.float64) * rank], op=hvd.Sum)
