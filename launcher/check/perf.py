@@ -486,14 +486,14 @@ def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfRe
     found = [
         o for o in judge(figures_by_host, samples) if not (o.kind in COMPUTE_KINDS and o.host in cleared)
     ]
-    allreduce = next((r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), None)
     return PerfResult(
         hosts=tuple(figures_by_host),
         samples=tuple(samples),
         outliers=tuple(found),
         problems=tuple(dict.fromkeys(problems)),
+        # The slowest host's view: the all-reduce ends for everyone when it ends for the last one.
         allreduce_bps=min(
-            (r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), default=allreduce
+            (r["allreduce_Bps"] for r in results.values() if "allreduce_Bps" in r), default=None
         ),
         seconds=time.monotonic() - started,
         startup_s=runner.startup_s,
