@@ -6,20 +6,7 @@ which is a good part of distrun's start-up, until `launcher.cli.main` takes over
 
 from __future__ import annotations
 
-import contextlib
-import gc
-from collections.abc import Iterator
-
-
-@contextlib.contextmanager
-def without_gc() -> Iterator[None]:
-    """For distrun's own imports: they allocate tens of thousands of objects and free almost none, and the
-    collector's passes over them were ~5% of a no-op job's start-up."""
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+from launcher import without_gc
 
 
 def main() -> None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import signal
 
-from launcher.signals import signal_name
-
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
@@ -23,6 +21,14 @@ EXIT_HOST = 3
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_SIGINT = 130
+
+
+def signal_name(signum: int) -> str:
+    """`SIGTERM` for 15; `signal 40` for a number with no name (a real-time signal)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class DistrunError(Exception):

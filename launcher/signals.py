@@ -23,14 +23,6 @@ HANDLED_SIGNALS = (*STOP_SIGNALS, *FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIG
 D = TypeVar("D")
 
 
-def signal_name(signum: int) -> str:
-    """`SIGTERM` for 15; `signal 40` for a number with no name (a real-time signal)."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 @contextmanager
 def signal_pipe(signums: Sequence[int] = HANDLED_SIGNALS) -> Iterator[int]:
     """While active, the returned fd becomes readable with one byte per signal received."""

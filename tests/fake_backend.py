@@ -20,9 +20,9 @@ from launcher.backends.bootstrap import bootstrap_args, shipped_sources
 from launcher.backends.link import Link
 from launcher.backends.local import ProcessLink
 from launcher.backends.options import BackendOption
-from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host, parse_host_list
+from launcher.core.progress import ProgressFn
 from launcher.errors import UsageError
 
 HOSTS_VAR = "FAKE_HOSTS"

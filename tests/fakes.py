@@ -20,7 +20,7 @@ from launcher.agent.protocol import (
 from launcher.console.relay import LogOptions, LogRelay
 from launcher.core.hosts import Host
 from launcher.core.plan import Slot
-from launcher.job.node import HostAttempt, Node
+from launcher.runtime.node import HostAttempt, Node
 
 
 class FakeLink:

@@ -3,7 +3,7 @@
 A backend is one module holding a `BACKEND` object, found by name: in the `BACKENDS` table (this
 repository's), else through a `distrun.backends` entry point of an installed package (looked up only for a
 name the table lacks, so a launch never pays for scanning installed packages). `--launcher`, the launch
-(`launcher.job.node.connect`) and `distrun check` use only the `Backend` interface below. A backend brings
+(`launcher.runtime.node.connect`) and `distrun check` use only the `Backend` interface below. A backend brings
 its own options (`options`, `parse_options`) and may know where its hosts come from (`find_hosts`).
 
 To add one: subclass `Backend` in a new module, set `BACKEND = YourBackend()` there, and add its name and
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launcher.backends.options import BackendOption
-from launcher.console.progress import ProgressFn
 from launcher.core.hosts import Host
+from launcher.core.progress import ProgressFn
 from launcher.errors import HostError, UsageError
 
 if TYPE_CHECKING:
@@ -46,6 +46,19 @@ class FoundHosts:
 
     hosts: tuple[Host, ...]
     num_proc: int | None = None
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """How a backend's links are watched: a heartbeat every `interval` seconds, and a host silent for
+    `count` beats (`dead_after`) is lost."""
+
+    interval: float
+    count: int
+
+    @property
+    def dead_after(self) -> float:
+        return self.interval * self.count
 
 
 @dataclass(frozen=True)
@@ -114,6 +127,14 @@ class Backend:
         except HostError as err:
             return CheckedLink(None, error=str(err), error_kind="other")
         return CheckedLink(link, login_s=time.monotonic() - started, host_key=self.name)
+
+    def liveness(self, config: LaunchConfig) -> Liveness:
+        """The heartbeat pace of this backend's links. By default `--ssh-keepalive` and
+        `--ssh-keepalive-count`: the ssh backend declares them, and every backend's links obey them."""
+        from launcher.backends.ssh.options import ssh_options
+
+        options = ssh_options(config)
+        return Liveness(options.keepalive_interval, options.keepalive_count)
 
     def master_address(
         self, given: str | None, local: Sequence[bool], links: Sequence[Link | None]

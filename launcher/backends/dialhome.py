@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from launcher.agent.homing import GREETING, LINE_MAX, nonce, proof
 from launcher.agent.protocol import ORPHAN_GRACE_CAP, READ_SIZE
 from launcher.backends.link import opening
-from launcher.console.progress import Progress, ProgressFn, StallDeadline
+from launcher.core.progress import Progress, ProgressFn, StallDeadline
 from launcher.errors import HostError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from launcher.backends.link import opening
 from launcher.backends.window import Aborted, Window
-from launcher.console.progress import Progress, ProgressFn
+from launcher.core.progress import Progress, ProgressFn
 from launcher.errors import HostError
 
 log = logging.getLogger(__name__)

@@ -47,15 +47,14 @@ from launcher.check.pairing import Round, matchings, retests
 from launcher.check.verdict import Finding
 from launcher.core.command import interpreter
 from launcher.core.config import LaunchConfig
-from launcher.core.forward import job_env
 from launcher.core.hosts import Host
 from launcher.core.plan import PlanInputs, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.start_requests import start_requests
 from launcher.errors import HostError, Interrupted
-from launcher.job.loop import Loop, Phase
-from launcher.job.node import Node
-from launcher.job.supervise import probe
+from launcher.runtime.loop import Deadline, Loop, Phase
+from launcher.runtime.node import Node
+from launcher.runtime.probe import probe
 from launcher.signals import stopping
 
 log = logging.getLogger(__name__)
@@ -159,24 +158,23 @@ class _Host:
 class Measurement:
     """The passes over connected nodes: probe, start, watch, stop."""
 
-    def __init__(self, config: LaunchConfig, loop: Loop, deadline: float | None) -> None:
+    def __init__(self, config: LaunchConfig, job: Loop) -> None:
+        """`job`: the loop of the job (or of `distrun check`), whose --timeout bounds the measurement."""
         self.config = config
-        self.loop = loop
-        self.deadline = deadline
+        self.deadline = job.deadline
+        # The measurement's own loop, without the deadline: at --timeout the hosts still measuring are named
+        # (`on_deadline` of each pass), not the whole check ended by a DeadlineReached.
+        self.loop = Loop(job.wake_fd, check_every=job.check_every, control=job.control)
         self.cwd = os.getcwd()
-        self.env = job_env(
-            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
-        )
+        self.env = config.job_env(os.environ)
         self.source = WORKER.read_text(encoding="utf-8")
         self.run_id = os.urandom(6).hex()
         # Of the passes that succeeded: from START until the last host joined its group (torch's import).
         self.startup_s = 0.0
 
     def left(self) -> float:
-        limit = PASS_TIMEOUT
-        if self.deadline is not None:
-            limit = min(limit, self.deadline - time.monotonic())
-        return limit
+        left = self.deadline.left(time.monotonic())
+        return PASS_TIMEOUT if left is None else min(PASS_TIMEOUT, left)
 
     def run(
         self,
@@ -360,7 +358,7 @@ class Measuring(Phase[_Host]):
             raise Interrupted.from_signals(stops)
         super().on_signals(received, now)
 
-    def on_deadline(self, now: float) -> None:
+    def on_deadline(self, now: float, deadline: Deadline) -> None:
         """--timeout: the hosts still measuring are named as not measured in time, not a DeadlineReached."""
         self.until = min(self.until, now)
 
@@ -429,13 +427,12 @@ def _samples(nodes: Sequence[Node], results: dict[str, dict[str, Any]], retest: 
     return samples
 
 
-def measure(nodes: Sequence[Node], config: LaunchConfig, wake_fd: int) -> PerfResult:
+def measure(nodes: Sequence[Node], config: LaunchConfig, loop: Loop) -> PerfResult:
     """Measure every host of `nodes` (connected, agents up) and judge; HostError only for what is no one
-    host's fault. It waits on a loop of the job's kind (launcher.job.loop): signals, Ctrl-Z and `distrun
-    stacks` as in every other phase; --timeout names the hosts not measured in time instead of ending it."""
+    host's fault. It waits as the job's `loop` does: signals, Ctrl-Z and `distrun stacks` as in every other
+    phase; the loop's --timeout names the hosts not measured in time instead of ending it."""
     started = time.monotonic()
-    deadline = started + config.timeout if config.timeout else None
-    runner = Measurement(config, Loop(wake_fd, deadline=None, check_every=1.0), deadline)
+    runner = Measurement(config, loop)
     active = list(nodes)
     problems: list[Finding] = []
     results: dict[str, dict[str, Any]] = {}
@@ -543,13 +540,15 @@ def check_perf(config: LaunchConfig, hosts: Sequence[Host], color: bool) -> Perf
     """`distrun check --perf` over `hosts` (those that passed the check): connect, measure, print."""
     import click
 
-    from launcher.job.node import close_all, connect
+    from launcher.runtime.node import close_all, connect
     from launcher.signals import signal_pipe
 
     with signal_pipe() as wake_fd:
+        # --timeout counts from here: reaching the hosts again, then the measurement.
+        loop = Loop(wake_fd, deadline=Deadline(config.timeout, time.monotonic()), check_every=1.0)
         nodes = connect(hosts, config)
         try:
-            result = measure(nodes, config, wake_fd)
+            result = measure(nodes, config, loop)
         finally:
             close_all(nodes)
     for line in perf_lines(result, color):

@@ -14,7 +14,8 @@ from launcher.check.perf import PerfResult, measure
 from launcher.core.config import LaunchConfig
 from launcher.core.plan import Plan, build_plan, plural
 from launcher.errors import DeadlineReached, HostError
-from launcher.job.node import Node, close_all
+from launcher.runtime.loop import Loop
+from launcher.runtime.node import Node, close_all
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +43,15 @@ def _say(lines: Sequence[str]) -> None:
 
 
 def preflight(
-    config: LaunchConfig, plan: Plan, nodes: Sequence[Node], wake_fd: int, started: float
+    config: LaunchConfig, plan: Plan, nodes: Sequence[Node], loop: Loop
 ) -> tuple[Plan, list[Node], dict[str, Any]]:
     """The plan and nodes to start on, and the report's `perf` object. PreflightFailed when a fixed-size job
     has a named host, or an elastic one would fall below --min-np; the hosts left out are closed.
-    DeadlineReached when the job's --timeout, counted from `started` (time.monotonic()), ran out meanwhile:
-    the hosts the measurement could not finish are the timeout's doing, not theirs."""
-    result: PerfResult = measure(nodes, config, wake_fd)
+    PreflightTimedOut when the job's --timeout (its `loop`'s deadline) ran out meanwhile: the hosts the
+    measurement could not finish are the timeout's doing, not theirs."""
+    result: PerfResult = measure(nodes, config, loop)
     record = result.record()
-    if config.timeout is not None and time.monotonic() - started >= config.timeout:
+    if loop.deadline.passed(time.monotonic()):
         close_all(nodes)
         raise PreflightTimedOut("--timeout expired during --preflight; nothing was started", record)
     named = result.named

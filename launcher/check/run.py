@@ -33,16 +33,17 @@ from launcher.check.verdict import (
     verdict,
     workdir_line,
 )
-from launcher.console.progress import Progress, ProgressFn, progress_line
+from launcher.console.progress import progress_line
 from launcher.console.writer import use_color
 from launcher.core.command import interpreter
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
 from launcher.core.plan import build_plan
+from launcher.core.progress import Progress, ProgressFn
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import EXIT_HOST, EXIT_OK, HostError
-from launcher.job.node import Node, close_all
-from launcher.job.supervise import probe
+from launcher.runtime.node import Node, close_all
+from launcher.runtime.probe import probe
 from launcher.signals import signal_pipe
 from launcher.workdir.files import scan
 

@@ -14,7 +14,7 @@ from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import Placement, RankDevices, assumed_hosts, describe, place_ranks
 from launcher.core.env import join_host_port, redact
-from launcher.core.forward import dropped_here, job_env
+from launcher.core.forward import dropped_here
 from launcher.core.plan import Plan, build_plan, plural
 from launcher.core.rendezvous import Rendezvous
 from launcher.core.start_requests import start_requests
@@ -37,7 +37,7 @@ def format_dry_run(config: LaunchConfig, environ: Mapping[str, str]) -> str:
         ),
         tf_ports=tuple(tuple(s.rank for s in plan.node_slots(n)) for n in range(plan.node_count)),
     )
-    jenv = job_env(environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports)
+    jenv = config.job_env(environ)
     placed, placement_lines = _dry_run_placement(plan, config.placement)
     requests = start_requests(
         config, plan, rdzv, jenv, local=local, facts=[None] * plan.node_count,

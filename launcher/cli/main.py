@@ -22,8 +22,7 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from collectives.placement import OWN_GPUS_VAR
-from launcher import __version__, release_start_guard
+from launcher import __version__, release_start_guard, without_gc
 from launcher.backends import api as backend
 from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
@@ -34,12 +33,11 @@ from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
 from launcher.core.devices import Placement
-from launcher.core.env import CONTRACT_NAMES, parse_exports, parse_rank_filter
+from launcher.core.env import CONTRACT_NAMES, OWN_GPUS_VAR, parse_exports, parse_rank_filter
 from launcher.core.forward import parse_env_file
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 from launcher.core.plan import PlanInputs, build_plan, implicit_localhost, plural
 from launcher.core.scrub import SCRUBBER
-from launcher.entry import without_gc
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, HostError, Interrupted, UsageError
 from launcher.report.file import ReportPathError, check_room
 
@@ -616,7 +614,7 @@ def ssh_setup_cli(**options: Any) -> int:
 def stacks_cli(pid: int | None, wait: float) -> int:
     """Show every rank's stacks of your running distrun job (PID: which one, when several run), grouped:
     ranks with the same stacks together, the fewest first, and a verdict. The job goes on untouched."""
-    from launcher.diagnose.control import ask_stacks
+    from launcher.runtime.control import ask_stacks
 
     click.echo(ask_stacks(pid, _seconds(wait, "--wait")), nl=False)
     return EXIT_OK

@@ -11,31 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TextIO
 
+from launcher.core.progress import Progress
+
 ERASE_LINE = "\r\x1b[K"
-
-
-@dataclass(frozen=True)
-class Progress:
-    """One phase of a fan-out: `done` hosts finished it, `failed` gave up, out of `total`; `host`: the one
-    whose result this update reports, if any."""
-
-    phase: str
-    total: int
-    done: int = 0
-    failed: int = 0
-    host: str | None = field(default=None, compare=False)
-
-    def __str__(self) -> str:
-        text = f"{self.phase} {self.done}/{self.total} hosts"
-        return f"{text}, {self.failed} failed" if self.failed else text
-
-
-ProgressFn = Callable[[Progress], None]
 
 
 def _is_tty(stream: TextIO) -> bool:
@@ -118,22 +100,3 @@ def progress_line(stream: TextIO) -> Iterator[ProgressLine]:
         for handler in handlers:
             handler.removeFilter(guard)
         line.clear()
-
-
-class StallDeadline:
-    """A deadline that follows progress: it passes only when nothing progressed for `stall` seconds.
-
-    A fixed timeout either fails large fan-outs that are merely slow (hundreds of agents starting on busy
-    hosts) or waits far too long for a dead host in a small one; this one keeps going while results keep
-    arriving and names a silent host `stall` seconds after the last sign of progress.
-    """
-
-    def __init__(self, stall: float, now: float) -> None:
-        self.stall = stall
-        self.at = now + stall
-
-    def progressed(self, now: float) -> None:
-        self.at = now + self.stall
-
-    def remaining(self, now: float) -> float:
-        return self.at - now

@@ -20,14 +20,17 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from launcher.agent.protocol import write_all
 from launcher.console.redraws import RedrawDisplay, RedrawLines, StatusArea
-from launcher.console.writer import Console, same_terminal
+from launcher.console.writer import Console, same_terminal, use_color
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import UsageError
+
+if TYPE_CHECKING:
+    from launcher.core.config import LaunchConfig
 
 Stream = Literal["stdout", "stderr"]
 log = logging.getLogger(__name__)
@@ -192,6 +195,17 @@ class LogOptions:
     console_ranks: frozenset[int] | None = None
     output_dir: Path | None = None
     progress_interval: float = 5.0
+
+    @classmethod
+    def of(cls, config: LaunchConfig) -> LogOptions:
+        return cls(
+            prefix=config.prefix,
+            timestamp=config.timestamp,
+            color=use_color(config.color),
+            console_ranks=config.console_ranks,
+            output_dir=config.output_dir,
+            progress_interval=config.progress_interval,
+        )
 
 
 class LogRelay:

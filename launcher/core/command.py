@@ -26,3 +26,8 @@ def resolve_command(command: Sequence[str], python: str) -> tuple[str, ...]:
     if command[0].endswith(".py"):
         return (python, *command)
     return tuple(command)
+
+
+def script_of(command: Sequence[str]) -> str | None:
+    """The script file a `.py` command runs, checked on every host before anything starts."""
+    return command[0] if command and command[0].endswith(".py") else None

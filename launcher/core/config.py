@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from launcher.core.devices import Placement
+from launcher.core.forward import JobEnv, job_env
 from launcher.core.hosts import Host
 from launcher.core.plan import PlanInputs
-
-if TYPE_CHECKING:
-    from launcher.backends.ssh.options import SshOptions
 
 PrefixMode = Literal["rank", "host", "none"]
 
@@ -87,13 +85,10 @@ class LaunchConfig:
     def placement(self) -> Placement:
         return Placement(self.gpus_per_rank, self.bind_cores, self.numa_binding)
 
-    @property
-    def ssh(self) -> SshOptions:
-        """The ssh backend's options, also read outside it: its keepalive paces every backend's heartbeats."""
-        from launcher.backends.ssh.options import SshOptions
-
-        options = self.backend_options.get("ssh")
-        return options if isinstance(options, SshOptions) else SshOptions()
+    def job_env(self, environ: Mapping[str, str]) -> JobEnv:
+        """What every rank starts from beneath the contract: this shell's environment as forwarded, the
+        env-files, `-x`; the same for every attempt."""
+        return job_env(environ, forward=self.forward_env, env_file=self.env_file, exports=self.exports)
 
     @property
     def plan_inputs(self) -> PlanInputs:

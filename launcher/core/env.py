@@ -34,6 +34,10 @@ OWNED_NAMES = frozenset(
         "TF_CONFIG",
     }
 )
+# How many GPUs the launcher gave a rank of its own (--gpus-per-rank). The worker library reads it under the
+# same name (collectives.placement.OWN_GPUS_VAR, a copy: the launcher never imports the worker library, and
+# tests/unit/test_env.py holds the two equal).
+OWN_GPUS_VAR = "DISTRUN_OWN_GPUS"
 # Only the TORCHELASTIC_*/DISTRUN_* names distrun sets: others (torchrun's TORCHELASTIC_USE_AGENT_STORE) are
 # leftovers that distrun drops (launcher/core/forward.py) and that `-x` may set on purpose.
 CONTRACT_NAMES = frozenset(
@@ -210,8 +214,6 @@ def rank_env(
     }
     if devices is not None and devices.gpus is not None:
         # The rank's own devices, whatever the host or -x said: those only chose which devices to hand out.
-        from collectives.placement import OWN_GPUS_VAR  # only --gpus-per-rank jobs load the worker library
-
         contract["CUDA_VISIBLE_DEVICES"] = ",".join(devices.gpus)
         contract[OWN_GPUS_VAR] = str(len(devices.gpus))
     return contract, defaults

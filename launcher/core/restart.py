@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from launcher.core.config import RestartOptions
 from launcher.core.hosts import Host
 from launcher.core.plan import plural
-from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
-from launcher.report.summary import describe_exit
+from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut, describe_exit
 
 # A host whose ranks fail this many attempts in a row is left out, as a lost one is.
 FAILURES_TO_EXCLUDE = 2

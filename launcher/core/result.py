@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_TIMEOUT
-from launcher.signals import signal_name
+from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_TIMEOUT, signal_name
 
 
 @dataclass(frozen=True)
@@ -85,3 +84,9 @@ class TimedOut:
 
 
 Outcome = Succeeded | RankFailed | HostLost | Signalled | TimedOut
+
+
+def describe_exit(ended: RankExit) -> str:
+    if ended.returncode < 0:
+        return f"was killed by {signal_name(-ended.returncode)} (exit code {ended.exit_code})"
+    return f"exited with code {ended.returncode}"

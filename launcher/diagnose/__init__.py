@@ -1,1 +1,1 @@
-"""Seeing inside a running job: call stacks, stragglers, the control socket."""
+"""Seeing inside a running job: call stacks and stragglers."""

@@ -19,12 +19,13 @@ from launcher.agent.protocol import STACKS, StackReply, StacksRequest
 from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
-from launcher.diagnose.control import ControlError, ControlServer, answer, answer_busy
+from launcher.core.timeline import Timeline, slowest
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
-from launcher.job.node import HostAttempt
-from launcher.report.timeline import Timeline, slowest
+from launcher.runtime.control import ControlError, ControlServer, answer, answer_busy
+from launcher.runtime.node import HostAttempt
 
 if TYPE_CHECKING:  # stack dumps load at the first gathering, not on every job's start-up
+    from launcher.core.config import LaunchConfig
     from launcher.diagnose.stacks import RankStacks, StackDump
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,15 @@ class WatchOptions:
     stall_timeout: float | None = None
     straggler_window: float = 60.0
     output_dir: Path | None = None
+
+    @classmethod
+    def of(cls, config: LaunchConfig) -> WatchOptions:
+        return cls(
+            tool=config.stack_tool,
+            stall_timeout=config.stall_timeout,
+            straggler_window=config.straggler_window,
+            output_dir=config.output_dir,
+        )
 
 
 @dataclass

@@ -1,1 +1,1 @@
-"""Running a job: the attempt loop, the agents' nodes, and the one loop that waits on them."""
+"""Running a job: the attempt loop (`Job`), the running attempt (`Supervisor`), the phases in between."""

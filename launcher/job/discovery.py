@@ -18,8 +18,8 @@ from typing import Any
 
 from launcher.core.hosts import Host, parse_host_entry
 from launcher.errors import UsageError
-from launcher.job.node import Node
 from launcher.job.pause import BetweenAttempts
+from launcher.runtime.node import Node
 
 TIMEOUT = 30.0
 
@@ -92,10 +92,8 @@ class Discovering(BetweenAttempts):
     exited, `error` when it failed or overran `timeout`; or the job's `outcome` (a signal, --timeout), which
     stops it at once."""
 
-    def __init__(
-        self, script: Path, timeout: float, nodes: Sequence[Node], dead_after: float, job_timeout: float
-    ) -> None:
-        super().__init__(nodes, dead_after, job_timeout)
+    def __init__(self, script: Path, timeout: float, nodes: Sequence[Node], dead_after: float) -> None:
+        super().__init__(nodes, dead_after)
         self.script = script
         self.limit = timeout
         self.end = time.monotonic() + timeout

@@ -8,9 +8,9 @@ import logging
 import time
 from collections.abc import Sequence
 
-from launcher.core.result import Outcome, Signalled, TimedOut
-from launcher.job.loop import Phase
-from launcher.job.node import Node
+from launcher.core.result import Outcome, Signalled
+from launcher.runtime.loop import Deadline, Phase
+from launcher.runtime.node import Node
 from launcher.signals import stopping
 
 log = logging.getLogger(__name__)
@@ -20,9 +20,8 @@ class BetweenAttempts(Phase[Node]):
     """What every phase between attempts shares: no rank runs, so a stopping signal or --timeout becomes the
     job's `outcome` (nothing to stop), and a lost host is only dropped."""
 
-    def __init__(self, nodes: Sequence[Node], dead_after: float, timeout: float) -> None:
+    def __init__(self, nodes: Sequence[Node], dead_after: float) -> None:
         super().__init__([(node, node) for node in nodes if not node.lost], dead_after)
-        self.timeout = timeout
         self.outcome: Outcome | None = None  # what ended the job meanwhile
 
     def listening(self, context: Node) -> bool:
@@ -35,8 +34,8 @@ class BetweenAttempts(Phase[Node]):
         for signum in received:
             self.on_signal(signum, now)
 
-    def on_deadline(self, now: float) -> None:
-        self.outcome = TimedOut(self.timeout)
+    def on_deadline(self, now: float, deadline: Deadline) -> None:
+        self.outcome = deadline.outcome()
 
     def on_silent(self, context: Node, seconds: float, now: float) -> None:
         # No attempt runs to end: the next one reconnects the host, or counts it lost.
@@ -58,8 +57,8 @@ class BetweenAttempts(Phase[Node]):
 class Pause(BetweenAttempts):
     """--restart-delay."""
 
-    def __init__(self, nodes: Sequence[Node], seconds: float, dead_after: float, timeout: float) -> None:
-        super().__init__(nodes, dead_after, timeout)
+    def __init__(self, nodes: Sequence[Node], seconds: float, dead_after: float) -> None:
+        super().__init__(nodes, dead_after)
         self.end = time.monotonic() + seconds
 
     @property

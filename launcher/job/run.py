@@ -18,47 +18,45 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.agent.protocol import START, Facts, ProbeRequest
+from launcher.agent.protocol import START, Facts
 from launcher.backends import api as backend
 from launcher.backends.locality import refuse_one_machine_twice
 from launcher.console.progress import progress_line
 from launcher.console.relay import LogOptions, LogRelay
-from launcher.console.writer import use_color
-from launcher.core.command import interpreter
+from launcher.core.command import interpreter, script_of
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.core.forward import job_env
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, Slot, build_plan, plural
-from launcher.core.rendezvous import Rendezvous
+from launcher.core.rendezvous import Rendezvous, choose_rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
-from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut
+from launcher.core.result import HostLost, Outcome, RankFailed, Signalled
 from launcher.core.start_requests import start_requests
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
 from launcher.errors import (
     EXIT_INTERNAL,
     EXIT_SIGINT,
-    CommandNotFound,
     DeadlineReached,
     DistrunError,
     HostError,
     Interrupted,
 )
 from launcher.job.discovery import TIMEOUT, Discovering
-from launcher.job.loop import Loop
-from launcher.job.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
 from launcher.job.pause import Pause
-from launcher.job.supervise import Supervisor, probe_on, supervise
+from launcher.job.supervise import Supervisor, supervise
 from launcher.report.account import (
     Attempt,
     Failure,
-    RankRecord,
-    Usage,
     build_report,
     format_account,
+    rank_records,
     write_report,
 )
 from launcher.report.summary import summarize
+from launcher.runtime.control import ControlServer
+from launcher.runtime.loop import Deadline, Loop
+from launcher.runtime.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
+from launcher.runtime.probe import facts_text, probe_on, probe_requests, refuse_unfit
 from launcher.signals import FORWARDED_SIGNALS, caught, signal_pipe
 
 if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
@@ -76,36 +74,19 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = build_plan(config.plan_inputs)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
-    relay = LogRelay(
-        out_fd,
-        err_fd,
-        _rank_hosts(plan),
-        LogOptions(
-            prefix=config.prefix,
-            timestamp=config.timestamp,
-            color=use_color(config.color),
-            console_ranks=config.console_ranks,
-            output_dir=config.output_dir,
-            progress_interval=config.progress_interval,
-        ),
-    )
+    relay = LogRelay(out_fd, err_fd, _rank_hosts(plan), LogOptions.of(config))
     # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
-    workdir = _scan_workdir(config)
+    workdir: Workdir | None = None
+    if config.workdir is not None:
+        from launcher.workdir.account import scan_for_launch
+
+        workdir = scan_for_launch(config.workdir, config.workdir_limit, config.command)
     job: Job | None = None
     exit_code = EXIT_INTERNAL
     error: Failure | None = None  # what ended the run before (or instead of) an outcome
     final: str | None = None  # the job's outcome
     perf: dict[str, Any] | None = None  # --preflight's figures, for --report
-    watch = JobWatch(
-        relay,
-        WatchOptions(
-            tool=config.stack_tool,
-            stall_timeout=config.stall_timeout,
-            straggler_window=config.straggler_window,
-            output_dir=config.output_dir,
-        ),
-        open_control(),
-    )
+    watch = JobWatch(relay, WatchOptions.of(config), open_control())
     try:
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
@@ -117,12 +98,13 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             nodes = connect(plan.nodes, config, hook, control=watch.control)
         watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
-            started = time.monotonic()  # --timeout counts the preflight too
+            # --timeout counts from here, the preflight included: one deadline, the loop's.
+            loop = job_loop(config, wake_fd, control=watch.control)
             if config.preflight:
                 from launcher.check.preflight import preflight
 
-                plan, nodes, perf = preflight(config, plan, nodes, wake_fd, started)
-            job = Job(config, relay, wake_fd, nodes, workdir, watch=watch, started=started)
+                plan, nodes, perf = preflight(config, plan, nodes, loop)
+            job = Job(config, relay, loop, nodes, workdir, watch=watch)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)
@@ -160,6 +142,13 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
                 _write_report(config, job, exit_code, error, final, perf=perf)
 
 
+def job_loop(config: LaunchConfig, wake_fd: int, *, control: ControlServer | None = None) -> Loop:
+    """The job's one loop, its --timeout counted from now; liveness checked at the backend's pace."""
+    check_every = min(HEARTBEAT, backend.get(config.launcher).liveness(config).interval)
+    deadline = Deadline(config.timeout, time.monotonic())
+    return Loop(wake_fd, deadline=deadline, check_every=check_every, control=control)
+
+
 @dataclass(frozen=True)
 class AttemptRecord:
     """One attempt, for the console and the summary: where it ran and how it ended."""
@@ -180,14 +169,13 @@ class Job:
         self,
         config: LaunchConfig,
         relay: LogRelay,
-        wake_fd: int,
+        loop: Loop,
         nodes: Sequence[Node],
         workdir: Workdir | None = None,
         *,
         watch: JobWatch | None = None,
-        started: float | None = None,
     ) -> None:
-        """`started`: when the job's --timeout began (time.monotonic(); default now)."""
+        """`loop`: the job's (`job_loop`), which holds its --timeout."""
         self.config = config
         self.workdir = workdir
         # --workdir: each host's copy (this attempt's), and every sync's, for --report.
@@ -200,19 +188,12 @@ class Job:
         self.run_id = os.urandom(6).hex()  # not `secrets`: its import alone costs 6 ms of start-up
         self.cwd = os.getcwd()
         # What every rank starts from beneath the contract: the same for every attempt.
-        self.env = job_env(
-            os.environ, forward=config.forward_env, env_file=config.env_file, exports=config.exports
-        )
-        self.dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
-        self.check_every = min(HEARTBEAT, config.ssh.keepalive_interval)
-        self.heartbeat = Heartbeat(nodes, self.check_every)
-        self.started = time.monotonic() if started is None else started
-        # --timeout bounds the whole job, in every phase: attempts, restart delays, probes, discovery.
-        self.deadline = self.started + config.timeout if config.timeout else None
+        self.env = config.job_env(os.environ)
+        self.dead_after = self.backend.liveness(config).dead_after
         # Every phase that waits on the hosts runs on this one loop: signals, the deadline, liveness and
-        # `distrun stacks` are handled alike in each.
-        control = watch.control if watch is not None else None
-        self.loop = Loop(wake_fd, deadline=self.deadline, check_every=self.check_every, control=control)
+        # `distrun stacks` are handled alike in each. --timeout bounds the whole job, in every phase.
+        self.loop = loop
+        self.heartbeat = Heartbeat(nodes, loop.check_every)
         self.attempts: list[AttemptRecord] = []
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
@@ -286,13 +267,12 @@ class Job:
         script = self.config.restart.discovery_script
         if script is None:
             return ()
-        left = TIMEOUT if self.deadline is None else min(TIMEOUT, self.deadline - time.monotonic())
+        to_deadline = self.loop.deadline.left(time.monotonic())
+        left = TIMEOUT if to_deadline is None else min(TIMEOUT, to_deadline)
         if left <= 0:
             return ()  # --timeout has expired: the job ends before any restart
         try:
-            phase = Discovering(
-                script, left, list(self.nodes.values()), self.dead_after, self.config.timeout or 0.0
-            )
+            phase = Discovering(script, left, list(self.nodes.values()), self.dead_after)
             try:
                 self.loop.run(phase)
             finally:
@@ -309,23 +289,11 @@ class Job:
 
     def pause(self, seconds: float) -> Outcome | None:
         """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
-        if self.deadline is not None and time.monotonic() >= self.deadline:
-            return self.timed_out()
-        pause = Pause(list(self.nodes.values()), seconds, self.dead_after, self.config.timeout or 0.0)
+        if self.loop.deadline.passed(time.monotonic()):
+            return self.loop.deadline.outcome()
+        pause = Pause(list(self.nodes.values()), seconds, self.dead_after)
         self.loop.run(pause)
         return pause.outcome
-
-    def timed_out(self) -> TimedOut:
-        return TimedOut(self.config.timeout or 0.0)
-
-    def time_left(self) -> float | None:
-        """Seconds until --timeout expires (None: no --timeout); DeadlineReached once it has."""
-        if self.deadline is None:
-            return None
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            raise DeadlineReached("--timeout expired")
-        return left
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
@@ -348,10 +316,11 @@ class Job:
         """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
         try:
             nodes = self.nodes_for(plan)
-            self.time_left()  # reconnecting took that long
+            if self.loop.deadline.passed(time.monotonic()):
+                return self.loop.deadline.outcome()  # reconnecting took that long
             return self.run_attempt(index, plan, nodes)
         except DeadlineReached:
-            return self.timed_out()
+            return self.loop.deadline.outcome()
         except Interrupted as err:
             if index == 0:
                 raise  # nothing ran yet: no outcome, only the signal's exit code
@@ -380,11 +349,9 @@ class Job:
         sup = Supervisor(
             hosts,
             self.relay,
-            # --timeout bounds the whole job, restarts included.
-            timeout=self.config.timeout,
+            deadline=self.loop.deadline,  # the whole job's, restarts included
             grace=self.config.grace_period,
             dead_after=self.dead_after,
-            now=self.started,
             watch=self.watch,
         )
         started = time.time()
@@ -401,28 +368,15 @@ class Job:
 
     def record(self, number: int, started: float, sup: Supervisor, hosts: Sequence[HostAttempt]) -> None:
         """The attempt's ranks as the agents measured them, for the account and --report."""
-        out = self.config.output_dir
         progress = self.watch.stragglers.readings() if self.watch is not None else {}
-        ranks = []
-        for host in hosts:
-            for slot in host.slots:
-                m = sup.measured.get(slot.rank)
-                usage = Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None
-                ranks.append(
-                    RankRecord(
-                        slot.rank,
-                        host.name,
-                        pid=(m.pid or None) if m is not None else None,
-                        returncode=m.returncode if m is not None else None,
-                        usage=usage,
-                        log_dir=None if out is None else out / f"rank.{slot.rank}",
-                        progress=progress.get(slot.rank),
-                    )
-                )
-        outcome = sup.outcome()
-        self.accounts.append(
-            Attempt(number, started, time.time(), outcome.name, outcome.exit_code, tuple(ranks))
+        ranks = rank_records(
+            [(slot.rank, host.name) for host in hosts for slot in host.slots],
+            sup.measured,
+            progress,
+            self.config.output_dir,
         )
+        outcome = sup.outcome()
+        self.accounts.append(Attempt(number, started, time.time(), outcome.name, outcome.exit_code, ranks))
         lines = summarize(outcome, self.relay.stderr_tail)
         failed = outcome.failure if isinstance(outcome, RankFailed) else None
         self.failure = None  # the last attempt's, if any: a job that succeeded after restarts has none
@@ -457,25 +411,12 @@ class Job:
 
     def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
         """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
-        heartbeat = self.check_every
-        python = interpreter(self.config.python)
         synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
-        requests = [
-            ProbeRequest(
-                # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
-                ports=len(host.slots) + (2 if i == 0 else 0),
-                cwd="" if synced else self.cwd,
-                route_to=master_addr,
-                python=python,
-                # A local agent needs no heartbeats: its pipe closing says all.
-                heartbeat=heartbeat if host.link.heartbeat else 0.0,
-                dead_after=agent_patience(self.dead_after) if host.link.heartbeat else 0.0,
-                script=None if synced else _script(self.config.command),
-                # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
-                software=len(hosts) > 1,
-            )
-            for i, host in enumerate(hosts)
-        ]
+        requests = probe_requests(
+            hosts, route_to=master_addr, python=interpreter(self.config.python),
+            cwd=None if synced else self.cwd, script=None if synced else script_of(self.config.command),
+            heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
+        )  # fmt: skip
         nodes = [host.node for host in hosts]
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
@@ -488,26 +429,18 @@ class Job:
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.
             refuse_one_machine_twice([n.host for n in nodes], [facts.machine for facts in answers])
-        for node, host, facts in zip(nodes, hosts, answers, strict=True):
-            log.debug("host %s: %s", node.name, _facts_text(facts))
+        for host, facts in zip(hosts, answers, strict=True):
+            log.debug("host %s: %s", host.name, facts_text(facts))
             host.facts = facts
-            if not facts.cwd_exists and not synced:
-                raise HostError(
-                    f"host {node.name}: working directory {self.cwd} does not exist there", host=node.name
-                )
-            if not facts.script_found:
-                raise CommandNotFound(
-                    f"host {node.name}: {self.config.command[0]} not found in {self.cwd} there"
-                )
-            if self.config.python and not facts.python_found:
-                raise HostError(
-                    f"host {node.name}: interpreter {self.config.python} not found there (see --python)",
-                    host=node.name,
-                )
+            refuse_unfit(
+                host.name, facts, cwd=None if synced else self.cwd, command=self.config.command,
+                python=self.config.python,
+            )  # fmt: skip
 
     def sync(self, nodes: Sequence[Node], workdir: Workdir) -> dict[str, HostCopy]:
         """Every host's copy of the workdir, each sent only what it lacks (restarts: usually nothing)."""
         from launcher.agent.store import KEEP
+        from launcher.workdir.account import log_sync
         from launcher.workdir.sync import sync
 
         remote = any(not n.local for n in nodes)
@@ -518,37 +451,8 @@ class Job:
             )  # fmt: skip
         for name, copy in copies.items():
             self.synced.setdefault(name, []).append(copy)
-        direct = [c for c in copies.values() if c.files_sent and c.fed_by is None]
-        relayed = [c for c in copies.values() if c.fed_by is not None]
-        log.info(
-            "workdir %s (%s, %s): sent %s to %s%s", workdir.manifest_hash[:12],
-            plural(len(workdir.files), "file", "files"), _size(workdir.total),
-            _size(sum(c.bytes_sent for c in copies.values())), plural(len(direct), "host", "hosts"),
-            f"; {plural(len(relayed), 'host', 'hosts')} fed by peers "
-            f"({_size(sum(c.bytes_from_peers for c in relayed))})" if relayed else "",
-        )  # fmt: skip
+        log_sync(workdir, copies)
         return copies
-
-    def workdir_report(self) -> dict[str, object] | None:
-        if self.workdir is None:
-            return None
-        hosts = {
-            name: {
-                "files_sent": sum(c.files_sent for c in copies),
-                "bytes_sent": sum(c.bytes_sent for c in copies),
-                "bytes_from_peers": sum(c.bytes_from_peers for c in copies),
-                "fed_by": sorted({c.fed_by for c in copies if c.fed_by is not None}),
-            }
-            for name, copies in self.synced.items()
-        }
-        return {
-            "root": str(self.workdir.root),
-            "manifest_hash": self.workdir.manifest_hash,
-            "files": len(self.workdir.files),
-            "bytes": self.workdir.total,
-            "bytes_sent": sum(c.bytes_sent for copies in self.synced.values() for c in copies),
-            "hosts": hosts,
-        }
 
     def same_software(self, hosts: Sequence[HostAttempt]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
@@ -596,21 +500,13 @@ class Job:
         return placed
 
     def rendezvous(self, plan: Plan, hosts: Sequence[HostAttempt], master_addr: str) -> Rendezvous:
-        all_local = all(h.node.local for h in hosts)
-        node_addrs = tuple(
-            master_addr if i == 0 or all_local else (_facts(host).route_addr or host.name)
-            for i, host in enumerate(hosts)
-        )
-        # Rank 0's host probed two rendezvous candidates first (see `probe`), then its ranks' ports.
-        candidates, rank0_ports = _facts(hosts[0]).free_ports[:2], _facts(hosts[0]).free_ports[2:]
-        fresh = next(p for p in candidates if p != self._last_port)
-        master_port = self.config.master_port or fresh
-        self._last_port = master_port
-        tf_ports = tuple(
-            tuple(rank0_ports if i == 0 else _facts(host).free_ports)[: len(host.slots)]
-            for i, host in enumerate(hosts)
-        )
-        return Rendezvous(master_addr, master_port, node_addrs, tf_ports)
+        rdzv = choose_rendezvous(
+            master_addr, given_port=self.config.master_port, last_port=self._last_port,
+            names=[h.name for h in hosts], all_local=all(h.node.local for h in hosts),
+            facts=[_facts(h) for h in hosts], slots=[len(h.slots) for h in hosts],
+        )  # fmt: skip
+        self._last_port = rdzv.master_port
+        return rdzv
 
     def start(
         self,
@@ -643,26 +539,6 @@ class Job:
         )  # fmt: skip
 
 
-def _scan_workdir(config: LaunchConfig) -> Workdir | None:
-    if config.workdir is None:
-        return None
-    from launcher.workdir.files import missing_script, scan
-
-    workdir = scan(config.workdir, config.workdir_limit)
-    for line in workdir.skipped:
-        log.warning("--workdir %s", line)
-    script = _script(config.command)
-    if missing_script(workdir, script):
-        raise CommandNotFound(f"{script} is not among the files of --workdir {workdir.root}")
-    return workdir
-
-
-def _size(size: int) -> str:
-    if size < 1024:
-        return f"{size} B"
-    return f"{size / (1 << 20):.1f} MiB" if size >= 1 << 20 else f"{size / 1024:.1f} KiB"
-
-
 def _facts(host: HostAttempt) -> Facts:
     assert host.facts is not None, "Job.probe sets every host's facts"
     return host.facts
@@ -680,11 +556,6 @@ def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
     return [plan.node_slots(i) for i in range(plan.node_count)]
 
 
-def _script(command: Sequence[str]) -> str | None:
-    """The script file a `.py` command runs, checked on every host before anything starts."""
-    return command[0] if command and command[0].endswith(".py") else None
-
-
 def _write_report(
     config: LaunchConfig,
     job: Job | None,
@@ -695,28 +566,26 @@ def _write_report(
     perf: dict[str, Any] | None = None,
 ) -> None:
     assert config.report is not None
-    attempts = job.accounts if job is not None else []
-    failure = (job.failure if job is not None else None) or error
+    workdir = None
+    if job is not None and job.workdir is not None:
+        from launcher.workdir.account import workdir_record
+
+        workdir = workdir_record(job.workdir, job.synced)
+    watch = job.watch if job is not None else None
     report = build_report(
         run_id=job.run_id if job is not None else os.urandom(6).hex(),
         command=config.command,
         exit_code=exit_code,
-        attempts=attempts,
-        failure=failure,
+        attempts=job.accounts if job is not None else [],
+        failure=(job.failure if job is not None else None) or error,
         outcome=outcome,
-        workdir=job.workdir_report() if job is not None else None,
-        stacks=job.watch.dumps if job is not None and job.watch is not None else (),
-        stragglers=job.watch.named if job is not None and job.watch is not None else (),
-        timeline=job.watch.timeline.to_json() if job is not None and job.watch is not None else (),
+        workdir=workdir,
+        stacks=watch.dumps if watch is not None else (),
+        stragglers=watch.named if watch is not None else (),
+        timeline=watch.timeline.to_json() if watch is not None else (),
         perf=perf,
     )
     try:
         write_report(config.report, report)
     except (OSError, DistrunError) as err:
         log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)
-
-
-def _facts_text(facts: Facts) -> str:
-    """-vv's line of what a host's agent reported: each known field as `name value`, no record's repr."""
-    known = {k: v for k, v in dataclasses.asdict(facts).items() if v not in (None, "", [], {})}
-    return "; ".join(f"{name.replace('_', ' ')} {value}" for name, value in known.items())

@@ -1,6 +1,6 @@
-"""Watch one attempt of the job: the preflight probe, then every host's agent until the attempt ends.
+"""Watch one started attempt of the job: every host's agent until the attempt ends.
 
-Both are phases of the job's loop (launcher.job.loop). `Supervisor` is the attempt's state, fed events
+A phase of the job's loop (launcher.runtime.loop). `Supervisor` is the attempt's state, fed events
 (frames, a closed link, a signal, the clock) and deciding what to send; `supervise` runs it on the loop. Tests
 drive a Supervisor directly with fake links. The first failure, a signal, the timeout or a lost host stops
 every host.
@@ -11,162 +11,36 @@ from __future__ import annotations
 import logging
 import signal
 import socket
-import time
 from collections.abc import Callable, Sequence
 
 from launcher.agent.protocol import (
     DONE,
     ERR,
     EXIT,
-    FACTS,
     KILL,
     OUT,
-    PROBE,
     STACK_DUMP,
     STOP,
-    Facts,
     Frame,
-    ProbeRequest,
     RankExited,
     StackReply,
     StopRequest,
     dispatch,
 )
-from launcher.console.progress import Progress, ProgressFn, StallDeadline
 from launcher.console.relay import LogRelay
-from launcher.core.plan import plural
 from launcher.core.restart import cause as describe_cause
-from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
-from launcher.diagnose.control import answer_busy
+from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded
 from launcher.diagnose.watch import JobWatch
-from launcher.errors import HostError
-from launcher.job.loop import Loop, Phase, forward_signal
-from launcher.job.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
-from launcher.job.startup import StartupWatch
-from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, signal_name, suspend_self
+from launcher.errors import signal_name
+from launcher.runtime.control import answer_busy
+from launcher.runtime.loop import NO_DEADLINE, Deadline, Loop, Phase, forward_signal
+from launcher.runtime.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
+from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, suspend_self
 
 log = logging.getLogger(__name__)
 
 # After STOP, how long past the grace period we wait for agents before dropping them.
 TEARDOWN_SLACK = 5.0
-
-
-class ProbePhase(Phase[Node]):
-    """Waiting for every agent's FACTS. The wait follows progress: it gives up only when no agent at all has
-    answered for `stall` seconds, or, given `startup` (--startup-timeout), once no host still starting is
-    alive (see `probe`)."""
-
-    def __init__(
-        self, nodes: Sequence[Node], stall: float, progress: ProgressFn | None, startup: float | None = None
-    ) -> None:
-        # No liveness by heartbeat here: the stall deadline names a silent host.
-        super().__init__([(node, node) for node in nodes], dead_after=float("inf"))
-        self.nodes = list(nodes)
-        self.stall = stall
-        self.progress = progress
-        self.began = time.monotonic()
-        self.deadline = StallDeadline(stall, self.began)
-        self.startup = StartupWatch(startup, self.began, stall) if startup else None
-        self.answers: dict[int, Facts] = {}  # by id(node)
-        self.answered_at: dict[str, float] = {}  # when each host's agent answered
-        self.handlers = {FACTS: self._on_facts}
-
-    @property
-    def done(self) -> bool:
-        return len(self.answers) == len(self.nodes)
-
-    def listening(self, context: Node) -> bool:
-        return id(context) not in self.answers
-
-    def doing(self, now: float) -> str:
-        answered = f" ({len(self.answers)} of {len(self.nodes)} answered)" if len(self.nodes) > 1 else ""
-        return f"starting: waiting for the agents' answers{answered}"
-
-    def next_due(self) -> float | None:
-        if self.startup is None:
-            return self.deadline.at
-        return min(self.deadline.at, self.startup.started + self.startup.limit)
-
-    def _on_facts(self, node: Node, now: float, frame: Frame, facts: Facts) -> None:
-        self.answers[id(node)] = facts
-        self.answered_at[node.name] = now
-        self.deadline.progressed(now)
-        if self.progress is not None:
-            self.progress(Progress("waiting for agents", len(self.nodes), len(self.answers)))
-
-    def on_tick(self, now: float) -> None:
-        missing = [n for n in self.nodes if id(n) not in self.answers]
-        if self.startup is not None and self.startup.left(now) <= 0:
-            raise self.startup.give_up(missing[0], now)
-        if self.deadline.remaining(now) <= 0:
-            silent = [n for n in missing if self.startup is None or not self.startup.alive(n, now)]
-            if silent:
-                name, total = silent[0].name, len(self.nodes)
-                answered = f"; {len(self.answers)} of {total} answered" if total > 1 else ""
-                raise HostError(
-                    f"host {name}: no answer from the distrun agent within {self.stall:g}s{answered}",
-                    host=name,
-                )
-            assert self.startup is not None
-            log.warning("%s", self.startup.waiting(missing, len(self.nodes), now))
-            self.deadline.progressed(now)
-
-    def on_closed(self, node: Node, now: float) -> None:
-        detail = node.diagnostics()
-        detail = f": {detail}" if detail else ""
-        raise HostError(
-            f"host {node.name}: the distrun agent exited before answering{detail}", host=node.name
-        )
-
-    def on_stall(self, seconds: float, now: float) -> None:
-        self.deadline.progressed(now)  # time spent stopped is no agent's fault
-
-
-def probe(
-    nodes: Sequence[Node],
-    requests: Sequence[ProbeRequest],
-    stall: float,
-    wake_fd: int | Loop,
-    progress: ProgressFn | None = None,
-    *,
-    deadline_at: float | None = None,
-    startup: float | None = None,
-) -> list[Facts]:
-    """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
-
-    The wait follows progress: it gives up only when no agent at all has answered for `stall` seconds, so
-    hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
-    host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
-    A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
-    `wake_fd`: the job's Loop (or a signal pipe's fd, for a loop of its own that ends at `deadline_at`,
-    time.monotonic(): --timeout's end, which raises DeadlineReached).
-    `startup`: --startup-timeout; a host still alive (logging in) is then waited for past the stall time, up
-    to that many seconds (launcher.job.startup).
-    """
-    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, deadline=deadline_at, check_every=1.0)
-    return probe_on(loop, nodes, requests, stall, progress, startup=startup)[0]
-
-
-def probe_on(
-    loop: Loop,
-    nodes: Sequence[Node],
-    requests: Sequence[ProbeRequest],
-    stall: float,
-    progress: ProgressFn | None = None,
-    *,
-    startup: float | None = None,
-) -> tuple[list[Facts], dict[str, float]]:
-    """`probe` on the job's loop; also when each host answered (time.monotonic(), for the timeline)."""
-    for node, request in zip(nodes, requests, strict=True):
-        node.send(PROBE, request)
-    phase = ProbePhase(nodes, stall, progress, startup)
-    if progress is not None:
-        progress(Progress("waiting for agents", len(nodes)))
-    loop.run(phase)
-    log.debug(
-        "probe: %s answered in %.2fs", plural(len(nodes), "agent", "agents"), time.monotonic() - phase.began
-    )
-    return [phase.answers[id(node)] for node in nodes], phase.answered_at
 
 
 class Supervisor(Phase[HostAttempt]):
@@ -179,12 +53,12 @@ class Supervisor(Phase[HostAttempt]):
         hosts: Sequence[HostAttempt],
         relay: LogRelay,
         *,
-        timeout: float | None,
+        deadline: Deadline = NO_DEADLINE,
         grace: float,
         dead_after: float,
-        now: float,
         watch: JobWatch | None = None,
     ) -> None:
+        """`deadline`: the job's (its Loop's), when the attempt is stopped and the job ends as timed out."""
         super().__init__([(host.node, host) for host in hosts], dead_after)
         self.hosts = list(hosts)
         # Stacks on request, at the timeout (before stopping) and on a stall; stragglers. None: none of it.
@@ -192,8 +66,7 @@ class Supervisor(Phase[HostAttempt]):
         self._timeout_stacks = False  # the timeout's stacks were asked for
         self.relay = relay
         self.rank_hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
-        self.timeout = timeout
-        self.deadline = now + timeout if timeout else None
+        self.deadline = deadline
         self.grace = grace
         for host in self.hosts:
             host.node.attempt_began()
@@ -345,7 +218,7 @@ class Supervisor(Phase[HostAttempt]):
         else:
             self.watch.ask(conn, now)
 
-    def on_deadline(self, now: float) -> None:
+    def on_deadline(self, now: float, deadline: Deadline) -> None:
         self._check_timeout(now)
 
     def after_events(self, now: float) -> None:
@@ -355,7 +228,7 @@ class Supervisor(Phase[HostAttempt]):
             suspend_self()
 
     def _check_timeout(self, now: float) -> None:
-        if self.deadline is None or now < self.deadline or self.cause is not None:
+        if not self.deadline.passed(now) or self.cause is not None:
             return
         if self.watch is not None:
             # Every rank's stacks first: where a job that ran out of time was is what its user asks next.
@@ -364,8 +237,7 @@ class Supervisor(Phase[HostAttempt]):
                 self.watch.request("timeout", now)
             if self.watch.gathering("timeout"):
                 return
-        timeout = self.timeout or 0.0
-        self._stop(lambda stopped: TimedOut(timeout, stopped), now)
+        self._stop(self.deadline.outcome, now)
 
     def on_tick(self, now: float) -> None:
         if self.watch is not None:
@@ -381,9 +253,10 @@ class Supervisor(Phase[HostAttempt]):
 
     def until_deadline(self, now: float) -> float | None:
         """Seconds until the timeout fires (None: no timeout pending)."""
-        if self.deadline is None or self.cause is not None or self._timeout_stacks:
+        left = self.deadline.left(now)
+        if left is None or self.cause is not None or self._timeout_stacks:
             return None
-        return max(0.0, self.deadline - now)
+        return max(0.0, left)
 
 
 def supervise(sup: Supervisor, wake_fd: int | Loop, check_every: float = 1.0) -> Outcome:

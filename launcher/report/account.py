@@ -7,19 +7,20 @@ docs/report.schema.json.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from launcher.agent.protocol import RankExited
     from launcher.diagnose.stacks import StackDump
     from launcher.diagnose.stragglers import Reading, Straggler
 
 from launcher.core.scrub import SCRUBBER
+from launcher.errors import signal_name
 from launcher.report.file import write_whole
-from launcher.signals import signal_name
 
 REPORT_VERSION = 1
 
@@ -64,6 +65,31 @@ class Failure:
     host: str | None
     detail: str
     stderr_tail: tuple[str, ...] = field(default_factory=tuple)
+
+
+def rank_records(
+    ranks: Sequence[tuple[int, str]],
+    measured: Mapping[int, RankExited],
+    progress: Mapping[int, Reading],
+    output_dir: Path | None,
+) -> tuple[RankRecord, ...]:
+    """Each (rank, host) of an attempt as its agent measured it (`measured`: RankExited by rank; a rank
+    missing there was never seen to exit), with its progress bar's last state and its log folder."""
+    records = []
+    for rank, host in ranks:
+        m = measured.get(rank)
+        records.append(
+            RankRecord(
+                rank,
+                host,
+                pid=(m.pid or None) if m is not None else None,
+                returncode=m.returncode if m is not None else None,
+                usage=Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None,
+                log_dir=None if output_dir is None else output_dir / f"rank.{rank}",
+                progress=progress.get(rank),
+            )
+        )
+    return tuple(records)
 
 
 def killed_by(returncode: int | None) -> str | None:

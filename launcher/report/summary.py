@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, TimedOut
-from launcher.signals import signal_name
+from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut, describe_exit
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -20,12 +19,6 @@ def format_ranks(ranks: Iterable[int]) -> str:
         parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
         i = j + 1
     return ",".join(parts)
-
-
-def describe_exit(ended: RankExit) -> str:
-    if ended.returncode < 0:
-        return f"was killed by {signal_name(-ended.returncode)} (exit code {ended.exit_code})"
-    return f"exited with code {ended.returncode}"
 
 
 def _stopped(ranks: tuple[int, ...], what: str) -> str:

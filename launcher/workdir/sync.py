@@ -9,8 +9,8 @@ feeds whom: hosts form a chain fed by the launcher at its head, so the launcher'
 not one per host, and all hosts receive at once. A fetch that fails falls back to the launcher. The agent
 answers SYNCED once its copy is complete.
 
-Senders run one thread per host; the main thread reads answers on the job's loop (launcher.job.loop), which
-handles --timeout, signals, lost hosts and `distrun stacks` as in every other phase.
+Senders run one thread per host; the main thread reads answers on the job's loop (launcher.runtime.loop),
+which handles --timeout, signals, lost hosts and `distrun stacks` as in every other phase.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from launcher.agent.protocol import (
     SyncRequest,
     Want,
 )
-from launcher.console.progress import Progress, ProgressFn, StallDeadline
+from launcher.core.progress import Progress, ProgressFn, StallDeadline
 from launcher.errors import HostError
-from launcher.job.loop import Loop, Phase
-from launcher.job.node import Node
+from launcher.runtime.loop import Loop, Phase
+from launcher.runtime.node import Node
 from launcher.workdir.files import Workdir, WorkdirChanged, WorkdirFile
 
 log = logging.getLogger(__name__)

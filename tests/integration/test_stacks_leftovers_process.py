@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.agent.stackdump import DIR_PREFIX, LOCK_NAME, DumpDir, unreadable_state
-from launcher.diagnose.control import ControlServer, is_stale, remove_stale, runtime_dir
+from launcher.runtime.control import ControlServer, is_stale, remove_stale, runtime_dir
 from tests.support import never_left_running, wait_until
 
 

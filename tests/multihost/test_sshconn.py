@@ -16,8 +16,8 @@ import pytest
 from launcher.backends.ssh import connect as sshconn
 from launcher.backends.ssh.connect import connect_all
 from launcher.backends.ssh.options import SshOptions
-from launcher.console.progress import Progress
 from launcher.core.hosts import Host
+from launcher.core.progress import Progress
 from launcher.errors import HostError
 from tests.multihost.cluster import Cluster
 

@@ -10,6 +10,7 @@ import pytest
 
 from launcher.backends import api
 from launcher.backends.options import BackendOption
+from launcher.backends.ssh.options import ssh_options
 from launcher.cli.backend_options import click_option, named_launcher
 from launcher.cli.main import Request, _parse, cli
 from launcher.core.hosts import Host
@@ -90,7 +91,7 @@ def test_a_registered_backend_gets_its_options_and_its_hosts(
     )
     assert config.num_proc == 3
     assert config.backend_options["fake"] == fake_backend.FakeOptions(tmp_path / "log")
-    assert config.ssh.connect_timeout == 10.0  # every table backend's options are there too
+    assert ssh_options(config).connect_timeout == 10.0  # every table backend's options are there too
 
 
 @pytest.mark.usefixtures("fake")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from launcher import __version__
+from launcher.backends.ssh.options import ssh_options
 from launcher.cli.main import main
 from launcher.core.command import resolve_command
 from launcher.core.config import LaunchConfig
@@ -84,7 +85,11 @@ def test_defaults_run_one_local_process(
     assert [(h.name, h.slots) for h in config.hosts] == [("localhost", 1)]
     assert config.num_proc == 1
     assert (config.prefix, config.grace_period, config.timeout, config.color) == ("rank", 5.0, None, None)
-    assert (config.ssh.connect_timeout, config.ssh.keepalive_interval, config.ssh.keepalive_count) == (
+    assert (
+        ssh_options(config).connect_timeout,
+        ssh_options(config).keepalive_interval,
+        ssh_options(config).keepalive_count,
+    ) == (
         10,
         2,
         5,
@@ -129,10 +134,10 @@ def test_every_option_reaches_the_config(
     assert config.console_ranks == frozenset({0, 2})
     assert (config.timeout, config.grace_period) == (1.5, 0.5)
     assert (config.python, config.network_interface) == ("/opt/py", "eth1")
-    assert config.ssh.port == 2222
-    assert config.ssh.identity_files == (key,)
-    assert config.ssh.host_key_policy == "accept-new"
-    assert (config.ssh.connect_timeout, config.ssh.keepalive_interval) == (3.0, 1.0)
+    assert ssh_options(config).port == 2222
+    assert ssh_options(config).identity_files == (key,)
+    assert ssh_options(config).host_key_policy == "accept-new"
+    assert (ssh_options(config).connect_timeout, ssh_options(config).keepalive_interval) == (3.0, 1.0)
     assert config.command == ("train.py",)
 
 
@@ -374,7 +379,7 @@ def test_config_paths_are_relative_to_the_file(
     assert [(h.name, h.slots) for h in config.hosts] == [("a", 2)]
     assert config.env_file == (("LR", "0.1"),)
     assert config.output_dir == conf / "logs"
-    assert config.ssh.identity_files == (tmp_path / "id_test",)
+    assert ssh_options(config).identity_files == (tmp_path / "id_test",)
 
 
 def test_config_file_itself_may_start_with_tilde(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.diagnose.control import (
+from launcher.runtime.control import (
     ControlError,
     ControlServer,
     NoJob,

@@ -294,3 +294,9 @@ def test_x_may_set_leftovers_distrun_does_not_own() -> None:
     )
     with pytest.raises(UsageError, match="distrun sets TORCHELASTIC_RESTART_COUNT"):
         parse_exports(["TORCHELASTIC_RESTART_COUNT=3"], {})
+
+
+def test_the_launcher_and_the_worker_library_name_the_own_gpus_variable_alike() -> None:
+    from launcher.core import env
+
+    assert env.OWN_GPUS_VAR == OWN_GPUS_VAR

@@ -15,7 +15,7 @@ import pytest
 from launcher.backends.fanout import ALL_OR_NOTHING, KEEP_GOING, GroupResult, Policy, fan_out
 from launcher.backends.link import opening
 from launcher.backends.window import Aborted, Window
-from launcher.console.progress import Progress, ProgressFn
+from launcher.core.progress import Progress, ProgressFn
 from launcher.errors import HostError, UsageError
 
 

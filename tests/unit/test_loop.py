@@ -14,11 +14,11 @@ import pytest
 
 from launcher.agent.protocol import ProbeRequest
 from launcher.core.result import Signalled, TimedOut
-from launcher.diagnose.control import ControlServer, JobBusy, ask_stacks
 from launcher.errors import DeadlineReached, HostError, Interrupted
-from launcher.job.loop import Loop
 from launcher.job.pause import Pause
-from launcher.job.supervise import probe
+from launcher.runtime.control import ControlServer, JobBusy, ask_stacks
+from launcher.runtime.loop import Deadline, Loop
+from launcher.runtime.probe import probe
 from launcher.signals import signal_pipe
 from tests.fakes import FakeLink, fake_hosts
 
@@ -28,7 +28,7 @@ REQUEST = ProbeRequest(ports=1, cwd="/", route_to=None, python=None, heartbeat=0
 def test_the_deadline_ends_a_phase_that_would_wait_longer() -> None:
     nodes = [h.node for h in fake_hosts({"a": 1})]
     with signal_pipe() as wake_fd:
-        loop = Loop(wake_fd, deadline=time.monotonic() + 0.2, check_every=1.0)
+        loop = Loop(wake_fd, deadline=Deadline(0.2, time.monotonic()), check_every=1.0)
         with pytest.raises(DeadlineReached, match="while starting: waiting for the agents' answers"):
             probe(nodes, [REQUEST], 60.0, loop)
 
@@ -37,7 +37,7 @@ def test_a_stopping_signal_interrupts_a_phase_before_any_rank_runs() -> None:
     nodes = [h.node for h in fake_hosts({"a": 1})]
     with signal_pipe() as wake_fd, pytest.raises(Interrupted) as caught:
         os.kill(os.getpid(), signal.SIGTERM)
-        probe(nodes, [REQUEST], 60.0, Loop(wake_fd, deadline=None, check_every=1.0))
+        probe(nodes, [REQUEST], 60.0, Loop(wake_fd, check_every=1.0))
     assert caught.value.exit_code == 143
 
 
@@ -45,8 +45,8 @@ def test_the_pause_runs_out_after_dropping_a_host_whose_link_closed() -> None:
     nodes = [h.node for h in fake_hosts({"a": 1, "b": 1})]
     cast(FakeLink, nodes[1].link).push(b"")  # the agent's link closed
     with signal_pipe() as wake_fd:
-        pause = Pause(nodes, 0.3, dead_after=10.0, timeout=0.0)
-        Loop(wake_fd, deadline=None, check_every=0.1).run(pause)
+        pause = Pause(nodes, 0.3, dead_after=10.0)
+        Loop(wake_fd, check_every=0.1).run(pause)
     assert pause.outcome is None
     assert nodes[1].lost and cast(FakeLink, nodes[1].link).aborted
     assert not nodes[0].lost
@@ -55,20 +55,21 @@ def test_the_pause_runs_out_after_dropping_a_host_whose_link_closed() -> None:
 def test_a_host_silent_during_the_pause_is_dropped_not_fatal() -> None:
     nodes = [h.node for h in fake_hosts({"a": 1}, heartbeat=True)]
     with signal_pipe() as wake_fd:
-        pause = Pause(nodes, 1.0, dead_after=0.2, timeout=0.0)
-        Loop(wake_fd, deadline=None, check_every=0.05).run(pause)
+        pause = Pause(nodes, 1.0, dead_after=0.2)
+        Loop(wake_fd, check_every=0.05).run(pause)
     assert pause.outcome is None and nodes[0].lost
 
 
 def test_a_signal_or_the_deadline_during_the_pause_is_the_jobs_outcome() -> None:
     nodes = [h.node for h in fake_hosts({"a": 1})]
     with signal_pipe() as wake_fd:
-        pause = Pause(nodes, 60.0, dead_after=10.0, timeout=0.0)
+        pause = Pause(nodes, 60.0, dead_after=10.0)
         os.kill(os.getpid(), signal.SIGINT)
-        Loop(wake_fd, deadline=None, check_every=1.0).run(pause)
+        Loop(wake_fd, check_every=1.0).run(pause)
         assert pause.outcome == Signalled(signal.SIGINT)
-        pause = Pause(nodes, 60.0, dead_after=10.0, timeout=5.0)
-        Loop(wake_fd, deadline=time.monotonic() + 0.1, check_every=1.0).run(pause)
+        pause = Pause(nodes, 60.0, dead_after=10.0)
+        # A 5 s --timeout that began 4.9 s ago.
+        Loop(wake_fd, deadline=Deadline(5.0, time.monotonic() - 4.9), check_every=1.0).run(pause)
         assert pause.outcome == TimedOut(5.0)
 
 
@@ -90,8 +91,8 @@ def test_a_phase_that_runs_no_rank_tells_distrun_stacks_what_it_is_doing(
     try:
         with signal_pipe() as wake_fd:
             client.start()
-            pause = Pause(nodes, 1.0, dead_after=10.0, timeout=0.0)
-            Loop(wake_fd, deadline=None, check_every=0.1, control=server).run(pause)
+            pause = Pause(nodes, 1.0, dead_after=10.0)
+            Loop(wake_fd, check_every=0.1, control=server).run(pause)
         client.join(10.0)
     finally:
         server.close()
@@ -100,8 +101,8 @@ def test_a_phase_that_runs_no_rank_tells_distrun_stacks_what_it_is_doing(
 
 
 def test_a_silent_host_is_lost_by_the_same_rule_in_any_phase() -> None:
-    from launcher.job.loop import Phase
-    from launcher.job.node import Node
+    from launcher.runtime.loop import Phase
+    from launcher.runtime.node import Node
 
     class Waiting(Phase[Node]):
         done = False
@@ -114,5 +115,5 @@ def test_a_silent_host_is_lost_by_the_same_rule_in_any_phase() -> None:
         signal_pipe() as wake_fd,
         pytest.raises(HostError, match="host a: no word from it for 0s while waiting"),
     ):
-        Loop(wake_fd, deadline=None, check_every=0.05).run(Waiting([(nodes[0], nodes[0])], dead_after=0.2))
+        Loop(wake_fd, check_every=0.05).run(Waiting([(nodes[0], nodes[0])], dead_after=0.2))
     assert nodes[0].lost

@@ -8,9 +8,9 @@ from typing import cast
 import pytest
 
 from launcher.agent.protocol import FACTS, Facts, ProbeRequest, encode_message
-from launcher.console.progress import Progress, StallDeadline
+from launcher.core.progress import Progress, StallDeadline
 from launcher.errors import HostError
-from launcher.job.supervise import probe
+from launcher.runtime.probe import probe
 from launcher.signals import signal_pipe
 from tests.fakes import FakeLink, fake_hosts, hello
 

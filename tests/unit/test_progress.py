@@ -12,7 +12,8 @@ import pytest
 
 from launcher.backends.fanout import ALL_OR_NOTHING, fan_out
 from launcher.backends.window import Window
-from launcher.console.progress import Progress, progress_line
+from launcher.console.progress import progress_line
+from launcher.core.progress import Progress
 from launcher.errors import HostError
 from tests.support import Terminal
 

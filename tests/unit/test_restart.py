@@ -13,9 +13,9 @@ from launcher.core.plan import Plan, build_plan, make_plan
 from launcher.core.restart import GiveUp, HostBook, Restart, decide
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.job.discovery import DiscoveryError, parse_discovery_output
-from launcher.job.node import Node
-from launcher.job.run import Job
+from launcher.job.run import Job, job_loop
 from launcher.report.summary import summarize
+from launcher.runtime.node import Node
 from launcher.signals import signal_pipe
 from tests.fakes import memory_relay
 
@@ -115,7 +115,7 @@ class ScriptedJob(Job):
 
     def __init__(self, config: LaunchConfig, wake_fd: int, outcomes: list[Outcome]) -> None:
         relay, _, self.err = memory_relay({})  # the relay writes to file descriptors
-        super().__init__(config, relay, wake_fd, [])
+        super().__init__(config, relay, job_loop(config, wake_fd), [])
         self.outcomes = outcomes
         self.plans: list[Plan] = []
 

@@ -12,7 +12,7 @@ from launcher.core.config import LaunchConfig
 from launcher.core.devices import DeviceError, RankDevices
 from launcher.core.hosts import Host
 from launcher.core.plan import make_plan
-from launcher.job.run import Job
+from launcher.job.run import Job, job_loop
 from tests.fakes import fake_hosts, memory_relay
 
 GPUS = [{"index": i, "uuid": f"GPU-{i}", "numa_node": "0"} for i in range(2)]
@@ -28,7 +28,9 @@ def placed(
     attempt = fake_hosts({"a": 2})
     attempt[0].facts = Facts("a", "python3", True, len(devices.get("gpus", [])), [], devices=devices)
     relay = memory_relay({0: "a", 1: "a"})[0]
-    return Job(config, relay, -1, [h.node for h in attempt]).place(make_plan(hosts, 2), attempt)
+    return Job(config, relay, job_loop(config, -1), [h.node for h in attempt]).place(
+        make_plan(hosts, 2), attempt
+    )
 
 
 def test_gpus_and_cores_from_the_reported_facts() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.agent import stackdump
 from launcher.agent.stackdump import DIR_PREFIX, LOCK_NAME, remove_leftovers
-from launcher.diagnose.control import chosen_dir, runtime_dir
+from launcher.runtime.control import chosen_dir, runtime_dir
 
 
 def test_only_this_users_dump_directories_with_a_free_lock_are_removed(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ import pytest
 from launcher.agent.protocol import FACTS, Facts, ProbeRequest, encode_message
 from launcher.core.hosts import Host
 from launcher.errors import EXIT_HOST, HostError
-from launcher.job.node import Node
-from launcher.job.startup import StartupTimedOut
-from launcher.job.supervise import probe
+from launcher.runtime.node import Node
+from launcher.runtime.probe import probe
+from launcher.runtime.startup import StartupTimedOut
 from launcher.signals import signal_pipe
 from tests.fakes import FakeLink, fake_hosts, hello
 

@@ -24,15 +24,16 @@ from launcher.agent.protocol import (
 )
 from launcher.core.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.errors import HostError
-from launcher.job.node import HostAttempt, close_all
 from launcher.job.supervise import TEARDOWN_SLACK, Supervisor, supervise
+from launcher.runtime.loop import Deadline
+from launcher.runtime.node import HostAttempt, close_all
 from launcher.signals import signal_pipe
 from tests.fakes import DONE_FRAME, FakeLink, exited, fake_hosts, hello, memory_relay
 
 
 def _supervisor(nodes: list[HostAttempt], *, timeout: float | None = None, now: float = 0.0) -> Supervisor:
     relay, _, _ = memory_relay({s.rank: n.name for n in nodes for s in n.slots})
-    return Supervisor(nodes, relay, timeout=timeout, grace=1.0, dead_after=10.0, now=now)
+    return Supervisor(nodes, relay, deadline=Deadline(timeout, now), grace=1.0, dead_after=10.0)
 
 
 def _link(node: HostAttempt) -> FakeLink:
@@ -156,7 +157,7 @@ def test_agents_that_do_not_finish_stopping_are_dropped_after_grace_and_slack() 
 def test_output_frames_reach_the_relay_prefixed() -> None:
     nodes = fake_hosts({"a": 1})
     relay, out, _ = memory_relay({0: "a"})
-    sup = Supervisor(nodes, relay, timeout=None, grace=1.0, dead_after=10.0, now=0.0)
+    sup = Supervisor(nodes, relay, grace=1.0, dead_after=10.0)
     sup.on_frame(nodes[0], Frame(OUT, 0, 0, b"hello\n"), 0.0)
     relay.flush()
     assert out.getvalue() == b"[0] hello\n"

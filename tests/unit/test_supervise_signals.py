@@ -8,15 +8,15 @@ import pytest
 
 from launcher.agent.protocol import SIGNAL, STOP, SignalRequest, StopRequest, decode_message
 from launcher.core.result import Signalled
-from launcher.job.node import HostAttempt
 from launcher.job.supervise import Supervisor
+from launcher.runtime.node import HostAttempt
 from tests.fakes import CapturedFd, FakeLink, fake_hosts, memory_relay
 
 
 def _setup(hosts: dict[str, int]) -> tuple[list[HostAttempt], Supervisor, CapturedFd]:
     nodes = fake_hosts(hosts)
     relay, _, err = memory_relay({s.rank: n.name for n in nodes for s in n.slots})
-    return nodes, Supervisor(nodes, relay, timeout=None, grace=4.0, dead_after=10.0, now=0.0), err
+    return nodes, Supervisor(nodes, relay, grace=4.0, dead_after=10.0), err
 
 
 def _sent(node: HostAttempt, kind: int) -> list[bytes]:

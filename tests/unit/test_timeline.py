@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from launcher.console.progress import Progress
-from launcher.report.timeline import Timeline, slowest
+from launcher.core.progress import Progress
+from launcher.core.timeline import Timeline, slowest
 
 
 def test_marks_keep_the_first_time_and_the_fan_out_names_hosts() -> None:

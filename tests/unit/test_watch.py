@@ -15,8 +15,9 @@ from launcher.agent.protocol import (
 )
 from launcher.core.result import TimedOut
 from launcher.diagnose.watch import AGENT_SLACK, JobWatch, WatchOptions
-from launcher.job.node import HostAttempt
 from launcher.job.supervise import Supervisor
+from launcher.runtime.loop import Deadline
+from launcher.runtime.node import HostAttempt
 from tests.fakes import FakeLink, fake_hosts, memory_relay
 
 WAIT = 10.0
@@ -27,7 +28,7 @@ def _watched(timeout: float) -> tuple[list[HostAttempt], Supervisor, JobWatch]:
     hosts = fake_hosts({"h1": 2, "h2": 1})
     relay, _, _ = memory_relay({s.rank: h.name for h in hosts for s in h.slots})
     watch = JobWatch(relay, WatchOptions(wait=WAIT))
-    sup = Supervisor(hosts, relay, timeout=timeout, grace=1.0, dead_after=100.0, now=0.0, watch=watch)
+    sup = Supervisor(hosts, relay, deadline=Deadline(timeout, 0.0), grace=1.0, dead_after=100.0, watch=watch)
     watch.attempt_started(hosts, 0.0)
     return hosts, sup, watch
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.slurm.allocation import JOB_ID, allocation_from_env, srun_step_argv
-from launcher.console.progress import ProgressFn
 from launcher.core.hosts import Host
+from launcher.core.progress import ProgressFn
 from launcher.errors import HostError, UsageError
 
 if TYPE_CHECKING:

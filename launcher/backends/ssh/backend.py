@@ -20,11 +20,11 @@ from launcher.backends.locality import (
     refuse_this_machine_twice,
     runs_here,
 )
-from launcher.backends.ssh.options import SSH_OPTIONS, SshOptions, parse_ssh_options
+from launcher.backends.ssh.options import SSH_OPTIONS, SshOptions, parse_ssh_options, ssh_options
 from launcher.backends.ssh.tcp import acked_ago, cap_backoff
-from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
+from launcher.core.progress import ProgressFn
 from launcher.errors import HostError
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ class SshBackend(Backend):
             from launcher.backends.ssh.config import load_ssh_config, resolve_target
 
             # Judge by what SSH would connect to: ~/.ssh/config may map `node1` to an address, or to here.
-            ssh_config = load_ssh_config(config.ssh.config_file)
+            ssh_config = load_ssh_config(ssh_options(config).config_file)
             mine = (
                 local_addresses()
             )  # once: listing every interface, per host, was 1.2 s of 256 hosts' launch
@@ -200,7 +200,7 @@ class SshBackend(Backend):
                 is_local
                 or (
                     h.user in (None, me)
-                    and is_local_host(resolve_target(h, config.ssh, ssh_config).hostname, mine)
+                    and is_local_host(resolve_target(h, ssh_options(config), ssh_config).hostname, mine)
                 )
                 for h, is_local in zip(hosts, local, strict=True)
             ]
@@ -213,7 +213,7 @@ class SshBackend(Backend):
     def open(
         self, hosts: Sequence[Host], config: LaunchConfig, progress: ProgressFn | None = None
     ) -> dict[str, Link]:
-        return SshTransport(config.ssh, agent_pythons(config.python), progress).open(hosts)
+        return SshTransport(ssh_options(config), agent_pythons(config.python), progress).open(hosts)
 
     def open_for_check(self, host: Host, config: LaunchConfig) -> CheckedLink:
         """Also says whether the host key was known, and which step failed (login, or the agent's start)."""
@@ -221,12 +221,12 @@ class SshBackend(Backend):
         from launcher.backends.ssh.connect import AuthRefused, connect_target
         from launcher.backends.ssh.hostkeys import has_known_key
 
-        route = routes([host], config.ssh)[host.name]
+        route = routes([host], ssh_options(config))[host.name]
         target = route.target
         known = target.host_key_policy == "ignore" or has_known_key(target)
         started = time.monotonic()
         try:
-            client = connect_target(target, config.ssh, route.jumps)
+            client = connect_target(target, ssh_options(config), route.jumps)
         except HostError as err:
             return CheckedLink(
                 None, error=str(err), error_kind=_error_kind(str(err), isinstance(err, AuthRefused))

@@ -26,8 +26,8 @@ from launcher.backends.ssh.config import SshTarget, routes
 from launcher.backends.ssh.hostkeys import HostKeyPolicy, UnknownHostKey, changed_key_reason, trust_known_keys
 from launcher.backends.ssh.options import SshOptions
 from launcher.backends.window import Aborted, Window
-from launcher.console.progress import ProgressFn
 from launcher.core.hosts import Host
+from launcher.core.progress import ProgressFn
 from launcher.errors import HostError, UsageError
 
 log = logging.getLogger(__name__)

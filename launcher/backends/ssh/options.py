@@ -7,10 +7,13 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from launcher.backends.options import BackendOption
 from launcher.errors import UsageError
+
+if TYPE_CHECKING:
+    from launcher.core.config import LaunchConfig
 
 HostKeyPolicy = Literal["strict", "accept-new", "ignore"]
 PORT_RANGE = (1, 65535)
@@ -72,6 +75,12 @@ SSH_OPTIONS = (
         show_default=True,
     ),
 )
+
+
+def ssh_options(config: LaunchConfig) -> SshOptions:
+    """The launch's SSH settings (its defaults where the CLI parsed none, as in a test's config)."""
+    options = config.backend_options.get("ssh")
+    return options if isinstance(options, SshOptions) else SshOptions()
 
 
 def seconds(value: float, option: str) -> float:

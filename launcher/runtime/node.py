@@ -26,12 +26,12 @@ from launcher.agent.protocol import (
 from launcher.backends import api as backend
 from launcher.backends.link import Acknowledging, Link, Prefaced, abort, opening
 from launcher.backends.local import LocalTransport
-from launcher.console.progress import ProgressFn
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
 from launcher.core.plan import Slot
-from launcher.diagnose.control import ControlServer, answering
+from launcher.core.progress import ProgressFn
 from launcher.errors import HostError
+from launcher.runtime.control import ControlServer, answering
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def connect(
             with answering(control, doing):
                 links.update(chosen.open(remote, config, progress))
         links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
-    dead_after = config.ssh.keepalive_interval * config.ssh.keepalive_count
+    dead_after = chosen.liveness(config).dead_after
     return [
         Node(h, links[h.name], is_local, next(_agent_ids), dead_after)
         for h, is_local in zip(hosts, local, strict=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from launcher.errors import HostError
-from launcher.job.node import Node
+from launcher.runtime.node import Node
 
 
 class StartupTimedOut(HostError):

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.console.progress import Progress, ProgressFn
+from launcher.core.progress import Progress, ProgressFn
 
 # Phases in order; "connected" and "agent" come from the SSH fan-out where it reports them apart (where it
 # starts each host's agent as soon as its connection is up, "agent" alone); a local host has both at once.

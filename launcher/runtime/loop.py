@@ -15,13 +15,15 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from launcher.agent.protocol import SIGNAL, Handlers, SignalRequest, dispatch
-from launcher.diagnose.control import ControlServer, answer_busy
-from launcher.errors import DeadlineReached, HostError, Interrupted
-from launcher.job.node import Node
-from launcher.signals import Waiter, signal_name, stopping, suspend_self
+from launcher.core.result import TimedOut
+from launcher.errors import DeadlineReached, HostError, Interrupted, signal_name
+from launcher.runtime.control import ControlServer, answer_busy
+from launcher.runtime.node import Node
+from launcher.signals import Waiter, stopping, suspend_self
 
 C = TypeVar("C")  # what a phase knows a host by (a Node, an attempt's HostAttempt), handed to its handlers
 
@@ -119,9 +121,9 @@ class Phase(Generic[C]):
         elif signum == signal.SIGCONT:
             forward_signal(nodes, signal.SIGCONT)
 
-    def on_deadline(self, now: float) -> None:
+    def on_deadline(self, now: float, deadline: Deadline) -> None:
         """--timeout expired (the loop calls this once)."""
-        raise DeadlineReached(f"--timeout expired while {self.doing(now)}")
+        raise deadline.error(self.doing(now))
 
     def on_stall(self, seconds: float, now: float) -> None:
         """distrun did not run for `seconds`: nobody could be heard meanwhile (the loop excused the hosts)."""
@@ -134,20 +136,57 @@ class Phase(Generic[C]):
         """After each wake-up's events were handled."""
 
 
+@dataclass(frozen=True)
+class Deadline:
+    """--timeout: `seconds` counted from `started` (time.monotonic()), in every phase of the job.
+
+    The job's one deadline: its Loop holds it, and whatever ends at it (a phase, a restart, the measurement
+    of --preflight) asks it the time left and for the error or the outcome that says it passed.
+    """
+
+    seconds: float | None = None
+    started: float = 0.0
+
+    @property
+    def at(self) -> float | None:
+        """The instant (time.monotonic()); None: no --timeout."""
+        return self.started + self.seconds if self.seconds else None
+
+    def left(self, now: float) -> float | None:
+        """Seconds to go (<= 0 once passed); None: no --timeout."""
+        at = self.at
+        return None if at is None else at - now
+
+    def passed(self, now: float) -> bool:
+        at = self.at
+        return at is not None and now >= at
+
+    def error(self, doing: str) -> DeadlineReached:
+        """Before any rank runs: the job ends with exit 124 and this line."""
+        return DeadlineReached(f"--timeout expired while {doing}")
+
+    def outcome(self, stopped: tuple[int, ...] = ()) -> TimedOut:
+        """Once ranks ran (or between attempts): the job's outcome."""
+        return TimedOut(self.seconds or 0.0, stopped)
+
+
+NO_DEADLINE = Deadline()
+
+
 class Loop:
-    """Waits for the job: the signal pipe, the deadline (time.monotonic(); None: no --timeout), the control
-    socket, and every link a phase listens to; checks liveness and the deadline every `check_every`."""
+    """Waits for the job: the signal pipe, the job's `Deadline`, the control socket, and every link a phase
+    listens to; checks liveness and the deadline every `check_every`."""
 
     def __init__(
         self,
         wake_fd: int,
         *,
-        deadline: float | None,
+        deadline: Deadline | None = None,
         check_every: float,
         control: ControlServer | None = None,
     ) -> None:
         self.wake_fd = wake_fd
-        self.deadline = deadline
+        self.deadline = deadline or NO_DEADLINE
         self.check_every = check_every
         self.control = control
 
@@ -157,6 +196,7 @@ class Loop:
         for node, _ in phase.sources:
             node.excuse(now)  # nobody listened to it before this phase
         deadline_told = False
+        deadline = self.deadline.at
         # Registrations: (node, context) for a link, (fd, on_ready) for a phase's own fd, None for the control
         # socket.
         with Waiter[tuple[Any, Any] | None](self.wake_fd) as waiter:
@@ -176,8 +216,8 @@ class Loop:
             handlers = phase.handlers
             while not phase.done:
                 wait = next_check - now
-                if self.deadline is not None and not deadline_told:
-                    wait = min(wait, self.deadline - now)
+                if deadline is not None and not deadline_told:
+                    wait = min(wait, deadline - now)
                 due = phase.next_due()
                 for at in (due, phase.next_wake()):
                     if at is not None:
@@ -217,12 +257,12 @@ class Loop:
                     # Our own loop was stuck (a console that does not read): nobody could be heard meanwhile.
                     # (The heartbeat thread went on, so the agents heard us.)
                     self._excuse(phase, now)
-                late = self.deadline is not None and now >= self.deadline and not deadline_told
+                late = deadline is not None and now >= deadline and not deadline_told
                 if now >= next_check or late or (due is not None and now >= due):
                     next_check = now + self.check_every
                     if late:
                         deadline_told = True
-                        phase.on_deadline(now)
+                        phase.on_deadline(now, self.deadline)
                     phase.on_tick(now)
                     for node, context in phase.sources:
                         # A host the tick gave up is read no more (its link is torn down).

@@ -1,0 +1,120 @@
+"""launcher/'s packages form layers that import one way: each imports only the layers below it.
+
+The order is docs/backend.md's ("Layers"); every import counts, lazy and `TYPE_CHECKING` ones included. The
+shipped agent is at the bottom (it imports nothing of ours but itself), the CLI and the entry point at the
+top, and the launcher never imports the worker library (`collectives`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from tests.layering import REPO, imported_names, module_name, modules
+
+# Bottom first. A unit is a package (`launcher.core`) or a top-level module (`launcher.errors`); `launcher` is
+# the package's own __init__ (the start guard, the version), which everything may use.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("launcher",),
+    ("launcher.agent",),
+    ("launcher.errors",),
+    ("launcher.core",),
+    ("launcher.signals",),
+    ("launcher.console",),
+    ("launcher.backends",),
+    ("launcher.runtime",),
+    ("launcher.diagnose",),
+    ("launcher.report",),
+    ("launcher.workdir",),
+    ("launcher.check",),
+    ("launcher.job",),
+    ("launcher.cli",),
+    ("launcher.entry",),
+    ("launcher.__main__",),
+)
+FORBIDDEN = ("collectives",)
+
+
+def unit_of(name: str, units: Iterable[str]) -> str | None:
+    """The longest unit that `name` (a module, or a name imported from one) falls in."""
+    found = [u for u in units if name == u or name.startswith(u + ".")]
+    return max(found, key=len) if found else None
+
+
+def violations(
+    layers: Sequence[Sequence[str]],
+    imports: Mapping[str, Iterable[tuple[int, str]]],
+    forbidden: Sequence[str],
+) -> list[str]:
+    """`module:line imports X` for every import of a unit above the importer's (or beside it, in the same
+    layer), of a forbidden package, and for every module in no layer."""
+    level = {unit: i for i, layer in enumerate(layers) for unit in layer}
+    found = []
+    for module, names in imports.items():
+        own = unit_of(module, level)
+        if own is None:
+            found.append(f"{module}: in no layer of LAYERS")
+            continue
+        for line, name in names:
+            if unit_of(name, forbidden) is not None:
+                found.append(f"{module}:{line} imports {name}, which the launcher never imports")
+                continue
+            target = unit_of(name, level)
+            if target is None or target in (own, "launcher"):
+                continue
+            if level[target] >= level[own]:
+                found.append(f"{module}:{line} imports {name} ({target} is not below {own})")
+    return sorted(set(found))
+
+
+def launcher_imports() -> dict[str, list[tuple[int, str]]]:
+    return {module_name(path): list(imported_names(path)) for path in modules("launcher")}
+
+
+def test_every_launcher_import_goes_down_the_layers() -> None:
+    assert violations(LAYERS, launcher_imports(), FORBIDDEN) == []
+
+
+def test_every_launcher_package_is_in_a_layer() -> None:
+    top = {module_name(p).split(".")[1] for p in modules("launcher") if p.parent != REPO / "launcher"}
+    listed = {unit.split(".")[1] for layer in LAYERS for unit in layer if "." in unit}
+    assert top <= listed
+
+
+def test_the_checker_catches_an_import_up_sideways_forbidden_or_unlisted() -> None:
+    layers = (("p.low",), ("p.mid", "p.side"), ("p.high",))
+    imports = {
+        "p.low.a": [(3, "p.high.b.thing")],  # up: lazy or not, the walker yields it alike
+        "p.mid.a": [(4, "p.side.c"), (5, "p.low.a"), (6, "p.mid.other")],  # sideways, down, own unit
+        "p.high.b": [(7, "collectives.placement")],
+        "p.lost": [(1, "p.low")],
+    }
+    assert violations(layers, imports, ("collectives",)) == [
+        "p.high.b:7 imports collectives.placement, which the launcher never imports",
+        "p.lost: in no layer of LAYERS",
+        "p.low.a:3 imports p.high.b.thing (p.high is not below p.low)",
+        "p.mid.a:4 imports p.side.c (p.side is not below p.mid)",
+    ]
+
+
+def test_the_walker_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
+    source = tmp_path / "launcher" / "core" / "x.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from launcher.job.run import Job\n"
+        "def f():\n"
+        "    from ..report import summary\n"
+    )
+    names = [name for _, name in imported_names(source, tmp_path)]
+    assert {"launcher.job.run.Job", "launcher.report.summary"} <= set(names)
+
+
+def test_docs_backend_md_states_the_same_layer_order() -> None:
+    text = (REPO / "docs" / "backend.md").read_text()
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    stated = re.findall(r"^\d+\. (.+)$", section, flags=re.M)
+    expected = [", ".join(f"`{unit}`" for unit in layer) for layer in LAYERS]
+    assert [line.split(":")[0].strip() for line in stated] == expected
