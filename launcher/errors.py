@@ -1,6 +1,6 @@
 """Errors carry the exit code the CLI turns them into; nothing else maps errors to codes.
 
-Exit codes (documented in README):
+Exit codes (documented in README and, in full, docs/usage.md):
   0    every rank exited 0
   1    internal error in distrun itself
   2    bad input: options, hostfile, -H, config file

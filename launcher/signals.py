@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Generic, TypeVar
 
 # Signals that stop the job (distrun exits 128+N), signals passed on to every rank while the job goes on, and
-# job control (Ctrl-Z, fg). README's "Signals" table says the same.
+# job control (Ctrl-Z, fg). docs/usage.md's "Signals" table says the same.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 HANDLED_SIGNALS = (*STOP_SIGNALS, *FORWARDED_SIGNALS, signal.SIGTSTP, signal.SIGCONT)

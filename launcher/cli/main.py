@@ -703,7 +703,7 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             from launcher.agent.stackdump import HOOK_VARIABLES
             from launcher.agent.store import CACHE_DIR_VAR
 
-            if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (README, --workdir)
+            if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (docs/workdir.md)
                 continue
             if name in HOOK_VARIABLES:  # what each rank's agent adds for the stack hook
                 continue

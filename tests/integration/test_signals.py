@@ -1,4 +1,4 @@
-"""Signals sent to distrun reach every rank as the README's table says; distrun ends as it says."""
+"""Signals sent to distrun reach every rank as docs/usage.md's table says; distrun ends as it says."""
 
 from __future__ import annotations
 
