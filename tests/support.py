@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import signal
 import struct
 import subprocess
 import sys
@@ -20,12 +21,23 @@ import psutil
 import pytest
 
 from launcher.agent.protocol import Frame, FrameReader
+from launcher.core.forward import is_leftover
 
 T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "integration" / "scripts"
 REPO = Path(__file__).resolve().parents[1]
 # A silent host (or a launcher not heard) is declared dead after 3 missed beats 0.5 s apart: 1.5 s.
 FAST_DEATH = ("--ssh-keepalive", "0.5", "--ssh-keepalive-count", "3")
+# A Slurm job's or step's variables: with them a launch without -H would become an srun launch.
+SLURM_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_")
+# The signals tests send to distrun and expect it (and its ranks) to act on.
+SENT_BY_TESTS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM)
+
+
+def is_outer_job(name: str) -> bool:
+    """A variable that another launcher, Slurm or an enclosing distrun job leaves (see forward.py): what
+    tests/conftest.py removes for the whole session."""
+    return is_leftover(name) or name.startswith(SLURM_PREFIXES)
 
 
 def require_machine(impossible: str | None, missing: str | None) -> None:
