@@ -1,7 +1,8 @@
 """collectives on GPUs with nccl. Skipped, with the reason, where CUDA is not available.
 
 The 2-rank job runs the same worker as the gloo integration tests (it computes on hvd.device()), and the
-same test functions check its results, imported below so that they use this module's nccl ``job``.
+same checks (tests/collectives_checks.py) judge its results, imported below so that they use this module's
+nccl ``job``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 # Collected here by pytest, where they use this module's nccl `job` fixture instead of the gloo one.
-from tests.integration.test_collectives_multirank import (  # noqa: E402, F401
+from tests.collectives_checks import (  # noqa: E402, F401
     test_adopted_group_placement_from_host_names_and_env_consistency,
     test_allreduce_ops,
     test_averaged_gradients_equal_single_process_gradient_of_concatenated_batch,
