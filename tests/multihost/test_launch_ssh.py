@@ -1,12 +1,8 @@
-"""distrun across SSH hosts of the simulated cluster: real sshd, real namespaces, real gloo groups.
-
-"Clean" always means: listing the processes inside each host's namespace finds nothing but its sshd.
-"""
+"""distrun across SSH hosts of the simulated cluster: real sshd, real namespaces, real gloo groups."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,20 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
+from tests.multihost.support import assert_clean, distrun_on
 from tests.support import FAST_DEATH, REPO, SCRIPTS, distrun_argv, run_distrun, start_distrun, wait_until
 
 pytestmark = pytest.mark.multihost
-
-CLEAN_WITHIN = 5.0
-
-
-def distrun_on(cluster: Cluster, *args: str | os.PathLike[str], timeout: float = 120):  # type: ignore[no-untyped-def]
-    return run_distrun(*args, env=cluster.env(PYTHONPATH=str(REPO)), timeout=timeout)
-
-
-def assert_clean(cluster: Cluster, within: float = CLEAN_WITHIN) -> None:
-    left = cluster.wait_clean(timeout=within)
-    assert left == {}, {h: [p.cmdline() for p in procs] for h, procs in left.items()}
 
 
 def test_all_remote_gloo_all_reduce_with_host_prefixes(cluster: Cluster) -> None:

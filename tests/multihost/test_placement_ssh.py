@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.multihost.test_launch_ssh import assert_clean, distrun_on
+from tests.multihost.support import assert_clean, distrun_on
 from tests.support import SCRIPTS
 
 pytestmark = pytest.mark.multihost
