@@ -16,6 +16,9 @@ import pytest
 
 from tests.support import SENT_BY_TESTS, is_outer_job
 
+# The simulated cluster's fixtures, for tests/multihost and for the scenarios that run both here and there.
+pytest_plugins = ("tests.multihost.fixtures",)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def no_outer_job() -> Iterator[None]:

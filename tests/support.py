@@ -222,18 +222,30 @@ def read_frames_until(proc: subprocess.Popen[bytes], reader: FrameReader, kind: 
     return frames
 
 
-def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> bytes:
-    """distrun's stdout until `needle` was seen `count` times: every byte read, maybe ending inside a line.
+def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int, *, stderr: bool = False) -> bytes:
+    """distrun's stdout (its stderr with `stderr`) until `needle` was seen `count` times: every byte read,
+    maybe ending inside a line.
 
     Read from the pipe's fd, never through `proc.stdout`'s buffer: `communicate()` afterwards reads the fd
     itself, so bytes a buffered readline had read ahead would be lost to the caller."""
-    assert proc.stdout is not None
+    pipe = proc.stderr if stderr else proc.stdout
+    assert pipe is not None
     seen = b""
     while seen.count(needle) < count:
-        chunk = os.read(proc.stdout.fileno(), 65536)
-        assert chunk, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
+        chunk = os.read(pipe.fileno(), 65536)
+        assert chunk, (
+            f"distrun's {'stderr' if stderr else 'stdout'} ended before {count} x {needle!r}: {seen!r}"
+        )
         seen += chunk
     return seen
+
+
+def job_answer(pid: int, env: dict[str, str]) -> subprocess.CompletedProcess[str] | None:
+    """What `distrun stacks PID` answers, or None while the job's control socket is not up yet (exit 1)."""
+    done = subprocess.run(
+        distrun_argv("stacks", str(pid)), capture_output=True, text=True, env=env, timeout=60
+    )
+    return done if done.returncode != 1 else None
 
 
 HANG_VERDICT = (
