@@ -299,3 +299,7 @@ def test_sharding_covers_every_sample_exactly_once_per_epoch(job: Any) -> None:
     first, second = (results[0]["sharding"]["epochs"][e]["indices"] for e in range(2))
     assert first != second, "a new epoch must reshuffle"
     assert first != list(range(0, 103, size)), "shuffle-then-shard, not shard-without-shuffle"
+
+
+# What `from tests.collectives_checks import *` brings into a test module: every check, for pytest to collect.
+__all__ = [name for name in dict(globals()) if name.startswith("test_")]

@@ -139,6 +139,16 @@ def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 6
     return wait_until(found, timeout, f"{count} {pattern} files in {directory}")
 
 
+def sleeping_rank(ready: Path) -> tuple[Path, int, int]:
+    """A job of scripts/stack_cases.py's `sleep` case, once its rank 0 has written its files into `ready`: the
+    agent's dump directory, the rank's pid and its agent's (the rank's parent)."""
+    wait_for_files(ready, "*.pid", 1)
+    dump_dir = Path((ready / "0.dir").read_text())
+    rank = int((ready / "0.pid").read_text())
+    agent = int(Path(f"/proc/{rank}/stat").read_text().rpartition(")")[2].split()[1])
+    return dump_dir, rank, agent
+
+
 def attempt_envs(out: Path, attempt: int) -> dict[int, dict[str, str]]:
     """rank -> the environment its rank saw in that attempt (tests/integration/scripts/restartable.py)."""
     envs = (json.loads(path.read_text()) for path in out.glob(f"a{attempt}.r*.json"))

@@ -23,6 +23,7 @@ from tests.support import (
     distrun_argv,
     never_left_running,
     run_distrun,
+    sleeping_rank,
     start_distrun,
     wait_for_files,
     wait_until,
@@ -127,10 +128,7 @@ def test_what_a_sigkill_leaves_goes_at_the_next_start(tmp_path: Path) -> None:
     ready.mkdir()
     job = start_distrun("-np", "1", SCRIPTS / "stack_cases.py", ready, "sleep", env=env)
     with never_left_running(job):
-        wait_for_files(ready, "*.pid", 1)
-        dump_dir = Path((ready / "0.dir").read_text())
-        rank = int((ready / "0.pid").read_text())
-        agent = int(Path(f"/proc/{rank}/stat").read_text().rpartition(")")[2].split()[1])
+        dump_dir, rank, agent = sleeping_rank(ready)
         assert (dump_dir / LOCK_NAME).exists() and (sockets / f"{job.pid}.sock").exists()
         os.kill(agent, signal.SIGKILL)
         os.kill(job.pid, signal.SIGKILL)
@@ -142,8 +140,7 @@ def test_what_a_sigkill_leaves_goes_at_the_next_start(tmp_path: Path) -> None:
     live_ready.mkdir()
     live = start_distrun("-np", "1", SCRIPTS / "stack_cases.py", live_ready, "sleep", env=env)
     with never_left_running(live):
-        wait_for_files(live_ready, "*.pid", 1)
-        live_dir = Path((live_ready / "0.dir").read_text())
+        live_dir, _, _ = sleeping_rank(live_ready)
         assert not dump_dir.exists(), "the killed agent's directory is removed at the next start"
         assert not (sockets / f"{job.pid}.sock").exists(), (
             "the killed job's socket is removed at the next start"

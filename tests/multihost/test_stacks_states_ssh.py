@@ -14,6 +14,7 @@ from tests.multihost.cluster import Cluster
 from tests.support import (
     SCRIPTS,
     never_left_running,
+    sleeping_rank,
     start_distrun,
     wait_for_files,
     wait_until,
@@ -36,10 +37,7 @@ def test_a_remote_agent_killed_with_sigkill_leaves_nothing_after_the_next_start(
     ready.mkdir()
     job = start_distrun("-H", "h2:1", SCRIPTS / "stack_cases.py", ready, "sleep", env=env)
     with never_left_running(job):
-        wait_for_files(ready, "*.pid", 1)
-        dump_dir = Path((ready / "0.dir").read_text())
-        rank = int((ready / "0.pid").read_text())
-        agent = int(Path(f"/proc/{rank}/stat").read_text().rpartition(")")[2].split()[1])
+        dump_dir, rank, agent = sleeping_rank(ready)
         os.kill(agent, signal.SIGKILL)
         job.communicate(timeout=60)
     assert job.returncode == 3
