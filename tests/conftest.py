@@ -14,17 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from launcher.core.forward import is_leftover
+from tests.support import SENT_BY_TESTS, is_outer_job
 
-# A Slurm job's or step's variables: with them a launch without -H would become an srun launch.
-SLURM_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_")
-# The signals tests send to distrun and expect it (and its ranks) to act on.
-SENT_BY_TESTS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM)
-
-
-def is_outer_job(name: str) -> bool:
-    """A variable that another launcher, Slurm or an enclosing distrun job leaves (see forward.py)."""
-    return is_leftover(name) or name.startswith(SLURM_PREFIXES)
+# The simulated cluster's fixtures, for tests/multihost and for the scenarios that run both here and there.
+pytest_plugins = ("tests.multihost.fixtures",)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import pty
+import signal
 import struct
 import subprocess
 import sys
@@ -20,12 +21,23 @@ import psutil
 import pytest
 
 from launcher.agent.protocol import Frame, FrameReader
+from launcher.core.forward import is_leftover
 
 T = TypeVar("T")
 SCRIPTS = Path(__file__).parent / "integration" / "scripts"
 REPO = Path(__file__).resolve().parents[1]
 # A silent host (or a launcher not heard) is declared dead after 3 missed beats 0.5 s apart: 1.5 s.
 FAST_DEATH = ("--ssh-keepalive", "0.5", "--ssh-keepalive-count", "3")
+# A Slurm job's or step's variables: with them a launch without -H would become an srun launch.
+SLURM_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_")
+# The signals tests send to distrun and expect it (and its ranks) to act on.
+SENT_BY_TESTS = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM)
+
+
+def is_outer_job(name: str) -> bool:
+    """A variable that another launcher, Slurm or an enclosing distrun job leaves (see forward.py): what
+    tests/conftest.py removes for the whole session."""
+    return is_leftover(name) or name.startswith(SLURM_PREFIXES)
 
 
 def require_machine(impossible: str | None, missing: str | None) -> None:
@@ -127,6 +139,16 @@ def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 6
     return wait_until(found, timeout, f"{count} {pattern} files in {directory}")
 
 
+def sleeping_rank(ready: Path) -> tuple[Path, int, int]:
+    """A job of scripts/stack_cases.py's `sleep` case, once its rank 0 has written its files into `ready`: the
+    agent's dump directory, the rank's pid and its agent's (the rank's parent)."""
+    wait_for_files(ready, "*.pid", 1)
+    dump_dir = Path((ready / "0.dir").read_text())
+    rank = int((ready / "0.pid").read_text())
+    agent = int(Path(f"/proc/{rank}/stat").read_text().rpartition(")")[2].split()[1])
+    return dump_dir, rank, agent
+
+
 def attempt_envs(out: Path, attempt: int) -> dict[int, dict[str, str]]:
     """rank -> the environment its rank saw in that attempt (tests/integration/scripts/restartable.py)."""
     envs = (json.loads(path.read_text()) for path in out.glob(f"a{attempt}.r*.json"))
@@ -210,18 +232,30 @@ def read_frames_until(proc: subprocess.Popen[bytes], reader: FrameReader, kind: 
     return frames
 
 
-def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int) -> bytes:
-    """distrun's stdout until `needle` was seen `count` times: every byte read, maybe ending inside a line.
+def read_until(proc: subprocess.Popen[bytes], needle: bytes, count: int, *, stderr: bool = False) -> bytes:
+    """distrun's stdout (its stderr with `stderr`) until `needle` was seen `count` times: every byte read,
+    maybe ending inside a line.
 
     Read from the pipe's fd, never through `proc.stdout`'s buffer: `communicate()` afterwards reads the fd
     itself, so bytes a buffered readline had read ahead would be lost to the caller."""
-    assert proc.stdout is not None
+    pipe = proc.stderr if stderr else proc.stdout
+    assert pipe is not None
     seen = b""
     while seen.count(needle) < count:
-        chunk = os.read(proc.stdout.fileno(), 65536)
-        assert chunk, f"distrun's stdout ended before {count} x {needle!r}: {seen!r}"
+        chunk = os.read(pipe.fileno(), 65536)
+        assert chunk, (
+            f"distrun's {'stderr' if stderr else 'stdout'} ended before {count} x {needle!r}: {seen!r}"
+        )
         seen += chunk
     return seen
+
+
+def job_answer(pid: int, env: dict[str, str]) -> subprocess.CompletedProcess[str] | None:
+    """What `distrun stacks PID` answers, or None while the job's control socket is not up yet (exit 1)."""
+    done = subprocess.run(
+        distrun_argv("stacks", str(pid)), capture_output=True, text=True, env=env, timeout=60
+    )
+    return done if done.returncode != 1 else None
 
 
 HANG_VERDICT = (

@@ -1,7 +1,8 @@
 """collectives on GPUs with nccl. Skipped, with the reason, where CUDA is not available.
 
 The 2-rank job runs the same worker as the gloo integration tests (it computes on hvd.device()), and the
-same test functions check its results, imported below so that they use this module's nccl ``job``.
+same checks (tests/collectives_checks.py) judge its results, imported below so that they use this module's
+nccl ``job``.
 """
 
 from __future__ import annotations
@@ -19,29 +20,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 # Collected here by pytest, where they use this module's nccl `job` fixture instead of the gloo one.
-from tests.integration.test_collectives_multirank import (  # noqa: E402, F401
-    test_adopted_group_placement_from_host_names_and_env_consistency,
-    test_allreduce_ops,
-    test_averaged_gradients_equal_single_process_gradient_of_concatenated_batch,
-    test_backward_passes_per_step_equals_one_step_on_four_times_the_data,
-    test_broadcast_alltoall_reduce_scatter,
-    test_broadcast_parameters_and_optimizer_state_make_replicas_identical,
-    test_compressed_gradients_within_documented_tolerance,
-    test_compression_with_accumulation_averages_once,
-    test_failures_are_raised_on_every_rank_and_leave_ranks_in_step,
-    test_grouped_allreduce_fuses_mixed_dtypes,
-    test_in_place_and_async_variants,
-    test_metrics_checkpoint_and_topology,
-    test_parameters_without_gradients_neither_hang_nor_skew_the_average,
-    test_ranks_using_different_parameters_get_identical_correct_gradients,
-    test_sharding_covers_every_sample_exactly_once_per_epoch,
-    test_sum_op_reduces_once_even_after_an_explicit_synchronize,
-    test_training_matches_ddp_with_the_same_buckets,
-    test_training_matches_single_process_on_combined_batches,
-    test_uneven_allgather_concatenates_in_rank_order,
-    test_wrapping_a_model_twice_reduces_with_the_new_optimizer_only,
-    worker_job,
-)
+from tests.collectives_checks import *  # noqa: E402, F403
+from tests.collectives_checks import worker_job  # noqa: E402
 from tests.support import REPO  # noqa: E402
 
 pytestmark = [

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_collectives_multirank import worker_job
+from tests.collectives_checks import worker_job
 
 torch = pytest.importorskip("torch")
 

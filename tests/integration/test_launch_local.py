@@ -1,4 +1,6 @@
-"""The launcher on one machine, end to end: real distrun, real workers, real torch.distributed groups."""
+"""The launcher on one machine, end to end: real distrun, real workers, real torch.distributed groups.
+
+The tests taking `where` run the same scenario on SSH hosts of the simulated cluster too (tests/multihost)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import psutil
 
+from tests.multihost.support import Where
 from tests.support import (
     FAST_DEATH,
     REPO,
@@ -22,11 +25,14 @@ from tests.support import (
     distrun_argv,
     open_terminal,
     read_terminal,
+    read_until,
     recorded_pids,
     run_distrun,
     start_distrun,
     wait_for_files,
 )
+
+LOCAL = Where(None)
 
 
 def _lines(data: bytes) -> list[str]:
@@ -132,25 +138,29 @@ def test_rank_exiting_zero_early_does_not_stop_the_rest(pid_dir: Path) -> None:
     assert_all_gone(recorded_pids(pid_dir), within=1.0)
 
 
-def _stop_with(sig: signal.Signals, pid_dir: Path, *extra: str) -> tuple[int, str, float]:
-    proc = start_distrun("-np", "3", *extra, SCRIPTS / "behave.py", "--pid-dir", pid_dir)
-    wait_for_files(pid_dir, "rank*.pid", 3)
-    time.sleep(0.2)
-    sent = time.monotonic()
+def _stop_with(sig: signal.Signals, pid_dir: Path, where: Where = LOCAL) -> tuple[int, str]:
+    """behave.py on 3 ranks (a host each on SSH), stopped with `sig` once they all run: exit code, stderr."""
+    hosts = where.either(("-np", "3"), ("-H", "h1:1,h2:1,h3:1"))
+    proc = start_distrun(*hosts, SCRIPTS / "behave.py", "--pid-dir", pid_dir, env=where.env())
+    wait_for_files(pid_dir, "*.pid", 6)  # each rank and its grandchild
+    read_until(proc, b" ready\n", 3)  # each rank's line relayed: distrun knows every rank runs
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
-    return proc.returncode, err.decode(), time.monotonic() - sent
+    return proc.returncode, err.decode()
 
 
-def test_ctrl_c_stops_every_rank_with_130(pid_dir: Path) -> None:
-    code, err, _ = _stop_with(signal.SIGINT, pid_dir)
+def test_ctrl_c_stops_every_rank_with_130(pid_dir: Path, where: Where) -> None:
+    code, err = _stop_with(signal.SIGINT, pid_dir, where)
     assert code == 130
+    if where.ssh:
+        where.assert_clean()
+        return
     assert "stopped by SIGINT" in err
     assert_all_gone(recorded_pids(pid_dir), within=1.0)
 
 
 def test_sigterm_stops_every_rank_with_143(pid_dir: Path) -> None:
-    code, err, _ = _stop_with(signal.SIGTERM, pid_dir)
+    code, err = _stop_with(signal.SIGTERM, pid_dir)
     assert code == 143
     assert "stopped by SIGTERM" in err
     assert_all_gone(recorded_pids(pid_dir), within=1.0)
@@ -176,7 +186,7 @@ def test_second_ctrl_c_kills_at_once(pid_dir: Path) -> None:
     )
     wait_for_files(pid_dir, "rank*.pid", 2)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.5)
+    read_until(proc, b"Ctrl-C again to kill every rank at once", 1, stderr=True)
     assert proc.poll() is None, "ranks ignore SIGTERM: the first Ctrl-C must still be waiting out the grace"
     sent = time.monotonic()
     proc.send_signal(signal.SIGINT)
@@ -193,12 +203,18 @@ def test_timeout_stops_a_hung_job_with_124(pid_dir: Path) -> None:
     assert_all_gone(recorded_pids(pid_dir), within=1.0)
 
 
-def test_sigkill_of_distrun_leaves_no_rank_behind(pid_dir: Path) -> None:
-    proc = start_distrun("-np", "3", SCRIPTS / "behave.py", "--pid-dir", pid_dir)
+def test_sigkill_of_distrun_leaves_no_rank_behind(pid_dir: Path, where: Where) -> None:
+    hosts = where.either(("-np", "3"), ("-H", "h1:2,h2:1"))
+    proc = start_distrun(*hosts, SCRIPTS / "behave.py", "--pid-dir", pid_dir, env=where.env())
     wait_for_files(pid_dir, "*.pid", 6)
+    if where.cluster is not None:
+        assert where.cluster.processes("h1") and where.cluster.processes("h2")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
-    assert_all_gone(recorded_pids(pid_dir), within=5.0)
+    if where.ssh:
+        where.assert_clean(within=5.0)
+    else:
+        assert_all_gone(recorded_pids(pid_dir), within=5.0)
 
 
 def test_command_not_found_is_exit_127_with_a_clear_line() -> None:
@@ -307,13 +323,16 @@ def test_colours_switch_on_by_themselves_on_a_terminal() -> None:
     assert b"\x1b[31m[0]\x1b[0m x" in seen and b"\x1b[32m[1]\x1b[0m x" in seen
 
 
-def test_a_console_that_stops_reading_does_not_fail_the_job() -> None:
-    # dead_after would be 1.5 s; the console is not read for 3 s while the job runs on.
-    proc = start_distrun("-np", "2", *FAST_DEATH, SCRIPTS / "chatty_then_quiet.py", "4")
-    time.sleep(3)
+def test_a_console_that_stops_reading_does_not_fail_the_job(where: Where) -> None:
+    # dead_after would be 1.5 s; the console is not read for 3 s while the job runs on. On SSH hosts: h1's
+    # rank fills the console pipe, h2's rank is quiet, and neither host may be declared dead meanwhile.
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
+    proc = start_distrun(*hosts, *FAST_DEATH, SCRIPTS / "chatty_then_quiet.py", "4", env=where.env())
+    time.sleep(3)  # the point: nobody reads the console meanwhile
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err.decode()
     assert out.count(b"finished") == 2
+    where.assert_clean()
 
 
 def test_an_agent_killed_outright_takes_its_ranks_with_it(pid_dir: Path) -> None:

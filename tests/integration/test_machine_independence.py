@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import SENT_BY_TESTS, is_outer_job
+from tests.support import SENT_BY_TESTS, is_outer_job
 
 
 def test_no_variable_of_an_enclosing_job_is_seen() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from launcher.agent.protocol import Facts
 from launcher.core.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
+from tests.multihost.support import Where
 from tests.support import clean_env, run_distrun
 
 
@@ -29,13 +30,25 @@ def test_a_distrun_inside_a_rank_warns_about_nothing_it_was_given(tmp_path: Path
     assert b"names no option" not in done.stdout + done.stderr, done.stdout.decode() + done.stderr.decode()
 
 
-def test_a_directory_as_the_command_is_named_as_a_shell_would_and_as_localhost(tmp_path: Path) -> None:
-    done = run_distrun("-np", "1", tmp_path)
+def test_a_directory_as_the_command_is_named_as_a_shell_would_and_as_localhost(
+    tmp_path: Path, where: Where
+) -> None:
+    """On an SSH host, on the host as the summary names it: here by its address, which is not the machine's
+    own hostname."""
+    if where.cluster is None:
+        host, hosts, command = "localhost", ("-np", "1"), tmp_path
+    else:
+        host = where.cluster.addr("h2")
+        hosts, command = ("-H", f"{host}:1"), Path("/tmp")
+    done = run_distrun(*hosts, command, env=where.env(pythonpath=False))
     err = done.stderr.decode()
     assert done.returncode == 126, err
-    assert f"[0] distrun: cannot start rank 0 on localhost: {tmp_path}: is a directory\n" in err
+    assert f"[0] distrun: cannot start rank 0 on {host}: {command}: is a directory\n" in err
     assert "Permission denied" not in err
-    assert "rank 0 (host localhost) exited with code 126" in err
+    assert f"rank 0 (host {host}) exited with code 126" in err
+    if where.ssh:
+        assert "h2" not in err
+        where.assert_clean(within=10)
 
 
 def test_v_names_the_cause_in_words_and_counts_agree(tmp_path: Path) -> None:

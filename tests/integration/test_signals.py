@@ -1,4 +1,6 @@
-"""Signals sent to distrun reach every rank as docs/usage.md's table says; distrun ends as it says."""
+"""Signals sent to distrun reach every rank as docs/usage.md's table says; distrun ends as it says.
+
+The tests taking `where` run on SSH hosts of the simulated cluster too (tests/multihost)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.multihost.support import Where
 from tests.support import (
     REPO,
     SCRIPTS,
@@ -25,10 +28,16 @@ from tests.support import (
     wait_until,
 )
 
+LOCAL = Where(None)
 
-def _start(pid_dir: Path, *script_args: str, ranks: int = 2) -> subprocess.Popen[bytes]:
-    proc = start_distrun("-np", str(ranks), SCRIPTS / "signals.py", pid_dir, *script_args)
-    wait_for_files(pid_dir, "rank*.pid", ranks)  # written once the rank's handlers are in place
+
+def _start(pid_dir: Path, *script_args: str, where: Where = LOCAL) -> subprocess.Popen[bytes]:
+    """signals.py on 2 ranks (on h1 and h2 over SSH), once both have their handlers in place."""
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
+    proc = start_distrun(*hosts, SCRIPTS / "signals.py", pid_dir, *script_args, env=where.env())
+    wait_for_files(pid_dir, "rank*.pid", 2)  # written once the rank's handlers are in place
+    if where.ssh:
+        read_until(proc, b"ready", 2)
     return proc
 
 
@@ -41,11 +50,16 @@ def _wait_for_status(pids: list[int], wanted: bool, timeout: float = 30.0) -> No
     )
 
 
-def test_ctrl_c_reaches_every_rank_as_sigint_first(pid_dir: Path) -> None:
-    proc = _start(pid_dir)
+def test_ctrl_c_reaches_every_rank_as_sigint_first(pid_dir: Path, where: Where) -> None:
+    proc = _start(pid_dir, where=where)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
+    if where.ssh:
+        assert b"[0] rank 0 cleaning up after KeyboardInterrupt" in out
+        assert b"[1] rank 1 cleaning up after KeyboardInterrupt" in out
+        where.assert_clean(within=5.0)
+        return
     assert out.count(b"cleaning up after KeyboardInterrupt") == 2, out.decode()
     assert err.decode().count("Ctrl-C again to kill every rank at once") == 1
     assert_all_gone(recorded_pids(pid_dir))

@@ -1,4 +1,6 @@
-"""Every rank's stacks from real jobs: `distrun stacks`, --timeout, --stall-timeout; stragglers (issue 17)."""
+"""Every rank's stacks from real jobs: `distrun stacks`, --timeout, --stall-timeout; stragglers (issue 17).
+
+The test taking `where` runs on two SSH hosts of the simulated cluster too (tests/multihost)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import jsonschema
 import pytest
 
 from launcher.agent.stackdump import find_py_spy
+from tests.multihost.support import Where
 from tests.support import (
     HANG_VERDICT,
     REPO,
@@ -29,14 +32,32 @@ from tests.support import (
 SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 
 
-def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path) -> None:
+def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path, where: Where) -> None:
     report = tmp_path / "run.json"
     out_dir = tmp_path / "logs"
+    env = where.env()
+    # Local: the stacks files too. On SSH hosts (2 ranks on each): the start-up timeline, -v names its phases.
+    hosts = where.either(("-np", "4", "--output-dir", out_dir), ("-v", "-H", "h1:2,h2:2"))
     # Long enough for four ranks to import torch on a busy machine; `distrun stacks` comes well before.
     job = start_distrun(
-        "-np", "4", "--timeout", "60", "--stack-tool", "python", "--report", report, "--output-dir", out_dir,
-        SCRIPTS / "hang.py", tmp_path,
+        *hosts, "--timeout", "60", "--stack-tool", "python", "--report", report,
+        SCRIPTS / "hang.py", tmp_path, env=env,
     )  # fmt: skip
+    if where.ssh:
+        text = hang_stacks_then_timeout(
+            job, tmp_path, hosts="2 hosts", rank2_host="h2", barrier_hosts="h1, h2", env=env
+        )
+        # The start-up timeline: -v names the slowest host of each phase, the report has every host's.
+        for phase in ("agent", "probed", "started", "first output"):
+            assert f"distrun: start-up: {phase}: slowest h" in text, text
+        timeline = json.loads(report.read_text())["timeline"]
+        assert [t["host"] for t in timeline] == ["h1", "h2"]
+        for host in timeline:
+            assert 0 < host["agent"] <= host["probed"] <= host["started"], host
+            assert host["connected"] is None or host["connected"] <= host["agent"], host
+        assert sorted(int(r) for t in timeline for r in t["first_output"]) == [0, 1, 2, 3]
+        where.assert_clean(within=10)
+        return
     hang_stacks_then_timeout(job, tmp_path, hosts="1 host", rank2_host="localhost", barrier_hosts="localhost")
     assert_all_gone(recorded_pids(tmp_path))
     doc = json.loads(report.read_text())

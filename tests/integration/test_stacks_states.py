@@ -1,6 +1,7 @@
 """`distrun stacks` with real jobs in the states issue 27 found (items 8, 10, 12, 13, 14, 15): leftovers of a
 SIGKILL, deep recursion, a stopped rank, an unwritable runtime directory, a rank inside pytest, a reused
 --output-dir. In-process tables: tests/unit/test_stack_readable.py, tests/unit/test_stacks_leftovers.py.
+The tests taking `where` run on SSH hosts of the simulated cluster too (tests/multihost).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 from launcher.agent.stackdump import LOCK_NAME
+from tests.multihost.support import Where
 from tests.support import (
     SCRIPTS,
     ask_stacks_until,
@@ -21,29 +23,39 @@ from tests.support import (
     distrun_argv,
     never_left_running,
     run_distrun,
+    sleeping_rank,
     start_distrun,
     wait_for_files,
     wait_until,
 )
 
+LOCAL = Where(None)
 
-def _own_runtime(tmp_path: Path) -> dict[str, str]:
+
+def _own_runtime(tmp_path: Path, where: Where = LOCAL) -> dict[str, str]:
     """An XDG_RUNTIME_DIR of the test's own: its jobs' sockets are the only ones there."""
     runtime = tmp_path / "xdg"
     runtime.mkdir(mode=0o700)
-    return clean_env(XDG_RUNTIME_DIR=str(runtime))
+    return where.env(pythonpath=False, XDG_RUNTIME_DIR=str(runtime))
 
 
-def test_a_deep_recursion_from_two_callers_is_two_groups(tmp_path: Path) -> None:
+def test_a_deep_recursion_from_two_callers_is_two_groups(tmp_path: Path, where: Where) -> None:
     """faulthandler shows only the innermost 100 frames, alike for both ranks: the whole stacks separate them,
-    and the console keeps both ends of each with a mark between."""
-    env = _own_runtime(tmp_path)
+    and the console keeps both ends of each with a mark between. On SSH hosts: one rank on each."""
+    env = _own_runtime(tmp_path, where)
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
     job = start_distrun(
-        "-np", "2", "--stack-tool", "python", SCRIPTS / "stack_cases.py", tmp_path, "deep", env=env
+        *hosts, "--stack-tool", "python", SCRIPTS / "stack_cases.py", tmp_path, "deep", env=env
     )  # fmt: skip
     with never_left_running(job):
         wait_for_files(tmp_path, "*.pid", 2)
         shown = ask_stacks_until(job.pid, "different places", env)
+    if where.ssh:
+        assert "rank 0 (1 of 2) on h1:" in shown and "rank 1 (1 of 2) on h2:" in shown, shown
+        assert shown.count(", in from_left") == 1 and shown.count(", in from_right") == 1, shown
+        assert "frames not shown (in walk)" in shown and "stacks cut" not in shown, shown
+        where.assert_clean(within=10)
+        return
     lines = shown.splitlines()
     assert "rank 0 (1 of 2) on localhost:" in lines and "rank 1 (1 of 2) on localhost:" in lines, shown
     assert shown.count(", in from_left") == 1 and shown.count(", in from_right") == 1, shown
@@ -70,19 +82,28 @@ def test_a_deep_stack_blocked_outside_python_is_marked_as_cut(tmp_path: Path) ->
     )
 
 
-def test_a_stopped_rank_is_named_at_once(tmp_path: Path) -> None:
-    env = _own_runtime(tmp_path)
+def test_a_stopped_rank_is_named_at_once(tmp_path: Path, where: Where) -> None:
+    env = _own_runtime(tmp_path, where)
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
     job = start_distrun(
-        "-np", "2", "--stack-tool", "python", "--grace-period", "1", SCRIPTS / "stack_cases.py", tmp_path,
+        *hosts, "--stack-tool", "python", "--grace-period", "1", SCRIPTS / "stack_cases.py", tmp_path,
         "stopped", env=env,
     )  # fmt: skip
     with never_left_running(job):
         wait_for_files(tmp_path, "*.pid", 2)
         pid = int((tmp_path / "1.pid").read_text())
-        wait_until(lambda: _state(pid) == "T", 30)
+        if not where.ssh:
+            wait_until(lambda: _state(pid) == "T", 30)
         started = time.monotonic()
         shown = ask_stacks_until(job.pid, "cannot read the stacks: it is stopped", env)
         took = time.monotonic() - started
+    if where.ssh:
+        assert "rank 1 (1 of 2) on h2: cannot read the stacks: it is stopped (SIGSTOP or SIGTSTP" in shown, (
+            shown
+        )
+        assert took < 10, f"took {took:.1f}s"
+        where.assert_clean(within=10)
+        return
     stopped = f"it is stopped (SIGSTOP or SIGTSTP; kill -CONT {pid} resumes it)"
     assert f"rank 1 (1 of 2) on localhost: cannot read the stacks: {stopped}" in shown
     assert "no stacks within" not in shown
@@ -107,10 +128,7 @@ def test_what_a_sigkill_leaves_goes_at_the_next_start(tmp_path: Path) -> None:
     ready.mkdir()
     job = start_distrun("-np", "1", SCRIPTS / "stack_cases.py", ready, "sleep", env=env)
     with never_left_running(job):
-        wait_for_files(ready, "*.pid", 1)
-        dump_dir = Path((ready / "0.dir").read_text())
-        rank = int((ready / "0.pid").read_text())
-        agent = int(Path(f"/proc/{rank}/stat").read_text().rpartition(")")[2].split()[1])
+        dump_dir, rank, agent = sleeping_rank(ready)
         assert (dump_dir / LOCK_NAME).exists() and (sockets / f"{job.pid}.sock").exists()
         os.kill(agent, signal.SIGKILL)
         os.kill(job.pid, signal.SIGKILL)
@@ -122,8 +140,7 @@ def test_what_a_sigkill_leaves_goes_at_the_next_start(tmp_path: Path) -> None:
     live_ready.mkdir()
     live = start_distrun("-np", "1", SCRIPTS / "stack_cases.py", live_ready, "sleep", env=env)
     with never_left_running(live):
-        wait_for_files(live_ready, "*.pid", 1)
-        live_dir = Path((live_ready / "0.dir").read_text())
+        live_dir, _, _ = sleeping_rank(live_ready)
         assert not dump_dir.exists(), "the killed agent's directory is removed at the next start"
         assert not (sockets / f"{job.pid}.sock").exists(), (
             "the killed job's socket is removed at the next start"

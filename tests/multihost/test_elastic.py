@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.multihost.test_launch_ssh import assert_clean
+from tests.multihost.support import assert_clean
 from tests.support import REPO, SCRIPTS, attempt_world, run_distrun, start_distrun, wait_for_files
 
 pytestmark = pytest.mark.multihost

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.multihost.test_launch_ssh import assert_clean
-from tests.support import REPO, SCRIPTS, attempt_world, distrun_argv, start_distrun, wait_until
+from tests.multihost.support import assert_clean
+from tests.support import REPO, SCRIPTS, attempt_world, job_answer, start_distrun, wait_until
 
 pytestmark = pytest.mark.multihost
 
@@ -66,14 +66,7 @@ def test_distrun_stacks_is_answered_while_the_hosts_are_being_connected(
     try:
         proc = start_distrun("-H", "h1:1,h2:1", "true", env=env)
         try:
-
-            def asked() -> subprocess.CompletedProcess[str] | None:
-                done = subprocess.run(
-                    distrun_argv("stacks", str(proc.pid)), capture_output=True, text=True, env=env, timeout=60
-                )
-                return done if done.returncode != 1 else None  # 1: its control socket is not up yet
-
-            done = wait_until(asked, 60, "distrun stacks to reach the job")
+            done = wait_until(lambda: job_answer(proc.pid, env), 60, "distrun stacks to reach the job")
             assert done.returncode == 75, done.stderr
             assert "it is starting: connecting to its hosts" in done.stderr
             proc.send_signal(signal.SIGINT)

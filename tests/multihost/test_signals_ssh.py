@@ -1,4 +1,6 @@
-"""Ctrl-C and SIGUSR1 reach the ranks on every host of the simulated cluster."""
+"""SIGUSR1 reaches the ranks on every host of the simulated cluster.
+
+Ctrl-C there: the `where` cases of tests/integration/test_signals.py."""
 
 from __future__ import annotations
 
@@ -20,17 +22,6 @@ def _start(cluster: Cluster, pid_dir: Path, *script_args: str) -> subprocess.Pop
     wait_for_files(pid_dir, "rank*.pid", 2)
     read_until(proc, b"ready", 2)
     return proc
-
-
-def test_ctrl_c_reaches_ranks_on_every_host_as_sigint(cluster: Cluster, tmp_path: Path) -> None:
-    proc = _start(cluster, tmp_path)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err.decode()
-    assert b"[0] rank 0 cleaning up after KeyboardInterrupt" in out
-    assert b"[1] rank 1 cleaning up after KeyboardInterrupt" in out
-    left = cluster.wait_clean(timeout=5.0)
-    assert left == {}, left
 
 
 def test_sigusr1_reaches_ranks_on_every_host(cluster: Cluster, tmp_path: Path) -> None:

@@ -11,20 +11,11 @@ import pytest
 
 from launcher import __version__
 from launcher.backends.ssh.options import ssh_options
-from launcher.cli.main import main
 from launcher.core.command import resolve_command
 from launcher.core.config import LaunchConfig
 from launcher.errors import HostError
 from tests.support import REPO
-
-
-@pytest.fixture(autouse=True)
-def no_distrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The developer's own DISTRUN_* settings, or a Slurm job the tests run in, must not leak into them."""
-    import os
-
-    for name in [n for n in os.environ if n.startswith(("DISTRUN_", "SLURM_"))]:
-        monkeypatch.delenv(name)
+from tests.unit.cli_support import no_distrun_env, run  # noqa: F401  (the autouse fixture applies here)
 
 
 @pytest.fixture
@@ -40,14 +31,6 @@ def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LaunchConfig]]:
     fake.launch = launch  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
     yield configs
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    assert isinstance(info.value.code, int)
-    return info.value.code, out, err
 
 
 def config_of(launched: list[LaunchConfig], capsys: pytest.CaptureFixture[str], *args: str) -> LaunchConfig:

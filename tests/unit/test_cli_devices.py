@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from launcher.cli.main import Request, _parse
-from tests.unit.test_cli import no_distrun_env, run  # noqa: F401  (the autouse fixture applies here too)
+from tests.unit.cli_support import no_distrun_env, run  # noqa: F401  (the autouse fixture applies here)
 
 GPU_HEADER = [
     "dry run: 4 processes on 2 hosts; nothing is started",

@@ -20,12 +20,7 @@ from launcher.core.restart import cause
 from launcher.core.result import HostLost, RankExit, RankFailed, Signalled, Succeeded, TimedOut
 from launcher.errors import UsageError
 from launcher.report.summary import summarize
-
-
-@pytest.fixture(autouse=True)
-def no_distrun_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith(("DISTRUN_", "SLURM_"))]:
-        monkeypatch.delenv(name)
+from tests.unit.cli_support import no_distrun_env  # noqa: F401  (the autouse fixture applies here)
 
 
 def error_of(capsys: pytest.CaptureFixture[str], *args: str) -> str:

@@ -1,4 +1,8 @@
-"""Fixtures for tests that need the simulated SSH cluster (see tests/multihost/cluster.py)."""
+"""Fixtures for tests that need the simulated SSH cluster (see tests/multihost/cluster.py).
+
+A plugin that tests/conftest.py loads, not a conftest.py of this folder: a scenario that runs both on this
+machine and on SSH hosts (the `where` fixture) lives with its local tests, and takes the one session cluster.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.multihost.cluster import Cluster, cleanup_stale, impossible_reason, missing_tool_reason
+from tests.multihost.support import WHERE, Where
 from tests.support import require_machine
 
 
@@ -38,3 +43,12 @@ def make_cluster() -> Iterator[Callable[..., Cluster]]:
     yield make
     for each in built:
         each.close()
+
+
+@pytest.fixture(params=WHERE)
+def where(request: pytest.FixtureRequest) -> Where:
+    """Where the test's ranks run: "local" (this machine, -np) or "ssh" (hosts of the session `cluster`, -H;
+    marked multihost, and skipped or failed as every cluster test is where this machine cannot build one)."""
+    if request.param == "ssh":
+        return Where(request.getfixturevalue("cluster"))
+    return Where(None)
