@@ -185,7 +185,7 @@ OPTIONS: tuple[Callable[[Any], Any], ...] = (
     option(
         "--launcher",
         type=click.Choice(backend.names()),
-        help="How agents start: srun [default inside a Slurm allocation], ssh (local names run here), local.",
+        help=backend.launcher_help(),
     ),
     option(
         "--workdir",
