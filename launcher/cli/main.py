@@ -34,6 +34,9 @@ from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, Interrupted
 RANK_VARIABLES = frozenset({*(n for n in CONTRACT_NAMES if n.startswith(f"{ENV_PREFIX}_")), OWN_GPUS_VAR})
 # The first word only: `distrun -- check` or `./check` still launch a command named check.
 SUBCOMMANDS = ("ssh-setup", "check", "stacks")
+# How alike an unknown option must be to one of ours for a "Did you mean": at click's 0.6, horovodrun's
+# --gloo, --nics and --reset-limit were offered --color, --ranks and --workdir-limit.
+SUGGEST_CUTOFF = 0.8
 log = logging.getLogger(__name__)
 
 
@@ -110,6 +113,9 @@ def _run(argv: Sequence[str]) -> int:
     except DistrunError as err:
         _error(str(err))
         return err.exit_code
+    except click.NoSuchOption as err:
+        _error(_no_such_option(err))
+        return err.exit_code
     except click.BadParameter as err:
         _error(bad_value_message(err))
         return err.exit_code
@@ -120,6 +126,15 @@ def _run(argv: Sequence[str]) -> int:
         # Before distrun's signal handling took over (it turns Ctrl-C into a stop of the job): one line.
         _error(str(Interrupted("SIGINT", EXIT_SIGINT)))
         return EXIT_SIGINT
+
+
+def _no_such_option(err: click.NoSuchOption) -> str:
+    """click's line for an option distrun does not have, with its "Did you mean" only for a near typo
+    (--hostfle, --dry_run): a flag of another launcher is no typo of ours."""
+    import difflib  # only on this error: it costs start-up time
+
+    close = difflib.get_close_matches(err.option_name, err.possibilities or (), n=3, cutoff=SUGGEST_CUTOFF)
+    return click.NoSuchOption(err.option_name, err.message, close, err.ctx).format_message()
 
 
 def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Parameter]) -> list[str]:
