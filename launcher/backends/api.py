@@ -7,8 +7,9 @@ name the table lacks, so a launch never pays for scanning installed packages). `
 its own options (`options`, `parse_options`) and may know where its hosts come from (`find_hosts`).
 
 To add one: subclass `Backend` in a new module, set `BACKEND = YourBackend()` there, and add its name and
-module to `BACKENDS`, or declare `[project.entry-points."distrun.backends"] NAME = "pkg.module"` in your
-package (tests register theirs with `register`).
+module to `BACKENDS` (and to `NOTES` what --launcher's help should say of it beyond its name), or declare
+`[project.entry-points."distrun.backends"] NAME = "pkg.module"` in your package (tests register theirs with
+`register`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ BACKENDS: dict[str, str] = {
     "local": "launcher.backends.local",
 }
 DEFAULT = "ssh"
+# What --launcher's help says of a backend after its name, where a name alone would not do. Those noted come
+# first, in this order: the default inside an allocation before the default elsewhere.
+NOTES: dict[str, str] = {
+    "srun": "[default inside a Slurm allocation]",
+    "ssh": "(local names run here)",
+}
 ENTRY_POINTS = "distrun.backends"
 # Backends already found, by name and module: each is looked up once per process, wherever it is asked for.
 _FOUND: dict[tuple[str, str], Backend] = {}
@@ -163,6 +170,13 @@ class Backend:
 
 def names() -> tuple[str, ...]:
     return tuple(BACKENDS)
+
+
+def launcher_help() -> str:
+    """--launcher's help: every backend of the table, each with its note."""
+    noted = [f"{name} {note}" for name, note in NOTES.items() if name in BACKENDS]
+    plain = [name for name in BACKENDS if name not in NOTES]
+    return f"How agents start: {', '.join([*noted, *plain])}."
 
 
 def table() -> tuple[Backend, ...]:

@@ -1,26 +1,34 @@
 """The launcher's end of agents that dial home (`launcher.agent.homing`): a listening socket, a per-job
-secret,
-the handshake that admits only agents knowing it, and a `Link` over each admitted connection.
+secret, the handshake that admits only agents knowing it, a `Link` over each admitted connection, and the one
+process that starts them all.
 
-Whoever starts the agents (one `srun` step for every node; an agent starting others, for a tree) hands each
-the `invitation` on its stdin; `Home.gather` then waits until every expected agent has dialed in and proven
-itself, or names the first host that did not.
+Whoever starts the agents (one `srun` step for every node; a PBS or LSF job, a cloud VM's start script; an
+agent starting others, for a tree) hands each the `invitation` on its stdin; `Home.gather` then waits until
+every expected agent has dialed in and proven itself, or names the first host that did not. `DialHomeStep`
+is that start for a backend whose one process (`Starter`) runs the same command on every host and forwards
+its stdin to each: the backend says only that process's argv.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
+import re
 import selectors
 import socket
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from launcher.agent.homing import GREETING, LINE_MAX, nonce, proof
-from launcher.agent.protocol import ORPHAN_GRACE_CAP, READ_SIZE
+from launcher.agent.protocol import ORPHAN_GRACE_CAP, READ_SIZE, write_all
+from launcher.backends.bootstrap import HOMING, remote_command, shipped_sources
 from launcher.backends.link import opening
 from launcher.core.progress import Progress, ProgressFn, StallDeadline
 from launcher.errors import HostError
@@ -30,6 +38,11 @@ log = logging.getLogger(__name__)
 # A connection that has not finished the handshake this long after it opened is dropped: nothing that knows
 # the secret is that slow, and a stranger must not hold a slot.
 HANDSHAKE_TIMEOUT = 10.0
+# How long the step may take to end once every agent has gone, and after its starter is asked to cancel it.
+STEP_END_WAIT = 5.0
+# The wait for agents to dial in gives up when none has for this long (the starter may queue the step
+# meanwhile, as srun does).
+DIAL_STALL = 60.0
 
 
 def _listen() -> socket.socket:
@@ -279,3 +292,123 @@ class Home:
     def _expected_proof(self, caller: _Caller) -> str:
         assert caller.name is not None
         return proof(self._secret, b"agent", caller.challenge, caller.name)
+
+
+def dial_addresses(toward: str) -> list[str]:
+    """This machine's addresses the agents may dial, best first: the one that routes to `toward` (a node),
+    then every other that is not loopback or link-local, then loopback (a node may be this machine)."""
+    import psutil
+
+    best: list[str] = []
+    with contextlib.suppress(OSError):
+        for family, _, _, _, sockaddr in socket.getaddrinfo(toward, 9, type=socket.SOCK_DGRAM):
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect(sockaddr)
+                best.append(str(s.getsockname()[0]))
+            break
+    rest: list[str] = []
+    loopback: list[str] = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            ip = ipaddress.ip_address(a.address.split("%")[0])
+            if ip.is_link_local:
+                continue
+            (loopback if ip.is_loopback else rest).append(str(ip))
+    return list(dict.fromkeys([*best, *rest, *loopback]))
+
+
+@dataclass(frozen=True)
+class Starter:
+    """The one process that runs every host's agent: it runs `command` (a POSIX shell command) on each of
+    `names` and forwards its own stdin to every copy, as `srun` does for the tasks of a step."""
+
+    name: str  # as messages name it: "srun"
+    argv: Callable[[Sequence[str], Sequence[str]], list[str]]  # (names, command) -> the starter's argv
+    # Its lines that only restate what the agents said better (the last line is what a failure shows).
+    noise: re.Pattern[str] | None = None
+
+
+class DialHomeStep:
+    """The starter's process running every agent; links share it, and the last one closed ends it."""
+
+    def __init__(self, names: Sequence[str], pythons: Sequence[str], starter: Starter) -> None:
+        self.starter = starter
+        self.home = Home(names, dial_addresses(names[0]))
+        sources = shipped_sources()
+        command = ["/bin/sh", "-c", remote_command(pythons, sources, HOMING)]
+        # A file, not a pipe: nobody need read the starter's output while the job runs for it never to block.
+        self._output = tempfile.TemporaryFile()  # noqa: SIM115 - closed when the step ends
+        self._proc = subprocess.Popen(
+            starter.argv(names, command),
+            stdin=subprocess.PIPE,
+            stdout=self._output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the terminal's Ctrl-C reaches only distrun
+        )
+        assert self._proc.stdin is not None
+        with contextlib.suppress(OSError):  # the starter already exited: gather() reports why
+            for source in sources:
+                write_all(self._proc.stdin.fileno(), source)
+            write_all(self._proc.stdin.fileno(), self.home.invitation())
+        # Every agent has its bootstrap: EOF tells the starter there is no more to forward.
+        with contextlib.suppress(OSError):
+            self._proc.stdin.close()
+        self.links: list[SocketLink] = []
+
+    def ended(self) -> str | None:
+        code = self._proc.poll()
+        return None if code is None else f"{self.starter.name} exited with code {code}"
+
+    def diagnostics(self) -> str:
+        """The agents' and the starter's last words (all hosts together), without the starter's
+        restatements."""
+        self._output.seek(0)
+        said = self._output.read().decode(errors="replace").splitlines()
+        noise = self.starter.noise
+        lines = [line for line in said if line.strip() and not (noise and noise.match(line))]
+        return lines[-1] if lines else ""
+
+    def gather(self, progress: ProgressFn | None) -> dict[str, SocketLink]:
+        links = self.home.gather(DIAL_STALL, self.ended, self.diagnostics, progress)
+        self.links = list(links.values())
+        for link in self.links:
+            link.on_closed = self._link_closed
+        return links
+
+    def _link_closed(self) -> None:
+        if all(link.closed for link in self.links):
+            self.end()
+
+    def end(self) -> None:
+        """Let the step finish (its agents are gone or going); else cancel it (a starter answers SIGTERM by
+        killing every agent it started, wherever it runs); else kill the starter."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(STEP_END_WAIT)
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(STEP_END_WAIT)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._output.close()
+
+
+def open_step(
+    names: Sequence[str], pythons: Sequence[str], starter: Starter, progress: ProgressFn | None = None
+) -> dict[str, SocketLink]:
+    """A link per host of `names`, each to an agent its starter ran that dialed home; all or nothing: on a
+    failure the step is ended and HostError names the failing host."""
+    try:
+        step = DialHomeStep(names, pythons, starter)
+    except OSError as err:
+        raise HostError(
+            f"host {names[0]}: cannot run {starter.name}: {err.strerror or err}", host=names[0]
+        ) from None
+    try:
+        return step.gather(progress)
+    except BaseException:
+        step.end()
+        raise

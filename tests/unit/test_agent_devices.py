@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.agent.server import device_facts
+from launcher.agent.facts import device_facts
 from launcher.core.devices import Gpu, HostDevices, VisibleGpu
 
 INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.agent.server import machine_identity
+from launcher.agent.facts import machine_identity
 from launcher.backends.locality import refuse_one_machine_twice
 from launcher.core.hosts import Host
 from launcher.errors import HostSpecError
