@@ -37,12 +37,14 @@ from launcher.core.start_requests import start_requests
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
 from launcher.errors import (
     EXIT_INTERNAL,
+    EXIT_OK,
     EXIT_SIGINT,
     CommandNotFound,
     DeadlineReached,
     DistrunError,
     HostError,
     Interrupted,
+    ReportWriteError,
 )
 from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.loop import Loop
@@ -56,8 +58,9 @@ from launcher.report.account import (
     Usage,
     build_report,
     format_account,
-    write_report,
+    report_text,
 )
+from launcher.report.file import ReportSlot
 from launcher.report.summary import summarize
 from launcher.signals import FORWARDED_SIGNALS, caught, signal_pipe
 
@@ -106,7 +109,10 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         ),
         open_control(),
     )
+    slot: ReportSlot | None = None
     try:
+        # From here the run has started: the earlier run's report goes, and this one's room is held.
+        slot = ReportSlot(config.report) if config.report is not None else None
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
@@ -155,9 +161,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         finally:
             watch.close()
             relay.close()
-            if config.report is not None:
+            if slot is not None:
                 # Every run given --report writes it, whatever ended it: no earlier run's report stays.
-                _write_report(config, job, exit_code, error, final, perf=perf)
+                _write_report(config, job, exit_code, error, final, slot=slot, perf=perf)
 
 
 @dataclass(frozen=True)
@@ -692,6 +698,7 @@ def _write_report(
     error: Failure | None,
     outcome: str | None,
     *,
+    slot: ReportSlot,
     perf: dict[str, Any] | None = None,
 ) -> None:
     assert config.report is not None
@@ -711,9 +718,14 @@ def _write_report(
         perf=perf,
     )
     try:
-        write_report(config.report, report)
+        slot.write(report_text(report))
     except (OSError, DistrunError) as err:
-        log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)
+        said = f"cannot write the report {config.report}: {getattr(err, 'strerror', None) or err}"
+        # A job that succeeded must not exit 0 without the report asked for; a failed one keeps its own code,
+        # which says more. Either way no report is under the name (ReportSlot removed the earlier one).
+        if outcome is not None and exit_code == EXIT_OK:
+            raise ReportWriteError(said) from None
+        log.error("%s", said)
 
 
 def _facts_text(facts: Facts) -> str:
