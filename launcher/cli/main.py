@@ -29,7 +29,7 @@ from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
 from launcher.backends.ssh.options import HostKeyPolicy, SshOptions
 from launcher.cli.backend_options import backend_values, backends_of, declared, named_launcher, with_backend
-from launcher.cli.config_file import ENV_LEVEL, Sources, bad_value_message, merge_config_file
+from launcher.cli.config_file import ENV_LEVEL, SourcedOption, Sources, bad_value_message, merge_config_file
 from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
@@ -72,7 +72,7 @@ otherwise the first failing rank's exit code (128+N for signal N).
 """
 
 
-_option = functools.partial(click.option, show_envvar=True)
+_option = functools.partial(click.option, show_envvar=True, cls=SourcedOption)
 _PORT = click.IntRange(1, 65535)
 
 
