@@ -35,6 +35,7 @@ from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
 from launcher.core.devices import Placement
 from launcher.core.env import CONTRACT_NAMES, parse_exports, parse_rank_filter
+from launcher.core.envsize import oversized_lines
 from launcher.core.forward import parse_env_file
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 from launcher.core.plan import PlanInputs, build_plan, implicit_localhost, plural
@@ -666,6 +667,9 @@ def _run(argv: Sequence[str]) -> int:
         _configure_logging(request.verbose)
         for line in unknown_settings(os.environ, _launch_command(argv).params):
             log.warning("%s", line)
+        if config.forward_env:
+            for line in oversized_lines(os.environ):
+                log.warning("%s", line)
         if request.dry_run:
             from launcher.cli.dry_run import format_dry_run
 
