@@ -5,6 +5,7 @@ Exit codes (documented in README and, in full, docs/usage.md):
   1    internal error in distrun itself
   2    bad input: options, hostfile, -H, config file
   3    a host could not be reached or failed preflight (nothing was started anywhere), or was lost mid-run
+  4    every rank exited 0, but --report could not be written (none is left under its name)
   N    the first failing rank's exit code (128+S when it died of signal S; 126/127: it could not be started)
   124  --timeout expired
   130  stopped by SIGINT (Ctrl-C), 143 by SIGTERM, 129 by SIGHUP, 131 by SIGQUIT
@@ -18,6 +19,7 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_HOST = 3
+EXIT_REPORT = 4
 EXIT_TIMEOUT = 124
 EXIT_NOT_FOUND = 127
 EXIT_SIGINT = 130
@@ -98,3 +100,9 @@ class CommandNotFound(DistrunError):
     """The script a `.py` command names is not on a host: exit 127, as a shell says for a missing command."""
 
     exit_code = EXIT_NOT_FOUND
+
+
+class ReportWriteError(DistrunError):
+    """The job succeeded but its --report could not be written at the end."""
+
+    exit_code = EXIT_REPORT

@@ -219,6 +219,9 @@ class RankExited:
 
     The rest is measured by the agent (os.wait4): the rank's pid, its wall time from start to exit,
     user+system CPU time and peak RSS (KiB) of the rank and the children it waited for; 0: not measured.
+    `stopped`: the agent had signalled the rank to stop (STOP, KILL, its own stop) while it still ran; a rank
+    that exited on its own before that is not one distrun stopped, whatever its code. None: not said (a
+    stand-in agent's), and then a rank still running by the launcher's count when the stop began counts.
     """
 
     returncode: int
@@ -226,6 +229,7 @@ class RankExited:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     max_rss_kb: int = 0
+    stopped: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,7 @@ class _Rank:
         self.pgid = proc.pid  # start_new_session: the rank leads its own process group
         self.started = started
         self.returncode: int | None = None
+        self.stopped = False  # signalled by a stop while it still ran (RankExited.stopped)
         assert proc.stdout is not None and proc.stderr is not None
         self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
         self.files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
@@ -311,6 +312,7 @@ class Agent:
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:
             return  # between attempts there is nothing to stop (a late STOP of the last attempt, say)
+        self._mark_stopped()
         now = self.clock()
         grace = self.grace if grace is None else grace
         if self.kill_at is None or now + grace < self.kill_at:
@@ -318,6 +320,14 @@ class Agent:
         if first != signal.SIGTERM and self.term_at is None:
             self.term_at = now + grace / 2
         self._signal_all(first, leftovers=True)
+
+    def _mark_stopped(self) -> None:
+        """Before a stop's first signal: the ranks it reaches. Those that already exited are reaped first, so
+        a rank that ended on its own just before is reported as such, not as stopped."""
+        self._reap()
+        for entry in self.ranks.values():
+            if entry.returncode is None:
+                entry.stopped = True
 
     def _on_stop(self, frame: Frame, request: StopRequest) -> None:
         self.stop(first=_signal_number(request.first) or signal.SIGTERM)
@@ -355,6 +365,7 @@ class Agent:
     def kill(self) -> None:
         if not self.started:
             return
+        self._mark_stopped()
         self.kill_at = self.clock()
         self._signal_all(signal.SIGKILL, leftovers=True)
 
@@ -398,7 +409,9 @@ class Agent:
                 continue
             if usage is None:  # reaped elsewhere (cannot happen in the agent, but Popen must not hang)
                 code = entry.proc.poll()
-                exited = RankExited(-signal.SIGKILL if code is None else code, entry.proc.pid)
+                exited = RankExited(
+                    -signal.SIGKILL if code is None else code, entry.proc.pid, stopped=entry.stopped
+                )
             else:
                 code = _returncode(status)
                 entry.proc.returncode = code  # so Popen never waits for it again
@@ -408,6 +421,7 @@ class Agent:
                     self.clock() - entry.started,
                     cpu_s=usage.ru_utime + usage.ru_stime,
                     max_rss_kb=usage.ru_maxrss,  # KiB on Linux
+                    stopped=entry.stopped,
                 )
             entry.returncode = exited.returncode
             self._drain(entry)

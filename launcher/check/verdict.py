@@ -6,6 +6,7 @@ The side effects (connecting, probing) live in launcher/check/run.py; this modul
 from __future__ import annotations
 
 import shlex
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,8 +86,10 @@ def findings(
             )
         )
     if not probe.get("python_found", True):
+        # Without --python the probe looked for this machine's interpreter, by its path.
+        wanted = python_option or f"{sys.executable} (this machine's interpreter, used without --python)"
         found.append(
-            Finding(host, f"interpreter {python_option} not found", "install it there or give --python PATH")
+            Finding(host, f"interpreter {wanted} not found", "install it there or give --python PATH")
         )
     torch = probe.get("torch") or {}
     if torch.get("error"):

@@ -14,6 +14,7 @@ import click
 from launcher.backends import api
 from launcher.backends.api import Backend
 from launcher.backends.options import BackendOption
+from launcher.cli.config_file import SourcedOption
 from launcher.errors import UsageError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -46,7 +47,7 @@ def _spec(option: BackendOption) -> tuple[list[str], dict[str, Any]]:
 
 def click_option(option: BackendOption) -> click.Option:
     decls, kwargs = _spec(option)
-    return click.Option(decls, **kwargs)
+    return SourcedOption(decls, **kwargs)
 
 
 def declared(backends: Sequence[Backend]) -> Callable[[_F], _F]:
@@ -57,7 +58,7 @@ def declared(backends: Sequence[Backend]) -> Callable[[_F], _F]:
         for backend in reversed(backends):
             for option in reversed(backend.options):
                 decls, kwargs = _spec(option)
-                function = click.option(*decls, **kwargs)(function)
+                function = click.option(*decls, cls=SourcedOption, **kwargs)(function)
         return function
 
     return add

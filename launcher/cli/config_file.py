@@ -7,7 +7,7 @@ which decides between -H and --hostfile and names the source in messages.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,31 @@ from launcher.errors import UsageError
 # Where a value came from, for "CLI > DISTRUN_* env > config file > defaults".
 _CONFIG_LEVEL = 1
 ENV_LEVEL = 2  # a DISTRUN_* variable
+
+
+_SOURCES = "distrun.sources"  # ctx.meta's key for what SourcedOption records
+
+
+class SourcedOption(click.Option):
+    """An option that records where its value came from as soon as it is read, before its type converts it.
+
+    click's own record (ctx.get_parameter_source) is made after the conversion in some releases (8.4.0), so
+    a DISTRUN_* value that fails to convert would be named as the command line's option.
+    """
+
+    def consume_value(
+        self, ctx: click.Context, opts: Mapping[str, click.Parameter]
+    ) -> tuple[Any, ParameterSource]:
+        value, source = super().consume_value(ctx, opts)
+        if self.name:
+            ctx.meta.setdefault(_SOURCES, {})[self.name] = source
+        return value, source
+
+
+def parameter_source(ctx: click.Context, name: str) -> ParameterSource | None:
+    """Where option `name`'s value came from: as SourcedOption recorded it, else as click did."""
+    recorded: ParameterSource | None = ctx.meta.get(_SOURCES, {}).get(name)
+    return recorded if recorded is not None else ctx.get_parameter_source(name)
 
 
 def _level(source: ParameterSource | None) -> int:
@@ -59,10 +84,13 @@ def bad_value_message(err: click.BadParameter) -> str:
     ctx, param = err.ctx, err.param
     problem = value_problem(err)
     name = param.name if param is not None else None
-    if ctx is not None and param is not None and name:
-        source = ctx.get_parameter_source(name)
-        if source is ParameterSource.ENVIRONMENT:
-            return f"Invalid value for {env_name(ctx, name)} ({option_name(param)}): {problem}"
+    if (
+        ctx is not None
+        and param is not None
+        and name
+        and parameter_source(ctx, name) is ParameterSource.ENVIRONMENT
+    ):
+        return f"Invalid value for {env_name(ctx, name)} ({option_name(param)}): {problem}"
     return click.BadParameter(problem, ctx, param, err.param_hint).format_message()
 
 
@@ -174,7 +202,7 @@ def merge_config_file(
     Keys naming an option in `ignore` (another command's, of a file both read) are passed over.
     """
     values = dict(options)
-    sources = Sources({name: _level(ctx.get_parameter_source(name)) for name in options}, {}, {}, {})
+    sources = Sources({name: _level(parameter_source(ctx, name)) for name in options}, {}, {}, {})
     # A value from the environment is named as the user set it, with the option it sets:
     # `DISTRUN_TIMEOUT (--timeout)`, not `--timeout`.
     by_name = {p.name: p for p in ctx.command.params if p.name}

@@ -16,6 +16,7 @@ import click
 from launcher import __version__
 from launcher.backends import api as backend
 from launcher.cli.backend_options import declared
+from launcher.cli.config_file import SourcedOption
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 ENV_PREFIX = "DISTRUN"
@@ -39,12 +40,12 @@ Subcommands (the first word only; `distrun -- check` launches a command of that 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
 124 --timeout expired; 130/143/129/131 SIGINT/SIGTERM/SIGHUP/SIGQUIT; 126/127 the command cannot run / is
-not found; 3 also when an elastic job falls below --min-np;
-otherwise the first failing rank's exit code (128+N for signal N).
+not found; 3 also when an elastic job falls below --min-np; 4 every rank succeeded but --report could not be
+written; otherwise the first failing rank's exit code (128+N for signal N).
 """
 
 
-option = functools.partial(click.option, show_envvar=True)
+option = functools.partial(click.option, show_envvar=True, cls=SourcedOption)
 PORT = click.IntRange(1, 65535)
 
 # Each a decorator adding one option (or the backends' options, or COMMAND), in --help's order.

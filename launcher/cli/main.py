@@ -25,6 +25,7 @@ from launcher.cli.request import Request, build_request
 from launcher.cli.verbosity import configure_logging
 from launcher.console.writer import guard_std_fds
 from launcher.core.env import CONTRACT_NAMES, OWN_GPUS_VAR
+from launcher.core.envsize import oversized_lines
 from launcher.core.scrub import SCRUBBER
 from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, Interrupted
 
@@ -99,6 +100,9 @@ def _run(argv: Sequence[str]) -> int:
         configure_logging(request.verbose)
         for line in unknown_settings(os.environ, _launch_command(argv).params):
             log.warning("%s", line)
+        if config.forward_env:
+            for line in oversized_lines(os.environ):
+                log.warning("%s", line)
         if request.dry_run:
             from launcher.cli.dry_run import format_dry_run
 

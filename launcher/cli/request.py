@@ -146,10 +146,19 @@ def _workdir(value: str | None, label: str) -> Path | None:
     return path.resolve()
 
 
-def _env_files(paths: Sequence[str]) -> tuple[tuple[str, str], ...]:
+def _env_files(paths: Sequence[str], sources: Sources) -> tuple[tuple[str, str], ...]:
     merged: dict[str, str] = {}
-    for path in paths:
-        merged.update(parse_env_file(Path(path), os.environ))
+    in_file = sources.file_counts.get("env_file", 0)  # the config file's come first when both give some
+    for index, path in enumerate(paths):
+        try:
+            merged.update(parse_env_file(Path(path), os.environ))
+        except UsageError as err:
+            # A file that cannot be read is named where it was given (`FILE:LINE: env-file`, a DISTRUN_*
+            # variable); errors inside it already start with its own PATH:LINE.
+            label = sources.file_labels.get("env_file") if index < in_file else sources.labels.get("env_file")
+            if label is None or not str(err).startswith("cannot read env file"):
+                raise
+            raise UsageError(f"{label}: {err}") from None
     return tuple(merged.items())
 
 
@@ -208,7 +217,7 @@ def build_request(values: Mapping[str, Any], sources: Sources, backends: Sequenc
         master_addr=_word(values["master_addr"], label("master_addr", "--master-addr")),
         master_port=values["master_port"],
         exports=_exports(values, sources),
-        env_file=_env_files(values["env_file"]),
+        env_file=_env_files(values["env_file"], sources),
         forward_env=values["forward_env"],
         redact=_redact_patterns(values["redact"], label("redact", "--redact")),
         oversubscribe=oversubscribe,

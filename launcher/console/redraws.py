@@ -22,6 +22,13 @@ Key = tuple[int, str]  # (rank, stream)
 # A terminal is redrawn at most this often: enough to look live, cheap for a million redraws.
 FRAME_SECONDS = 0.05
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def visible_text(text: str) -> str:
+    """`text` without escape sequences and control characters: what a terminal shows of it."""
+    return _ANSI.sub("", text)
+
+
 _PERCENT = re.compile(r"(\d{1,3}(?:\.\d+)?)%")
 _ERASE_LINE = b"\x1b[K"
 

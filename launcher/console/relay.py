@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from launcher.agent.protocol import write_all
-from launcher.console.redraws import RedrawDisplay, RedrawLines, StatusArea
+from launcher.console.redraws import RedrawDisplay, RedrawLines, StatusArea, visible_text
 from launcher.console.writer import Console, same_terminal, use_color
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
@@ -411,7 +411,8 @@ class LogRelay:
     def stderr_tail(self, rank: int, lines: int = 5) -> list[str]:
         """The rank's last stderr lines, decoded leniently for the failure summary."""
         text = collapse_redraws(b"".join(self._tails.get(rank, ())) + b"\n").decode("utf-8", errors="replace")
-        return [line for line in text.splitlines() if line.strip()][-lines:]
+        # A line of escape sequences only (a colour reset, a progress bar's clear) shows nothing: not a line.
+        return [line for line in text.splitlines() if visible_text(line).strip()][-lines:]
 
     def note(self, lines: list[str]) -> None:
         """distrun's own words (stopping, the failure summary) on the console's stderr, below the job's."""

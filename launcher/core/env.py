@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from launcher.core.devices import RankDevices
+from launcher.core.envsize import check_size
 from launcher.core.plan import Plan, Slot
 from launcher.core.rendezvous import Rendezvous
 from launcher.errors import UsageError
@@ -281,6 +282,7 @@ def parse_exports(
             raise UsageError(f"{source} {name}: the value contains a NUL byte")
         if name in exports:
             raise UsageError(f"{source} {name} is given twice")
+        check_size(name, value, source)
         exports[name] = value
     return tuple(exports.items())
 

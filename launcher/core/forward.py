@@ -14,12 +14,12 @@ Then `--env-file` adds or overrides, then `-x`; both may name any variable excep
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.core.env import OWNED_NAMES, check_name
+from launcher.core.envsize import check_size, over_limit
 from launcher.errors import UsageError
 
 # Deny-list: family -> (exact names, name prefixes), each with the reason it must not travel.
@@ -81,8 +81,6 @@ LEFTOVER_PREFIXES = ("TORCHELASTIC_", "DISTRUN_", "OMPI_COMM_WORLD_", "PMI_", "P
 # Any of these in the launcher's environment means distrun itself runs inside another launcher's rank.
 OUTER_LAUNCH_MARKERS = ("RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "DISTRUN_RUN_ID", "OMPI_COMM_WORLD_RANK")
 
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
 
 def _matches(name: str, names: frozenset[str], prefixes: tuple[str, ...]) -> bool:
     return name in names or name.startswith(prefixes)
@@ -109,13 +107,23 @@ def outer_launch(environ: Mapping[str, str]) -> str | None:
 def forwarded(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of the launcher's environment that travels to every rank.
 
-    Names that are not identifiers (what bash exports for functions) would not survive every shell.
+    Any name an environment can hold travels (`GRÜSS`, `my.var`, `X-Y`: a local rank inherits them, so a
+    remote one gets them too); bash's exported functions are deny-listed. A variable too large for any
+    process to be given (launcher.core.envsize) stays behind, as job_env keeps it from local ranks.
     """
     return {
         name: value
         for name, value in environ.items()
-        if _NAME_RE.match(name) and denied_family(name) is None and not is_leftover(name)
+        if _legal(name)
+        and denied_family(name) is None
+        and not is_leftover(name)
+        and not over_limit(name, value)
     }
+
+
+def _legal(name: str) -> bool:
+    """What execve takes as a variable's name: anything but `=` and NUL (the value may hold `=`)."""
+    return bool(name) and "=" not in name and "\0" not in name
 
 
 def dropped_here(environ: Mapping[str, str], explicit: Iterable[str] = ()) -> tuple[str, ...]:
@@ -183,7 +191,10 @@ def job_env(
 ) -> JobEnv:
     env_file, exports = tuple(env_file), tuple(exports)
     explicit = {**dict(env_file), **dict(exports)}
-    unset = dropped_here(environ, explicit)
+    # What no process can be given goes from local ranks too (the agent, distrun's child, would pass it on).
+    unset = tuple(
+        sorted({*dropped_here(environ, explicit), *(n for n, v in environ.items() if over_limit(n, v))})
+    )
     if not forward:
         # A rank on this machine would otherwise inherit all of it from the agent, a child of distrun: keep
         # only what a login here would give it, as a remote rank gets its own login's.
@@ -229,5 +240,6 @@ def parse_env_file(path: Path, environ: Mapping[str, str]) -> tuple[tuple[str, s
             raise UsageError(f"{where}: {name} is already set at line {lines[name]}")
         if "\0" in value:
             raise UsageError(f"{where}: {name}: the value contains a NUL byte")
+        check_size(name, value, f"{where}:")
         values[name], lines[name] = value, number
     return tuple(values.items())

@@ -176,7 +176,8 @@ def _parse_hostfile_line(line: str, origin: str) -> Host:
 def parse_hostfile(path: Path) -> tuple[Host, ...]:
     """Parse an OpenMPI-style hostfile: `host slots=N [max_slots=M]`, `host:N`, `host`, `# comments`."""
     try:
-        text = path.read_text(encoding="utf-8")
+        # utf-8-sig: an editor's byte-order mark is not part of the first host's name.
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as err:
         raise HostfileError(f"cannot read hostfile {path}: {err.strerror or err}") from None
     except UnicodeDecodeError:

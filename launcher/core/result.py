@@ -30,10 +30,13 @@ class Succeeded:
 
 @dataclass(frozen=True)
 class RankFailed:
-    """`stopped`: the ranks that were still running when the job began to stop (and so were stopped)."""
+    """`stopped`: the ranks that were still running when the job began to stop (and so were stopped).
+    `exited`: those that seemed to run still but had ended on their own (they exited at nearly the same
+    time as the failing one), each with its own exit."""
 
     failure: RankExit
     stopped: tuple[int, ...] = ()
+    exited: tuple[RankExit, ...] = ()
     name: ClassVar[str] = "rank-failed"
     retryable: ClassVar[bool] = True
 

@@ -35,11 +35,13 @@ from launcher.core.start_requests import start_requests
 from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
 from launcher.errors import (
     EXIT_INTERNAL,
+    EXIT_OK,
     EXIT_SIGINT,
     DeadlineReached,
     DistrunError,
     HostError,
     Interrupted,
+    ReportWriteError,
 )
 from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.pause import Pause
@@ -50,8 +52,9 @@ from launcher.report.account import (
     build_report,
     format_account,
     rank_records,
-    write_report,
+    report_text,
 )
+from launcher.report.file import ReportSlot
 from launcher.report.summary import summarize
 from launcher.runtime.control import ControlServer
 from launcher.runtime.loop import Deadline, Loop
@@ -87,7 +90,10 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     final: str | None = None  # the job's outcome
     perf: dict[str, Any] | None = None  # --preflight's figures, for --report
     watch = JobWatch(relay, WatchOptions.of(config), open_control())
+    slot: ReportSlot | None = None
     try:
+        # From here the run has started: the earlier run's report goes, and this one's room is held.
+        slot = ReportSlot(config.report) if config.report is not None else None
         # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
         # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
         # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
@@ -137,9 +143,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
         finally:
             watch.close()
             relay.close()
-            if config.report is not None:
+            if slot is not None:
                 # Every run given --report writes it, whatever ended it: no earlier run's report stays.
-                _write_report(config, job, exit_code, error, final, perf=perf)
+                _write_report(config, job, exit_code, error, final, slot=slot, perf=perf)
 
 
 def job_loop(config: LaunchConfig, wake_fd: int, *, control: ControlServer | None = None) -> Loop:
@@ -563,6 +569,7 @@ def _write_report(
     error: Failure | None,
     outcome: str | None,
     *,
+    slot: ReportSlot,
     perf: dict[str, Any] | None = None,
 ) -> None:
     assert config.report is not None
@@ -586,6 +593,11 @@ def _write_report(
         perf=perf,
     )
     try:
-        write_report(config.report, report)
+        slot.write(report_text(report))
     except (OSError, DistrunError) as err:
-        log.error("cannot write the report %s: %s", config.report, getattr(err, "strerror", None) or err)
+        said = f"cannot write the report {config.report}: {getattr(err, 'strerror', None) or err}"
+        # A job that succeeded must not exit 0 without the report asked for; a failed one keeps its own code,
+        # which says more. Either way no report is under the name (ReportSlot removed the earlier one).
+        if outcome is not None and exit_code == EXIT_OK:
+            raise ReportWriteError(said) from None
+        log.error("%s", said)

@@ -8,6 +8,7 @@ every host.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import socket
@@ -102,7 +103,21 @@ class Supervisor(Phase[HostAttempt]):
         return self.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
 
     def outcome(self) -> Outcome:
-        return self.cause or Succeeded()
+        cause = self.cause
+        if cause is None or isinstance(cause, Succeeded):
+            return Succeeded()
+        # The stop began with the ranks whose exits had not yet arrived; those whose agent says they ended
+        # before its stop reached them were not stopped, and are named with their own exits instead.
+        own = tuple(
+            self.exits[r] for r in cause.stopped if r in self.measured and self.measured[r].stopped is False
+        )
+        if not own:
+            return cause
+        ended = {e.rank for e in own}
+        stopped = tuple(r for r in cause.stopped if r not in ended)
+        if isinstance(cause, RankFailed):
+            return dataclasses.replace(cause, stopped=stopped, exited=own)
+        return dataclasses.replace(cause, stopped=stopped)
 
     # -- stopping
 

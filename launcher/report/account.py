@@ -243,7 +243,12 @@ def build_report(
     }
 
 
+def report_text(report: dict[str, Any]) -> str:
+    """The report as written, every string in it scrubbed as the console's words are: a rank's stderr, an
+    error or a command may quote a secret."""
+    return json.dumps(SCRUBBER.json(report), indent=2) + "\n"
+
+
 def write_report(path: Path, report: dict[str, Any]) -> None:
-    """Written whole or not at all, through a symlink as `>` would (see launcher.report.file), every string
-    in it scrubbed as the console's words are: a rank's stderr, an error or a command may quote a secret."""
-    write_whole(path, json.dumps(SCRUBBER.json(report), indent=2) + "\n")
+    """Written whole or not at all, through a symlink as `>` would (see launcher.report.file)."""
+    write_whole(path, report_text(report))

@@ -6,7 +6,9 @@ target gets the report, as `distrun ... > link` would do. Anything else at the p
 writing into it would block or fail at the end of a long job.
 
 For the same reason the start checks that the report's directory takes a file of a report's usual size: a
-full file system found only after the run would cost the account of a job that may have run for days.
+full file system found only after the run would cost the account of a job that may have run for days. A launch
+then holds that room for the whole run (`ReportSlot`), and removes the earlier run's report as it starts: a
+report under the name is always this run's, never one left from before that a failed write did not replace.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ _KINDS = (
 )
 
 
-# What the start allocates, briefly, to show a report fits: a small job's account (a large one's is tens of
-# KiB; what fills the disk during the run is still found at the end, with a warning and the old report kept).
+# What the start allocates to show a report fits, and a launch holds until its end: a small job's account (a
+# large one's is tens of KiB; what the held room cannot take is still asked of the file system at the end).
 PROBE_BYTES = 16 * 1024
 
 
@@ -130,3 +132,72 @@ def write_whole(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+class ReportSlot:
+    """A launch's hold on its report's name, from its start to its end.
+
+    Opening it allocates PROBE_BYTES in the temporary file the report is written into at the end, so a disk
+    that fills during the run (with --output-dir's logs, say) still takes a small job's account; then it
+    removes the earlier run's report, so that no failure from here on leaves that under the name as if it
+    were this run's. `write` replaces the name atomically, `discard` gives the room back.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.target = report_target(path)
+        self.tmp = self.target.with_name(f".{self.target.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.tmp)  # left by an earlier distrun that had this pid and was killed while writing
+        try:
+            mode = stat.S_IMODE(self.target.stat().st_mode)
+        except FileNotFoundError:
+            mode = None
+        except OSError as err:
+            raise ReportPathError(f"--report {path}: {err.strerror or err}") from None
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            self.fd: int | None = os.open(self.tmp, flags, 0o666)
+        except OSError as err:
+            raise ReportPathError(
+                f"--report {path}: cannot write in {self.target.parent}: {err.strerror}"
+            ) from None
+        try:
+            if mode is not None:
+                os.fchmod(self.fd, mode)
+            _allocate(self.fd, PROBE_BYTES)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.target)
+        except OSError as err:
+            self.discard()
+            raise ReportPathError(
+                f"--report {path}: {self.target.parent} has no room for the report: {err.strerror or err}"
+            ) from None
+
+    def write(self, text: str) -> None:
+        """The report, under the name at once and whole; OSError (the name then stays free) on failure."""
+        # Imported here: the CLI imports this module, and need not load the protocol (about 10 ms).
+        from launcher.agent.protocol import write_all
+
+        fd = self.fd
+        if fd is None:
+            raise OSError(errno.EBADF, "the report's file was already closed")
+        try:
+            data = text.encode("utf-8")
+            os.lseek(fd, 0, os.SEEK_SET)
+            write_all(fd, data)
+            os.ftruncate(fd, len(data))
+            self.fd = None
+            os.close(fd)
+            os.replace(self.tmp, self.target)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        """Close and remove the temporary file (idempotent)."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)

@@ -26,19 +26,24 @@ def _stopped(ranks: tuple[int, ...], what: str) -> str:
     return f"; {what}: {format_ranks(ranks)}" if ranks else ""
 
 
+def _ranks(ranks: list[int]) -> str:
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"
+
+
 def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list[str]:
     """Lines for the console when the attempt did not simply succeed; [] when it did."""
     if isinstance(outcome, RankFailed):
         failed = outcome.failure
-        # Only ranks that were still running were stopped; one that had already exited 0 was not.
+        # Only ranks that were still running were stopped; one that had already exited 0 was not, nor one
+        # that ended on its own as the stop began (named with its exit, ranks of the same exit together).
+        by_exit: dict[str, list[int]] = {}
+        for ended in outcome.exited:
+            by_exit.setdefault(describe_exit(ended), []).append(ended.rank)
+        own = "".join(f"; {_ranks(ranks)} {said}" for said, ranks in by_exit.items())
         others = list(outcome.stopped)
         lines = [
-            f"rank {failed.rank} (host {failed.host}) {describe_exit(failed)}"
-            + (
-                f"; stopped {'rank' if len(others) == 1 else 'ranks'} {format_ranks(others)}"
-                if others
-                else ""
-            )
+            f"rank {failed.rank} (host {failed.host}) {describe_exit(failed)}{own}"
+            + (f"; stopped {_ranks(others)}" if others else "")
         ]
         tail = stderr_tail(failed.rank)
         if tail:

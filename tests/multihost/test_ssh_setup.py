@@ -84,6 +84,32 @@ def test_ssh_setup_installs_the_key_once_then_launches(
     assert launch.stdout.strip() == "[0] h1"
 
 
+def test_ssh_setup_obeys_strict_host_key_checking_in_ssh_config(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """`StrictHostKeyChecking yes` in ~/.ssh/config: ssh-setup learns no key, as a launch refuses the host
+    (issue 31, item 6)."""
+    cluster = make_cluster(2)
+    user_home = cluster.add_password_user("h1", USER, PASSWORD)
+    home = fresh_home(tmp_path, cluster)
+    config = home / ".ssh" / "config"
+    config.write_text(
+        config.read_text().replace("\n    HostName", "\n    StrictHostKeyChecking yes\n    HostName")
+    )
+    host = f"{USER}@h1"
+
+    launch = run_as(home, "-H", host, "true")
+    assert launch.returncode == 3, launch.stderr
+    assert "host key checking is strict" in launch.stderr
+
+    setup = run_as(home, "ssh-setup", "-H", host, "--password-stdin", stdin=PASSWORD + "\n")
+    assert setup.returncode == 3, setup.stdout + setup.stderr
+    assert "host key checking is strict" in setup.stderr
+    assert "Permanently added" not in setup.stdout + setup.stderr
+    assert not (home / ".ssh" / "known_hosts").exists()
+    assert not (user_home / ".ssh" / "authorized_keys").exists(), "nothing sent to a host not verified"
+
+
 def test_ssh_setup_wrong_password_and_host_without_password_logins(
     make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:

@@ -164,3 +164,14 @@ def test_workdir_line_names_the_hosts_that_hold_the_copy() -> None:
         "workdir abababababab (3 files, 2.0 MiB): cached on h1; to send to h2"
     )
     assert workdir_line("ab" * 32, 1, 0, checks[2:]).endswith(": no host answered")
+
+
+def test_a_missing_interpreter_without_python_is_named_by_its_path() -> None:
+    """Without --python the probe looks for this machine's interpreter: the line names it, never `None`."""
+    import sys
+
+    (found,) = judge(HostCheck("h2", 1, probe={**GOOD, "python_found": False}))
+    assert (
+        found[0]
+        == f"interpreter {sys.executable} (this machine's interpreter, used without --python) not found"
+    )

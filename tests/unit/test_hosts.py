@@ -161,3 +161,10 @@ def test_every_example_hostfile_parses(path: Path) -> None:
     hosts = parse_hostfile(path)
     assert hosts
     assert all(h.slots >= 1 for h in hosts)
+
+
+def test_a_hostfile_that_starts_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    """Editors on Windows save UTF-8 with a BOM; it is not part of the first host's name (issue 31)."""
+    path = tmp_path / "hosts"
+    path.write_bytes("\ufeffh1 slots=2\nh2:1\n".encode())
+    assert [(h.name, h.slots) for h in parse_hostfile(path)] == [("h1", 2), ("h2", 1)]

@@ -134,9 +134,8 @@ def setup_hosts(
     ask_password: Callable[[Sequence[str]], str],
 ) -> list[HostSetup]:
     """Make key login work on every host; `ask_password(users@hosts)` is called at most once."""
-    # New host keys are recorded (accept-new) unless the user chose a policy.
-    if options.host_key_policy is None:
-        options = replace(options, host_key_policy="accept-new")
+    # No policy of its own: --host-key-policy, else ~/.ssh/config's StrictHostKeyChecking, else accept-new,
+    # as a launch resolves it (resolve_target). A `yes` there is the user's word that no key is learnt.
     options = replace(options, identity_files=(key.path, *options.identity_files))
     found = routes(hosts, options)
     workers = max(1, min(MAX_PARALLEL, len(hosts)))
