@@ -29,6 +29,8 @@ from launcher.backends.locality import refuse_this_machine_twice, runs_here
 from launcher.backends.ssh.options import HostKeyPolicy, SshOptions
 from launcher.cli.backend_options import backend_values, backends_of, declared, named_launcher, with_backend
 from launcher.cli.config_file import ENV_LEVEL, Sources, bad_value_message, merge_config_file
+from launcher.cli.plot import plot_cli
+from launcher.cli.top import top_cli
 from launcher.console.writer import guard_std_fds
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
@@ -61,6 +63,8 @@ Subcommands (the first word only; `distrun -- check` launches a command of that 
   distrun check -H host1:4,host2:4     is every host ready for a launch? (see its --help)
   distrun ssh-setup -H host1,host2     passwordless SSH to every host
   distrun stacks [PID]                 every rank's stacks of your running job, grouped
+  distrun top [--once [--json]]        your running job live: CPU, memory, GPU, step rate per rank
+  distrun plot REPORT.json -o run.png  one picture of a run from its --report
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
@@ -241,6 +245,14 @@ class Request:
     is_flag=True,
     help="Before any rank starts, measure every host and link as `check --perf` does: an outlier ends a "
     "fixed-size job (exit 3); an elastic one (--min-np) leaves it out.",
+)
+@_option(
+    "--sample-interval",
+    type=float,
+    metavar="SECONDS",
+    default=2.0,
+    show_default=True,
+    help="Sample each rank's CPU, memory and GPU this often, for `distrun top` and --report (0: off).",
 )
 @_option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names).")
 @_option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing.")
@@ -461,6 +473,7 @@ def _build_request(values: Mapping[str, Any], sources: Sources, backends: Sequen
         workdir_relay=values["workdir_relay"],
         allow_mismatch=values["allow_mismatch"],
         preflight=bool(values.get("preflight")),
+        sample_interval=_interval(values["sample_interval"], label("sample_interval", "--sample-interval")),
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)
 
@@ -505,6 +518,7 @@ _LAUNCH_ONLY = frozenset(
         "bind_cores",
         "numa_binding",
         "workdir_relay",
+        "sample_interval",
     }
 )
 
@@ -646,6 +660,8 @@ _SUBCOMMANDS: dict[str, click.Command] = {
     "ssh-setup": ssh_setup_cli,
     "check": check_cli,
     "stacks": stacks_cli,
+    "top": top_cli,
+    "plot": plot_cli,
 }
 
 
