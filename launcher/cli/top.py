@@ -10,7 +10,6 @@ command runs.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import sys
@@ -61,6 +60,8 @@ def top_cli(pid: int | None, once: bool, as_json: bool, wait: float) -> int:
     if once:
         document = ask_top(pid, wait)
         if as_json:
+            import json
+
             for row in _ranks(document):
                 click.echo(json.dumps(row))
         else:
