@@ -225,3 +225,52 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path: Path) -> None:
     assert done.stderr.decode() == (
         'distrun: error: plot needs matplotlib, an optional extra: pip install "distrun[plot]"\n'
     )
+
+
+def test_top_answers_between_attempts_with_how_the_ranks_ended(env: dict[str, str]) -> None:
+    job = start_distrun(
+        "-np", "2", "--max-restarts", "1", "--restart-delay", "30", "sh", "-c", "echo hi; exit 3", env=env
+    )  # fmt: skip
+    with never_left_running(job):
+
+        def restarting() -> list[str]:
+            done = subprocess.run(distrun_argv("top", "--once"), capture_output=True, env=env, timeout=30)
+            lines = done.stdout.decode().splitlines()
+            return lines if lines and "restarting in" in lines[0] else []
+
+        lines = wait_until(restarting, timeout=30, what="top to say the job restarts")
+        assert lines[0].startswith(f"distrun job {job.pid}: restarting in ")
+        assert [line.split()[:3] for line in lines[3:5]] == [
+            ["0", "localhost", "exited"],
+            ["1", "exited", "3"],
+        ]
+        job.terminate()
+        job.communicate(timeout=30)
+
+
+def test_the_status_area_shows_a_line_per_host_on_a_terminal_only(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    terminal = Terminal(cols=120, rows=20)
+    try:
+        job = subprocess.Popen(
+            distrun_argv("-np", "3", "--sample-interval", "0.5", SCRIPTS / "idle_spin_hold.py", ready, "3"),
+            stdin=subprocess.DEVNULL, stdout=terminal.slave, stderr=terminal.slave,
+            env={**env, "TERM": "xterm"}, cwd=REPO,
+        )  # fmt: skip
+        with never_left_running(job):
+            line = wait_until(
+                lambda: next((s for s in terminal.shown() if s.startswith("localhost:  CPU min")), None),
+                timeout=60, what="the host line in the status area",
+            )  # fmt: skip
+            assert "RSS max 4" in line and "(rank 2)" in line, line  # 400-odd MiB, rank 2 holds it
+            assert job.wait(timeout=60) == 0
+        assert not any(s.startswith("localhost:  CPU min") for s in terminal.shown())  # gone with the attempt
+    finally:
+        terminal.close()
+    piped = run_distrun(
+        "-np", "3", "--sample-interval", "0.5", SCRIPTS / "idle_spin_hold.py", ready, "2", env=env
+    )
+    assert piped.returncode == 0 and b"CPU min" not in piped.stdout + piped.stderr
