@@ -26,6 +26,7 @@ Lifecycle of one connection:
   agent: HELLO
   per attempt: launcher PROBE -> agent FACTS; launcher START -> agent OUT/ERR/EXIT ... DONE
   any time: launcher STOP / KILL / SIGNAL; launcher STACKS -> agent STACK_DUMP;
+  while ranks run, every StartRequest.sample_interval: agent SAMPLES;
   both ways BEAT (when PROBE asked for heartbeats)
   launcher closes its end (EOF): the agent stops whatever still runs and exits.
 """
@@ -40,7 +41,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
 
-VERSION = 3
+VERSION = 4  # 4: SAMPLES, the ranks' live CPU, memory and GPU
 MAGIC = b"\x00distrun-agent\x00"
 HEADER = struct.Struct("!BIiI")  # kind, agent id, rank (-1: the agent itself), payload length
 HELLO_HEADER = struct.Struct("!BiI")  # kind, rank, payload length: HELLO's framing, the same in every version
@@ -59,6 +60,8 @@ SYNC, BLOB, FETCH = 6, 7, 8
 WANT, SYNCED = 15, 16
 # every running rank's stacks (distrun stacks, --timeout, a stall): launcher STACKS -> agent STACK_DUMP
 STACKS, STACK_DUMP = 17, 18
+# while ranks run, every StartRequest.sample_interval seconds: agent SAMPLES (launcher.agent.sampling)
+SAMPLES = 19
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
 BEAT = 20
 
@@ -167,6 +170,8 @@ class StartRequest:
     unset_prefixes: list[str] = field(default_factory=list)
     # --workdir: the synced copy; ranks run in it and find it first on PYTHONPATH.
     workdir: str = ""
+    # --sample-interval: seconds between SAMPLES frames while ranks run (0: none).
+    sample_interval: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,30 @@ class RankExited:
     cpu_s: float = 0.0
     max_rss_kb: int = 0
     stopped: bool | None = None
+
+
+@dataclass(frozen=True)
+class RankSample:
+    """One running rank's process tree now: CPU percent since the last sample (100: one core), resident
+    memory (summed over its processes), GPU utilisation and memory (None: no NVML, or on no GPU), seconds
+    since it last wrote (None: never), whether its leader is stopped (SIGSTOP, Ctrl-Z), how many processes."""
+
+    rank: int
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    gpu_util_percent: float | None = None
+    gpu_memory_bytes: int | None = None
+    last_output_age_s: float | None = None
+    stopped: bool = False
+    processes: int = 0
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Every running rank of the host, sampled at once (`interval`: the pace asked for)."""
+
+    interval: float = 0.0
+    ranks: list[RankSample] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -315,12 +344,15 @@ def _build(cls: type[M], data: dict[str, Any]) -> M:
 
 
 def decode_message(cls: type[M], payload: bytes) -> M:
-    """The message of type `cls` in `payload`; nested RankSpecs of a StartRequest are built too."""
+    """The message of type `cls` in `payload`; nested RankSpecs of a StartRequest (RankSamples of Samples)
+    are built too."""
     data = json.loads(payload)
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object for {cls.__name__}")
     if cls is StartRequest:
         data = dict(data, ranks=[_build(RankSpec, r) for r in data.get("ranks", [])])
+    elif cls is Samples:
+        data = dict(data, ranks=[_build(RankSample, r) for r in data.get("ranks", [])])
     return _build(cls, data)
 
 
@@ -342,6 +374,7 @@ MESSAGES: dict[int, type] = {
     EXIT: RankExited,
     STACKS: StacksRequest,
     STACK_DUMP: StackReply,
+    SAMPLES: Samples,
     SYNC: SyncRequest,
     FETCH: FetchRequest,
     WANT: Want,

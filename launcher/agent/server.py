@@ -44,6 +44,7 @@ from launcher.agent.protocol import (
     OUT,
     PROBE,
     READ_SIZE,
+    SAMPLES,
     SIGNAL,
     STACK_DUMP,
     STACKS,
@@ -70,6 +71,7 @@ from launcher.agent.protocol import (
 )
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
+from launcher.agent.sampling import Sampler
 from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
 
 
@@ -194,6 +196,7 @@ class Agent:
         self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
         self.term_at: float | None = None  # when stopping with SIGINT first: the SIGTERM deadline
         self.leftovers_at: float | None = None
+        self.sampler = Sampler(0.0, 0.0)  # START sets the pace (--sample-interval)
 
     # -- output to the launcher
 
@@ -255,6 +258,7 @@ class Agent:
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
+        self.sampler = Sampler(spec.sample_interval, self.clock())
         # Leftovers of another launcher go first; the launcher's environment comes over them.
         shared = start_environment(os.environ, spec)
         cwd = spec.workdir or spec.cwd or None
@@ -362,6 +366,12 @@ class Agent:
             self.gatherings.remove(gathering)
             self.send_message(STACK_DUMP, StackReply(gathering.request_id, gathering.results()))
 
+    def _sample(self, now: float) -> None:
+        running = {e.rank: e.proc.pid for e in self.ranks.values() if e.returncode is None}
+        samples = self.sampler.sample(running, now)
+        if samples is not None and samples.ranks:
+            self.send_message(SAMPLES, samples)
+
     def kill(self) -> None:
         if not self.started:
             return
@@ -380,6 +390,7 @@ class Agent:
             data = b""
         if data:
             self.send(entry.fds[fd], entry.rank, data)
+            self.sampler.wrote(entry.rank, self.clock())
             return True
         self._close_pipe(fd)
         return False
@@ -500,7 +511,14 @@ class Agent:
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
                 if self.dead_after and silent and control_open and not _readable(self.in_fd):
                     self._give_up(now - self.last_heard)
-            for deadline in (self.kill_at, self.term_at, self.leftovers_at, self.next_beat or None):
+            deadlines = (
+                self.kill_at,
+                self.term_at,
+                self.leftovers_at,
+                self.next_beat or None,
+                self.sampler.next_at,
+            )
+            for deadline in deadlines:
                 if deadline is not None:
                     timeout = max(0.0, min(timeout, deadline - now))
             if self.gatherings:
@@ -531,6 +549,8 @@ class Agent:
             now = self.clock()
             if self.gatherings:
                 self._poll_gatherings(now)
+            if self.started and self.sampler.due(now):
+                self._sample(now)
             if self.term_at is not None and now >= self.term_at:
                 self.term_at = None
                 self._signal_all(signal.SIGTERM, leftovers=True)

@@ -36,6 +36,8 @@ Subcommands (the first word only; `distrun -- check` launches a command of that 
   distrun check -H host1:4,host2:4     is every host ready for a launch? (see its --help)
   distrun ssh-setup -H host1,host2     passwordless SSH to every host
   distrun stacks [PID]                 every rank's stacks of your running job, grouped
+  distrun top [--once [--json]]        your running job live: CPU, memory, GPU, step rate per rank
+  distrun plot REPORT.json -o run.png  one picture of a run from its --report
 
 \b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
@@ -217,6 +219,14 @@ OPTIONS: tuple[Callable[[Any], Any], ...] = (
         is_flag=True,
         help="Before any rank starts, measure every host and link as `check --perf` does: an outlier ends a "
         "fixed-size job (exit 3); an elastic one (--min-np) leaves it out.",
+    ),
+    option(
+        "--sample-interval",
+        type=float,
+        metavar="SECONDS",
+        default=2.0,
+        show_default=True,
+        help="Sample each rank's CPU, memory and GPU this often, for `distrun top` and --report (0: off).",
     ),
     option("--config", metavar="PATH", help="YAML file of option defaults (keys: option names)."),
     option("--dry-run", is_flag=True, help="Print each rank's host and environment; run nothing."),

@@ -32,7 +32,7 @@ from launcher.errors import EXIT_OK, EXIT_SIGINT, DistrunError, Interrupted
 # What distrun sets in each rank's environment, not settings of distrun (see launcher/core/env.py).
 RANK_VARIABLES = frozenset({*(n for n in CONTRACT_NAMES if n.startswith(f"{ENV_PREFIX}_")), OWN_GPUS_VAR})
 # The first word only: `distrun -- check` or `./check` still launch a command named check.
-SUBCOMMANDS = ("ssh-setup", "check", "stacks")
+SUBCOMMANDS = ("ssh-setup", "check", "stacks", "top", "plot")
 # How alike an unknown option must be to one of ours for a "Did you mean": at click's 0.6, horovodrun's
 # --gloo, --nics and --reset-limit were offered --color, --ranks and --workdir-limit.
 SUGGEST_CUTOFF = 0.8
@@ -68,6 +68,14 @@ def _subcommand(name: str, args: Sequence[str]) -> click.Command:
 
     if name == "check":
         return subcommands.check_command(_launch_command(args))
+    if name == "top":
+        from launcher.cli.top import top_cli
+
+        return top_cli
+    if name == "plot":
+        from launcher.cli.plot import plot_cli
+
+        return plot_cli
     return subcommands.ssh_setup_cli if name == "ssh-setup" else subcommands.stacks_cli
 
 

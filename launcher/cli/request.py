@@ -259,5 +259,6 @@ def build_request(values: Mapping[str, Any], sources: Sources, backends: Sequenc
         workdir_relay=values["workdir_relay"],
         allow_mismatch=values["allow_mismatch"],
         preflight=bool(values.get("preflight")),
+        sample_interval=_interval(values["sample_interval"], label("sample_interval", "--sample-interval")),
     )
     return Request(config=config, dry_run=values["dry_run"], verbose=values["verbose"] or 0)

@@ -42,6 +42,7 @@ LAUNCH_ONLY = frozenset(
         "command",
         "dry_run",
         "preflight",
+        "sample_interval",
         "master_port",
         "redact",
         "prefix",

@@ -123,6 +123,7 @@ class StatusArea:
         self._dirty = False
         self._next_frame = 0.0
         self._seq = 0
+        self._footer: list[bytes] = []  # a line per host from the live samples, below the ranks' lines
 
     def show(self, key: Key, label: bytes, text: bytes, now: float) -> None:
         self._seq += 1
@@ -137,6 +138,12 @@ class StatusArea:
             status.seq = self._seq
         self._dirty = True
 
+    def set_footer(self, lines: list[bytes]) -> None:
+        """The lines below the ranks' (a compact line per host), redrawn with the area."""
+        if lines != self._footer:
+            self._footer = lines
+            self._dirty = True
+
     def done(self, key: Key) -> bytes | None:
         if self._statuses.pop(key, None) is not None:
             self._dirty = True
@@ -150,7 +157,8 @@ class StatusArea:
 
     def tick(self, now: float) -> None:
         # An erased area comes back at once (it would flicker otherwise); a changed one at most per frame.
-        if self._dirty and (now >= self._next_frame or (not self._drawn and self._statuses)):
+        shown = self._statuses or self._footer
+        if self._dirty and (now >= self._next_frame or (not self._drawn and shown)):
             self._render()
             self._next_frame = now + FRAME_SECONDS
 
@@ -163,7 +171,9 @@ class StatusArea:
             cols, rows = os.get_terminal_size(self._fd)
         except OSError:
             cols, rows = 80, 24
-        lines = [self._fit(s, cols - 1) for s in self._visible(max(1, rows - 2))]
+        footer = self._footer[: max(0, rows - 3)]
+        lines = [self._fit(s, cols - 1) for s in self._visible(max(1, rows - 2 - len(footer)))]
+        lines += [truncate(line.decode("utf-8", "replace"), cols - 1).encode() for line in footer]
         erase = b"\r\x1b[%dA\x1b[J" % self._drawn if self._drawn else b""
         self._console.write("stdout", erase + b"".join(line + _ERASE_LINE + b"\n" for line in lines))
         self._drawn = len(lines)

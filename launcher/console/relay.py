@@ -256,6 +256,16 @@ class LogRelay:
             else RedrawLines(self._console, options.progress_interval)
         )
 
+    @property
+    def terminal(self) -> bool:
+        """Whether the console is a terminal with a status area."""
+        return self._terminal
+
+    def show_hosts(self, lines: list[str]) -> None:
+        """The status area's line per host (the live samples); nothing off a terminal."""
+        if isinstance(self._display, StatusArea):
+            self._display.set_footer([line.encode() for line in lines])
+
     def _make_prefix(self, rank: int, host: str) -> bytes:
         mode = self._options.prefix
         if mode == "none":

@@ -80,6 +80,7 @@ class LaunchConfig:
     workdir_relay: bool = True  # hosts with the copy feed the others (see launcher.workdir.sync)
     allow_mismatch: bool = False
     preflight: bool = False  # measure hosts and links before any rank starts (launcher.check.perf)
+    sample_interval: float = 2.0  # seconds between the agents' samples of each rank (0: none; `distrun top`)
 
     @property
     def placement(self) -> Placement:

@@ -70,6 +70,7 @@ def start_requests(
                 unset=list(jenv.unset) if local[node_rank] else [],
                 unset_prefixes=list(LEFTOVER_PREFIXES),
                 workdir=workdirs[node_rank] if workdirs else "",
+                sample_interval=config.sample_interval,
             )
         )
     return requests

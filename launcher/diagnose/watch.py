@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.agent.protocol import STACKS, StackReply, StacksRequest
+from launcher.agent.protocol import STACKS, Samples, StackReply, StacksRequest
 from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.core.timeline import Timeline, slowest
+from launcher.diagnose.live import LiveView, host_lines
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.runtime.control import ControlError, ControlServer, answer, answer_busy
 from launcher.runtime.node import HostAttempt
@@ -50,10 +51,12 @@ class WatchOptions:
     stall_timeout: float | None = None
     straggler_window: float = 60.0
     output_dir: Path | None = None
+    sample_interval: float = 2.0  # --sample-interval: the agents' pace (0: no samples)
 
     @classmethod
     def of(cls, config: LaunchConfig) -> WatchOptions:
         return cls(
+            sample_interval=config.sample_interval,
             tool=config.stack_tool,
             stall_timeout=config.stall_timeout,
             straggler_window=config.straggler_window,
@@ -92,6 +95,10 @@ class JobWatch:
         self._hosts: dict[int, str] = {}
         self.timeline = Timeline(time.monotonic())
         self._timeline_told = False
+        # `distrun top`, the console's host lines, the report's samples; answered in every phase.
+        self.live = LiveView(self.timeline.start)
+        if control is not None:
+            control.top = self.answer_top
         # An earlier run's stacks files in a reused --output-dir stay; this job's are numbered after them.
         self._first_file = first_stacks_number(options.output_dir)
 
@@ -108,6 +115,7 @@ class JobWatch:
         self._stopping = False
         self._hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
+        self.live.attempt_started(self._hosts, now, self.options.sample_interval)
 
     def attempt_ended(self) -> None:
         """Whatever was still being gathered is answered with what came (the attempt is over)."""
@@ -116,6 +124,7 @@ class JobWatch:
         self._tell_timeline()
         self.named.extend(self.stragglers.named)
         self._hosts_now = []
+        self.relay.show_hosts([])  # the host lines go with the attempt
 
     # -- events
 
@@ -126,9 +135,22 @@ class JobWatch:
         self._last_output = now
         self._stall_shown = False
         self.stragglers.seen(rank, data, now)
+        self.live.on_output(rank, data, now)
         first = not self._timeline_told and self.timeline.wrote(rank, self._hosts.get(rank, "?"), now)
         if first and sum(len(h.first_output) for h in self.timeline.hosts.values()) >= len(self._hosts):
             self._tell_timeline()
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        self.live.on_exit(rank, returncode)
+
+    def on_samples(self, samples: Samples, now: float) -> None:
+        self.live.on_samples(samples, now, self.stragglers)
+        if self.relay.terminal:  # the status area's line per host; off a terminal nothing changes
+            self.relay.show_hosts(host_lines(self.live.rows(now, self.stragglers)))
+
+    def answer_top(self, doing: str) -> str:
+        """`distrun top`'s answer, whatever the job is doing (`doing`, as the running phase says it)."""
+        return self.live.answer(doing, time.monotonic(), self.stragglers)
 
     def _tell_timeline(self) -> None:
         """-v: the slowest host of each start-up phase, once every rank wrote (or the attempt ended)."""

@@ -380,6 +380,7 @@ class Job:
             sup.measured,
             progress,
             self.config.output_dir,
+            samples=self.watch.live.samples_of_attempt() if self.watch is not None else None,
         )
         outcome = sup.outcome()
         self.accounts.append(Attempt(number, started, time.time(), outcome.name, outcome.exit_code, ranks))
@@ -591,6 +592,8 @@ def _write_report(
         stragglers=watch.named if watch is not None else (),
         timeline=watch.timeline.to_json() if watch is not None else (),
         perf=perf,
+        # t = 0 of the timeline and the samples, on the wall clock (`distrun plot` places attempts by it)
+        origin=time.time() - (time.monotonic() - watch.timeline.start) if watch is not None else None,
     )
     try:
         slot.write(report_text(report))

@@ -20,10 +20,12 @@ from launcher.agent.protocol import (
     EXIT,
     KILL,
     OUT,
+    SAMPLES,
     STACK_DUMP,
     STOP,
     Frame,
     RankExited,
+    Samples,
     StackReply,
     StopRequest,
     dispatch,
@@ -84,6 +86,7 @@ class Supervisor(Phase[HostAttempt]):
             EXIT: self._on_exit,
             DONE: self._on_done,
             STACK_DUMP: self._on_stacks,
+            SAMPLES: self._on_samples,
         }
 
     @property
@@ -191,8 +194,14 @@ class Supervisor(Phase[HostAttempt]):
             self.watch.on_stacks(host, reply, now)
             self._check_timeout(now)
 
+    def _on_samples(self, host: HostAttempt, now: float, frame: Frame, samples: Samples) -> None:
+        if self.watch is not None:
+            self.watch.on_samples(samples, now)
+
     def _on_exit(self, host: HostAttempt, now: float, frame: Frame, exited: RankExited) -> None:
         rank = frame.rank
+        if self.watch is not None:
+            self.watch.on_exit(rank, exited.returncode)
         self.measured[rank] = exited
         ended = RankExit(rank, self.rank_hosts.get(rank, host.name), exited.returncode)
         self.exits[rank] = ended

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launcher.agent.protocol import RankExited
+    from launcher.core.samples import Point
     from launcher.diagnose.stacks import StackDump
     from launcher.diagnose.stragglers import Reading, Straggler
 
@@ -45,6 +46,7 @@ class RankRecord:
     usage: Usage | None = None
     log_dir: Path | None = None
     progress: Reading | None = None  # its progress bar's last state, when it drew one
+    samples: tuple[Point, ...] = ()  # the agent's samples over the attempt, at most 500 (core.samples)
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,11 @@ def rank_records(
     measured: Mapping[int, RankExited],
     progress: Mapping[int, Reading],
     output_dir: Path | None,
+    samples: Mapping[int, Sequence[Point]] | None = None,
 ) -> tuple[RankRecord, ...]:
     """Each (rank, host) of an attempt as its agent measured it (`measured`: RankExited by rank; a rank
-    missing there was never seen to exit), with its progress bar's last state and its log folder."""
+    missing there was never seen to exit), with its progress bar's last state, its samples over the attempt
+    and its log folder."""
     records = []
     for rank, host in ranks:
         m = measured.get(rank)
@@ -87,6 +91,7 @@ def rank_records(
                 usage=Usage(m.wall_s, m.cpu_s, m.max_rss_kb) if m is not None and m.wall_s else None,
                 log_dir=None if output_dir is None else output_dir / f"rank.{rank}",
                 progress=progress.get(rank),
+                samples=tuple((samples or {}).get(rank, ())),
             )
         )
     return tuple(records)
@@ -178,6 +183,7 @@ def _rank_json(record: RankRecord) -> dict[str, Any]:
         "progress": None if record.progress is None else {
             "n": record.progress.n, "total": record.progress.total, "rate": record.progress.rate,
         },
+        "samples": [point.to_json() for point in record.samples],
     }  # fmt: skip
 
 
@@ -194,16 +200,20 @@ def build_report(
     timeline: Sequence[dict[str, Any]] = (),
     workdir: dict[str, Any] | None = None,
     perf: dict[str, Any] | None = None,
+    origin: float | None = None,
 ) -> dict[str, Any]:
     """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`;
     `workdir` (with --workdir): the copy's manifest hash, size, and what syncing sent to each host.
 
     `outcome`: the job's, where it differs from the last attempt's (--timeout during a restart delay).
+    `origin`: when distrun started (time.time()), t = 0 of the timeline and of each rank's samples.
     """
     last = attempts[-1] if attempts else None
-    extra = {} if workdir is None else {"workdir": workdir}
+    extra: dict[str, Any] = {} if workdir is None else {"workdir": workdir}
     if perf is not None:
         extra["perf"] = perf  # `check --perf`, `--preflight`: launcher.check.perf.PerfResult.record
+    if origin is not None:
+        extra["origin"] = _iso(origin)
     return {
         **extra,
         "version": REPORT_VERSION,

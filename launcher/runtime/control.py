@@ -1,13 +1,14 @@
 """The control channel of a running job: a Unix socket in a private per-user directory.
 
-`distrun stacks` connects to it from another terminal. Only the same user can: the directory is the user's
-own with mode 0700 (checked, never trusted), the socket's mode is 0600, and the job checks the peer's uid
-(SO_PEERCRED) on every connection. No TCP port is opened.
+`distrun stacks` and `distrun top` connect to it from another terminal. Only the same user can: the
+directory is the user's own with mode 0700 (checked, never trusted), the socket's mode is 0600, and the job
+checks the peer's uid (SO_PEERCRED) on every connection. No TCP port is opened.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import select
@@ -15,7 +16,7 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from launcher.errors import DistrunError
 log = logging.getLogger(__name__)
 
 REQUEST_STACKS = b"stacks\n"
+# `distrun top`: the job answers at once, in every phase, with one JSON object (launcher.diagnose.live).
+REQUEST_TOP = b"top\n"
+REQUESTS = (REQUEST_STACKS, REQUEST_TOP)
 # How a job that runs no rank now (starting, syncing its workdir, restarting) starts its answer: what follows
 # is what it is doing, not stacks.
 BUSY = "distrun-busy "
@@ -168,12 +172,25 @@ class ControlServer:
         os.chmod(self.path, 0o600)
         self.sock.listen(8)
         self.sock.setblocking(False)
+        # What answers `distrun top` (the job's live view, given what the job is doing); None: only that.
+        self.top: Callable[[str], str] | None = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def accept(self) -> socket.socket | None:
-        """A connection that asked for stacks, or None (nothing waiting, another user, a bad request)."""
+        """A connection that asked for stacks, or None (nothing waiting, another user, another request)."""
+        accepted = self.accept_request()
+        if accepted is None:
+            return None
+        conn, request = accepted
+        if request != REQUEST_STACKS:
+            conn.close()
+            return None
+        return conn
+
+    def accept_request(self) -> tuple[socket.socket, bytes] | None:
+        """A connection and its request (REQUESTS), or None (nothing waiting, another user, a bad request)."""
         try:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError):
@@ -182,14 +199,22 @@ class ControlServer:
             conn.settimeout(REQUEST_WAIT)
             if _peer_uid(conn) != os.getuid():
                 raise OSError("another user")
-            if conn.recv(64) != REQUEST_STACKS:
-                raise OSError("not a request for stacks")
+            request = conn.recv(64)
+            if request not in REQUESTS:
+                raise OSError("not a request distrun knows")
             conn.settimeout(ANSWER_WAIT)
-            return conn
+            return conn, request
         except OSError as err:
             log.debug("control socket: refused a connection: %s", err)
             conn.close()
             return None
+
+    def answer_top(self, conn: socket.socket, doing: str) -> None:
+        """`distrun top`: the live view where the job has one, else only what it is doing."""
+        if self.top is not None:
+            answer(conn, self.top(doing))
+        else:
+            answer(conn, json.dumps({"pid": os.getpid(), "doing": doing, "ranks": []}) + "\n")
 
     def close(self) -> None:
         self.sock.close()
@@ -211,8 +236,13 @@ def answering(server: ControlServer | None, doing: str) -> Iterator[None]:
             readable, _, _ = select.select([server.sock.fileno(), stop_r], [], [])
             if stop_r in readable:
                 return
-            conn = server.accept()
-            if conn is not None:
+            accepted = server.accept_request()
+            if accepted is None:
+                continue
+            conn, request = accepted
+            if request == REQUEST_TOP:
+                server.answer_top(conn, doing)
+            else:
                 answer_busy(conn, doing)
 
     thread = threading.Thread(target=serve, name="control", daemon=True)
@@ -269,24 +299,27 @@ def running_jobs() -> list[RunningJob]:
     return sorted(jobs, key=lambda j: j.pid)
 
 
-def ask_stacks(pid: int | None, wait: float) -> str:
-    """The stacks of job `pid` (None: the user's one running job) as the job formats them."""
-    if pid is None:
-        jobs = running_jobs()
-        if not jobs:
-            raise NoJob("no running distrun job of yours")
-        if len(jobs) > 1:
-            listed = "; ".join(f"{j.pid}: {j.command}" for j in jobs)
-            raise SeveralJobs(
-                f"{len(jobs)} distrun jobs are running; name one: distrun stacks PID ({listed})"
-            )
-        pid = jobs[0].pid
+def find_job(pid: int | None, command: str = "stacks") -> int:
+    """`pid`, or the user's one running job: NoJob when none runs, SeveralJobs when several do."""
+    if pid is not None:
+        return pid
+    jobs = running_jobs()
+    if not jobs:
+        raise NoJob("no running distrun job of yours")
+    if len(jobs) > 1:
+        listed = "; ".join(f"{j.pid}: {j.command}" for j in jobs)
+        raise SeveralJobs(f"{len(jobs)} distrun jobs are running; name one: distrun {command} PID ({listed})")
+    return jobs[0].pid
+
+
+def ask(pid: int, request: bytes, wait: float, what: str) -> str:
+    """Job `pid`'s whole answer to `request`; `what` names the answer in the error lines."""
     path = socket_path(pid)
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(wait)
         try:
             sock.connect(str(path))
-            sock.sendall(REQUEST_STACKS)
+            sock.sendall(request)
             chunks = []
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
@@ -299,9 +332,27 @@ def ask_stacks(pid: int | None, wait: float) -> str:
         except OSError as err:
             raise NoJob(f"distrun job {pid}: {err.strerror or err}") from None
     if not chunks:
-        raise NoJob(f"distrun job {pid} ended before its stacks were read")
-    text = b"".join(chunks).decode(errors="replace")
+        raise NoJob(f"distrun job {pid} ended before its {what} were read")
+    return b"".join(chunks).decode(errors="replace")
+
+
+def ask_stacks(pid: int | None, wait: float) -> str:
+    """The stacks of job `pid` (None: the user's one running job) as the job formats them."""
+    pid = find_job(pid)
+    text = ask(pid, REQUEST_STACKS, wait, "stacks")
     if text.startswith(BUSY):
         doing = text.removeprefix(BUSY).strip()
         raise JobBusy(f"distrun job {pid} runs no rank now: it is {doing}; ask again once its ranks run")
     return text
+
+
+def ask_top(pid: int, wait: float) -> dict[str, object]:
+    """Job `pid`'s live view: what it is doing and a row per rank (launcher.diagnose.live)."""
+    text = ask(pid, REQUEST_TOP, wait, "samples")
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise NoJob(f"distrun job {pid} gave an answer that is not its samples") from None
+    if not isinstance(document, dict):
+        raise NoJob(f"distrun job {pid} gave an answer that is not its samples")
+    return document

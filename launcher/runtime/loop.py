@@ -21,7 +21,7 @@ from typing import Any, Generic, TypeVar
 from launcher.agent.protocol import SIGNAL, Handlers, SignalRequest, dispatch
 from launcher.core.result import TimedOut
 from launcher.errors import DeadlineReached, HostError, Interrupted, signal_name
-from launcher.runtime.control import ControlServer, answer_busy
+from launcher.runtime.control import REQUEST_TOP, ControlServer, answer_busy
 from launcher.runtime.node import Node
 from launcher.signals import Waiter, stopping, suspend_self
 
@@ -275,6 +275,11 @@ class Loop:
 
     def _on_control(self, phase: Phase[C], now: float) -> None:
         assert self.control is not None
-        conn = self.control.accept()
-        if conn is not None:
+        accepted = self.control.accept_request()
+        if accepted is None:
+            return
+        conn, request = accepted
+        if request == REQUEST_TOP:  # `distrun top`: the same in every phase, what is known now
+            self.control.answer_top(conn, phase.doing(now))
+        else:
             phase.on_control(conn, now)

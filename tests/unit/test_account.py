@@ -80,6 +80,7 @@ def test_report_matches_the_schema() -> None:
         "peak_rss_bytes": None,
         "logs": None,
         "progress": None,
+        "samples": [],
     }
     assert first[0]["logs"] == {"stdout": "/logs/rank.0/stdout", "stderr": "/logs/rank.0/stderr"}
 

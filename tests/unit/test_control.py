@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import threading
@@ -10,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from launcher.runtime.control import (
+    REQUEST_TOP,
     ControlError,
     ControlServer,
     NoJob,
     SeveralJobs,
     answer,
     ask_stacks,
+    ask_top,
     runtime_dir,
 )
 
@@ -75,3 +78,48 @@ def test_a_request_is_answered_over_the_socket(run_dir: Path) -> None:
     finally:
         server.close()
     assert not server.path.exists()
+
+
+def test_top_is_answered_with_the_live_view_or_what_the_job_does(run_dir: Path) -> None:
+    server = ControlServer()
+    try:
+        for top, expected in (
+            (None, {"pid": os.getpid(), "doing": "syncing", "ranks": []}),
+            (
+                lambda doing: json.dumps({"doing": doing, "ranks": [{"rank": 0}]}),
+                {"doing": "syncing", "ranks": [{"rank": 0}]},
+            ),
+        ):
+            server.top = top
+            got: list[dict[str, object]] = []
+            client = threading.Thread(target=lambda got=got: got.append(ask_top(os.getpid(), 10.0)))
+            client.start()
+            select.select([server], [], [], 10.0)
+            accepted = server.accept_request()
+            assert accepted is not None and accepted[1] == REQUEST_TOP
+            server.answer_top(accepted[0], "syncing")
+            client.join(10.0)
+            assert got == [expected]
+    finally:
+        server.close()
+
+
+def test_a_stacks_only_accept_refuses_a_top_request(run_dir: Path) -> None:
+    server = ControlServer()
+    try:
+        failed: list[Exception] = []
+
+        def ask() -> None:
+            try:
+                ask_top(os.getpid(), 10.0)
+            except NoJob as err:
+                failed.append(err)
+
+        client = threading.Thread(target=ask)
+        client.start()
+        select.select([server], [], [], 10.0)
+        assert server.accept() is None
+        client.join(10.0)
+        assert [str(e) for e in failed] == [f"distrun job {os.getpid()} ended before its samples were read"]
+    finally:
+        server.close()

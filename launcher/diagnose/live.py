@@ -1,0 +1,166 @@
+"""The job's live view of its ranks: what `distrun top` shows, the console's host lines, the report's samples.
+
+Fed by the running attempt (the agents' SAMPLES frames, the ranks' output, their exits) and read at any time,
+in every phase: between attempts it still holds the last attempt's ranks, with how each ended. Each rank's
+samples over the whole job are kept in a bounded `Series` (launcher.core.samples) for `--report`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.agent.protocol import RankSample, Samples
+from launcher.core.samples import Point, Series
+from launcher.diagnose.stragglers import StragglerWatch
+from launcher.errors import signal_name
+
+# A running rank that wrote nothing for this long is marked silent.
+SILENT_AFTER = 30.0
+# Lines per second are counted over about this many samples.
+RATE_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Seen:
+    """The newest sample of a rank, and when (time.monotonic()) it came."""
+
+    sample: RankSample
+    at: float
+
+
+class LiveView:
+    """Every rank's newest sample, output rate and state; every rank's samples over the job."""
+
+    def __init__(self, origin: float) -> None:
+        """`origin`: when distrun started (time.monotonic()), t = 0 of the report's samples and timeline."""
+        self.origin = origin
+        self.interval = 0.0
+        self.attempt = -1
+        self.hosts: dict[int, str] = {}  # rank -> host, the current (or last) attempt's
+        self.attempt_t = 0.0  # when the current attempt started, in t
+        self.series: dict[int, Series] = {}
+        self._seen: dict[int, Seen] = {}
+        self._exits: dict[int, int] = {}
+        self._wrote: dict[int, float] = {}
+        self._lines: dict[int, int] = {}
+        self._line_marks: dict[int, deque[tuple[float, int]]] = {}
+
+    # -- the running attempt
+
+    def attempt_started(self, hosts: Mapping[int, str], now: float, interval: float) -> None:
+        self.attempt += 1
+        self.interval = interval
+        self.hosts = dict(sorted(hosts.items()))
+        self.attempt_t = now - self.origin
+        self._seen.clear()
+        self._exits.clear()
+        self._wrote.clear()
+        self._lines.clear()
+        self._line_marks.clear()
+
+    def on_output(self, rank: int, data: bytes, now: float) -> None:
+        self._wrote[rank] = now
+        self._lines[rank] = self._lines.get(rank, 0) + data.count(b"\n")
+
+    def on_exit(self, rank: int, returncode: int) -> None:
+        self._exits[rank] = returncode
+
+    def on_samples(self, samples: Samples, now: float, stragglers: StragglerWatch) -> None:
+        rates = stragglers.rates(now)
+        t = now - self.origin
+        for sample in samples.ranks:
+            self._seen[sample.rank] = Seen(sample, now)
+            marks = self._line_marks.setdefault(sample.rank, deque(maxlen=RATE_SAMPLES + 1))
+            marks.append((now, self._lines.get(sample.rank, 0)))
+            point = Point(
+                t,
+                sample.cpu_percent,
+                sample.rss_bytes,
+                sample.gpu_util_percent,
+                sample.gpu_memory_bytes,
+                rates.get(sample.rank),
+            )
+            self.series.setdefault(sample.rank, Series()).add(point)
+
+    # -- reading it
+
+    def samples_of_attempt(self) -> dict[int, list[Point]]:
+        """Each rank's points since the current (or last) attempt started."""
+        return {rank: series.points(self.attempt_t) for rank, series in self.series.items()}
+
+    def _lines_per_s(self, rank: int) -> float | None:
+        marks = self._line_marks.get(rank)
+        if not marks or len(marks) < 2:
+            return None
+        (t0, n0), (t1, n1) = marks[0], marks[-1]
+        return round((n1 - n0) / (t1 - t0), 3) if t1 > t0 else None
+
+    def _state(self, rank: int, seen: Seen | None, age: float | None) -> str:
+        code = self._exits.get(rank)
+        if code is not None:
+            return f"killed {signal_name(-code)}" if code < 0 else f"exited {code}"
+        if seen is None:
+            return "starting"
+        if seen.sample.stopped:
+            return "stopped"
+        if age is not None and age >= SILENT_AFTER:
+            return "silent"
+        return "running"
+
+    def rows(self, now: float, stragglers: StragglerWatch) -> list[dict[str, object]]:
+        """One object per rank of the current (or last) attempt: what `distrun top` shows."""
+        rates = stragglers.rates(now)
+        named = {s.rank for s in stragglers.named}
+        rows = []
+        for rank, host in self.hosts.items():
+            seen = self._seen.get(rank)
+            sample = seen.sample if seen is not None else RankSample(rank)
+            wrote = self._wrote.get(rank)
+            age = None if wrote is None else now - wrote
+            if age is None and sample.last_output_age_s is not None and seen is not None:
+                age = sample.last_output_age_s + (now - seen.at)
+            running = rank not in self._exits
+            rows.append(
+                {
+                    "rank": rank,
+                    "host": host,
+                    "state": self._state(rank, seen, age),
+                    "steps_per_s": rates.get(rank) if running else None,
+                    "lines_per_s": self._lines_per_s(rank) if running else None,
+                    "cpu_percent": sample.cpu_percent if running else None,
+                    "rss_bytes": sample.rss_bytes if running else None,
+                    "gpu_util_percent": sample.gpu_util_percent if running else None,
+                    "gpu_memory_bytes": sample.gpu_memory_bytes if running else None,
+                    "last_output_age_s": None if age is None else round(age, 2),
+                    "processes": sample.processes or None,
+                    "straggler": rank in named,
+                    "sampled_s_ago": None if seen is None else round(now - seen.at, 2),
+                }
+            )
+        return rows
+
+    def answer(self, doing: str, now: float, stragglers: StragglerWatch) -> str:
+        """`distrun top`'s answer: one JSON object, the job's state and a row per rank."""
+        document = {
+            "pid": os.getpid(),
+            "doing": doing,
+            "attempt": max(self.attempt, 0),
+            "interval": self.interval,
+            "ranks": self.rows(now, stragglers),
+        }
+        return json.dumps(document) + "\n"
+
+
+def host_lines(rows: Sequence[Mapping[str, object]]) -> list[str]:
+    """The console's compact line per host: lowest and median GPU utilisation (CPU without GPUs), the
+    highest memory, the slowest rank."""
+    from launcher.diagnose.top_view import host_summary  # the formatting, shared with `distrun top`
+
+    by_host: dict[str, list[Mapping[str, object]]] = {}
+    for row in rows:
+        by_host.setdefault(str(row["host"]), []).append(row)
+    return [host_summary(host, ranks) for host, ranks in by_host.items()]
