@@ -20,8 +20,9 @@ from collectives.compression import Compression, Compressor
 from collectives.context import _Context, _require
 from collectives.errors import ArgumentError, CollectivesError
 from collectives.negotiation import Agreement, Call, Kind, dtype_code, negotiate, shape_digest
-from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
+from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups
 
 __all__ = [
     "Handle",

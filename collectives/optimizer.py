@@ -42,8 +42,9 @@ from collectives.errors import ArgumentError, CollectivesError, GradientSyncErro
 from collectives.negotiation import Call, Kind, Pending, negotiate_async
 from collectives.objects import broadcast_object
 from collectives.ops import broadcast_, sparse_allreduce_async
-from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
+from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
