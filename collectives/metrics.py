@@ -27,7 +27,7 @@ def reduce_metrics(
 
     from collectives import context
     from collectives.ops import allgather, allreduce_
-    from collectives.ops.common import _comm_device
+    from collectives.ops._common import _comm_device
 
     ctx = context._require("reduce_metrics")
     names = sorted(metrics)

@@ -7,32 +7,34 @@ variants end in ``_``; ``*_async`` variants return a :class:`Handle` for :func:`
 :func:`synchronize`. All ranks of a process set must call its collectives in the same order.
 
 Each family has a module of its own, with its blocking, ``_async`` and in-place variants and its autograd
-Function: ``allreduce``, ``grouped_allreduce``, ``allgather``, ``broadcast``, ``alltoall``, ``reducescatter``
-and ``sparse`` (the sparse allreduce). What they share lies below them: ``handle`` (handles and the
-agreement before a collective starts) and ``common`` (op arguments, the scaling chain, the carried layout).
+Function: ``_allreduce``, ``_grouped_allreduce``, ``_allgather``, ``_broadcast``, ``_alltoall``,
+``_reducescatter`` and ``_sparse`` (the sparse allreduce). What they share lies below them: ``_handle``
+(handles and the agreement before a collective starts) and ``_common`` (op arguments, the scaling chain, the
+carried layout). The modules are private, named apart from the functions they define: users reach every
+name here, in ``collectives.ops``.
 """
 
 from __future__ import annotations
 
-from collectives.ops.allgather import allgather, allgather_async, grouped_allgather, grouped_allgather_async
-from collectives.ops.allreduce import allreduce, allreduce_, allreduce_async, allreduce_async_
-from collectives.ops.alltoall import alltoall, alltoall_async
-from collectives.ops.broadcast import broadcast, broadcast_, broadcast_async, broadcast_async_
-from collectives.ops.grouped_allreduce import (
+from collectives.ops._allgather import allgather, allgather_async, grouped_allgather, grouped_allgather_async
+from collectives.ops._allreduce import allreduce, allreduce_, allreduce_async, allreduce_async_
+from collectives.ops._alltoall import alltoall, alltoall_async
+from collectives.ops._broadcast import broadcast, broadcast_, broadcast_async, broadcast_async_
+from collectives.ops._grouped_allreduce import (
     grouped_allreduce,
     grouped_allreduce_,
     grouped_allreduce_async,
     grouped_allreduce_async_,
 )
-from collectives.ops.handle import Handle, poll, synchronize
-from collectives.ops.reducescatter import (
+from collectives.ops._handle import Handle, poll, synchronize
+from collectives.ops._reducescatter import (
     grouped_reducescatter,
     grouped_reducescatter_async,
     reduce_scatter,
     reducescatter,
     reducescatter_async,
 )
-from collectives.ops.sparse import sparse_allreduce_async
+from collectives.ops._sparse import sparse_allreduce_async
 
 __all__ = [
     "Handle",

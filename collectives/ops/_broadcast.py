@@ -10,9 +10,9 @@ import torch.distributed as dist
 from collectives.context import _require
 from collectives.errors import ArgumentError
 from collectives.negotiation import Call, Kind
-from collectives.ops.allreduce import allreduce
-from collectives.ops.common import _CARRIED, _needs_grad
-from collectives.ops.handle import Handle, _agree
+from collectives.ops._allreduce import allreduce
+from collectives.ops._common import _CARRIED, _needs_grad
+from collectives.ops._handle import Handle, _agree
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 

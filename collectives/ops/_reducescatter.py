@@ -12,9 +12,9 @@ import torch.distributed as dist
 from collectives.compression import Compression, Compressor
 from collectives.errors import ArgumentError
 from collectives.negotiation import Call, Kind
-from collectives.ops.allgather import allgather
-from collectives.ops.common import _needs_grad, _postscaled, _prescaled, _sum_or_average
-from collectives.ops.handle import Handle, _agree, _combined
+from collectives.ops._allgather import allgather
+from collectives.ops._common import _needs_grad, _postscaled, _prescaled, _sum_or_average
+from collectives.ops._handle import Handle, _agree, _combined
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 

@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 
 from collectives.negotiation import Call, Kind
-from collectives.ops.allreduce import allreduce
-from collectives.ops.common import _from_rows, _needs_grad, _rows_of
-from collectives.ops.handle import Handle, _agree, _combined
+from collectives.ops._allreduce import allreduce
+from collectives.ops._common import _from_rows, _needs_grad, _rows_of
+from collectives.ops._handle import Handle, _agree, _combined
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from collectives.buckets import fuse, unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.negotiation import Call, Kind, dtype_code, shape_digest
-from collectives.ops.common import _needs_grad, _op_from, _postscaled, _prescaled
-from collectives.ops.handle import Handle, _agree
+from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
+from collectives.ops._handle import Handle, _agree
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from collectives.ops.allgather import allgather_async
-from collectives.ops.common import _sum_or_average
+from collectives.ops._allgather import allgather_async
+from collectives.ops._common import _sum_or_average
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 

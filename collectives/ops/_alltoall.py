@@ -10,8 +10,8 @@ import torch.distributed as dist
 
 from collectives.errors import ArgumentError
 from collectives.negotiation import Call, Kind
-from collectives.ops.common import _comm_device, _from_rows, _needs_grad, _rows_of
-from collectives.ops.handle import Handle, _agree
+from collectives.ops._common import _comm_device, _from_rows, _needs_grad, _rows_of
+from collectives.ops._handle import Handle, _agree
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 
 __all__ = ["alltoall", "alltoall_async"]
