@@ -106,9 +106,8 @@ _LAZY: dict[str, str] = {
         ),
         "ops",
     ),
-    **dict.fromkeys(
-        ("DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"), "optimizer"
-    ),
+    **dict.fromkeys(("broadcast_optimizer_state", "broadcast_parameters"), "broadcast_state"),
+    **dict.fromkeys(("DistributedOptimizer",), "optimizer"),
     **dict.fromkeys(
         ("ProcessSet", "add_process_set", "global_process_set", "remove_process_set"), "process_sets"
     ),

@@ -297,9 +297,9 @@ def init(
         topology = topology_from_env(environ_)
         context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
     _context = context
-    from collectives import process_sets
+    from collectives import registry
 
-    process_sets._setup(context.topology.rank, context.topology.size)
+    registry._setup(context.topology.rank, context.topology.size)
     if context.owns_group:
         leaving.leave_at_exit(_leave)
     topology = context.topology
@@ -468,6 +468,6 @@ def _leave(wait_s: float | None) -> None:
 
 
 def _forget_process_sets() -> None:
-    from collectives import process_sets
+    from collectives import registry
 
-    process_sets._teardown()
+    registry._teardown()

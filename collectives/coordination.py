@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 from collectives.context import _Context, _require
 from collectives.negotiation import _AGREED, Call, Kind, _joined_seen, dtype_of, negotiate, op_of
-from collectives.process_sets import ProcessSet, _registered, global_process_set, groups_of
+from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _registered
 
 __all__ = ["barrier", "join"]
 

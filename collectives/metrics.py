@@ -26,7 +26,8 @@ def reduce_metrics(
     import torch
 
     from collectives import context
-    from collectives.ops import _comm_device, allgather, allreduce_
+    from collectives.ops import allgather, allreduce_
+    from collectives.ops._common import _comm_device
 
     ctx = context._require("reduce_metrics")
     names = sorted(metrics)

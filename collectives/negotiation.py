@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from collectives.errors import CollectivesError, MismatchError
-from collectives.process_sets import _Groups, _registered
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups, _registered
 
 __all__ = ["Agreement", "Call", "Kind", "Pending", "dtype_code", "negotiate", "negotiate_async"]
 

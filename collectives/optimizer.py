@@ -1,4 +1,4 @@
-"""Horovod's DistributedOptimizer on torch.distributed, plus broadcast of initial parameters and state.
+"""Horovod's DistributedOptimizer on torch.distributed (its gradient buckets: ``collectives.grad_buckets``).
 
 Gradients are averaged in buckets laid out as DDP lays them out: in reverse registration order for the first
 step, then in the order rank 0's gradients became ready in that step (DDP's bucket rebuild), each bucket
@@ -27,25 +27,26 @@ import warnings
 import weakref
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
 from collectives import coordination
-from collectives.buckets import assign_buckets, fuse, unflatten_into
+from collectives.buckets import assign_buckets
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
+from collectives.grad_buckets import _Bucket, _views
 from collectives.negotiation import Call, Kind, Pending, negotiate_async
 from collectives.objects import broadcast_object
-from collectives.ops import broadcast_, sparse_allreduce_async
-from collectives.process_sets import ProcessSet, _Groups, global_process_set, groups_of
+from collectives.ops import sparse_allreduce_async
+from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups
 
-__all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
+__all__ = ["DistributedOptimizer"]
 
 _log = logging.getLogger(__name__)
 
@@ -86,96 +87,6 @@ def _grad_hook(owner_ref: weakref.ref[DistributedOptimizer]) -> Callable[[torch.
 def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
     for handle in handles:
         handle.remove()
-
-
-def _views(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Consecutive slices of ``flat`` shaped like ``params``."""
-    out: list[torch.Tensor] = []
-    offset = 0
-    for p in params:
-        out.append(flat[offset : offset + p.numel()].view(p.shape))
-        offset += p.numel()
-    return out
-
-
-class _NoWork:
-    """The finished reduction of a rank that reduces with nobody (outside the optimizer's process set)."""
-
-    def wait(self) -> bool:
-        return True
-
-
-class _Bucket:
-    """A run of same-dtype, same-device parameters whose gradients are reduced as one flat buffer.
-
-    The buffer is in the wire dtype and reused across steps; ``slots`` are views of it shaped like the
-    parameters, so filling a slot is one pass that scales and casts at once.
-    """
-
-    def __init__(self, index: int, params: list[torch.nn.Parameter], compression: Any, divisor: int) -> None:
-        self.index = index
-        self.params = params
-        # Multiplying by the reciprocal, as DDP does: a 0-d tensor operand costs a fraction of a Python
-        # number's dispatch per parameter, and gives DDP's rounding (float64 only for float64 gradients).
-        scale_dtype = torch.float64 if params[0].dtype == torch.float64 else torch.float32
-        self.scale = None if divisor == 1 else torch.tensor(1.0 / divisor, dtype=scale_dtype)
-        numel = sum(p.numel() for p in params)
-        # A compressor of the user's own (Horovod's interface) is applied to the whole buffer at launch.
-        self.custom = None if isinstance(compression, Compressor) else compression
-        dtype = compression.wire_dtype_for(params[0].dtype) if self.custom is None else params[0].dtype
-        self.buffer = torch.empty(numel, dtype=dtype, device=params[0].device)
-        # Gradients can live in the buffer itself when it travels in their own dtype.
-        self.views = self.custom is None and dtype == params[0].dtype
-        self.slots: list[torch.Tensor] = []
-        offset = 0
-        for p in params:
-            self.slots.append(self.buffer[offset : offset + p.numel()].view(p.shape))
-            offset += p.numel()
-        self.filled = [False] * len(params)
-        self.missing = len(params)
-        self.work: dist.Work | _NoWork | None = None
-        self.wire: torch.Tensor = self.buffer
-        self.ctx: Any = None
-
-    def launch(self, group: Any, local: bool) -> None:
-        if local:
-            self.work = _NoWork()
-            return
-        if self.custom is not None:
-            self.wire, self.ctx = self.custom.compress(self.buffer)
-        self.work = dist.all_reduce(self.wire, op=dist.ReduceOp.SUM, group=group, async_op=True)
-
-    def result(self) -> torch.Tensor:
-        """The reduced buffer, decompressed by a custom compressor where there is one."""
-        if self.custom is None:
-            return self.buffer
-        out: torch.Tensor = self.custom.decompress(self.wire, self.ctx)
-        return out
-
-    def fill(self, position: int, grad: torch.Tensor | None) -> None:
-        """Put this rank's share of the reduction into the slot: the scaled gradient, zeros for none."""
-        slot = self.slots[position]
-        if grad is not None and grad.data_ptr() == slot.data_ptr() and grad.shape == slot.shape:
-            # The gradient is this slot (a view from an earlier step): scale it where it lies.
-            if self.scale is not None:
-                slot.mul_(self.scale)
-        elif grad is None:
-            # No gradient on this rank in this step; the other ranks' buckets still hold the parameter.
-            slot.zero_()
-        elif self.scale is not None:
-            # Scaled before the sum (and before the cast, as torch's fp16_compress_hook does): with
-            # op=Average the sum on the wire is then the average itself, which overflows fp16 only if the
-            # result would.
-            torch.mul(grad, self.scale, out=slot)
-        else:
-            slot.copy_(grad)
-        self.filled[position] = True
-        self.missing -= 1
-
-    def reset(self) -> None:
-        self.filled = [False] * len(self.params)
-        self.missing = len(self.params)
-        self.work = None
 
 
 class DistributedOptimizer:
@@ -667,78 +578,3 @@ class DistributedOptimizer:
             f"backward_passes_per_step={self._passes}, "
             f"op={self._op.name})"
         )
-
-
-ParameterSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor]
-
-
-def _tensors_of(params: ParameterSource) -> list[torch.Tensor]:
-    if isinstance(params, Mapping):
-        return [t for t in params.values() if isinstance(t, torch.Tensor)]
-    tensors: list[torch.Tensor] = []
-    for item in params:
-        tensor = item[1] if isinstance(item, tuple) else item
-        if not isinstance(tensor, torch.Tensor):
-            raise CollectivesError(f"broadcast_parameters expects tensors, got {type(tensor).__name__}")
-        tensors.append(tensor)
-    return tensors
-
-
-def broadcast_parameters(params: ParameterSource, root_rank: int = 0) -> None:
-    """Overwrite, in place, every rank's parameters with ``root_rank``'s.
-
-    ``params`` is ``model.state_dict()`` (buffers included), ``model.named_parameters()`` or any iterable of
-    tensors. Tensors are fused per dtype and device into one broadcast each.
-    """
-    _require("broadcast_parameters")
-    with torch.no_grad():
-        for members, flat in fuse(_tensors_of(params)):
-            broadcast_(flat, root_rank)
-            unflatten_into(flat, members)
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_to_cpu(v) for v in value]
-    return value
-
-
-def _initialise_state(optimizer: torch.optim.Optimizer) -> None:
-    """Give a fresh optimizer its state (momentum buffers, step counts), as Horovod does before broadcasting.
-
-    One step with zero gradients creates the state; the parameters are restored afterwards (a zero gradient
-    still moves them under weight decay). Parameters that train get a zero ``.grad`` if they had none.
-    """
-    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-    with torch.no_grad():
-        saved = [p.detach().clone() for p in params]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        optimizer.step()
-        torch._foreach_copy_([p.data for p in params], saved)
-
-
-def broadcast_optimizer_state(
-    optimizer: torch.optim.Optimizer | DistributedOptimizer, root_rank: int = 0, model: Any = None
-) -> None:
-    """Make every rank's optimizer state (moments, step counts, hyper-parameters) equal ``root_rank``'s.
-
-    Needed after restoring a checkpoint on one rank only; ``load_state_dict`` moves the state onto each
-    rank's own parameter devices. A fresh optimizer's state is created first (see Horovod), so ranks agree
-    even before the first step. ``model`` is accepted for Horovod's signature and not needed.
-    """
-    context = _require("broadcast_optimizer_state")
-    inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
-    if not inner.state_dict()["state"]:
-        _initialise_state(inner)
-    is_root = context.topology.rank == root_rank
-    # CPU tensors in the pickle: a CUDA tensor would unpickle onto the root's GPU index on every rank.
-    payload = _to_cpu(inner.state_dict()) if is_root else None
-    state = broadcast_object(payload, root_rank)
-    if not is_root and state is not None:
-        inner.load_state_dict(state)

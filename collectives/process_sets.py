@@ -12,108 +12,30 @@ every rank to create every group, member or not.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 import torch.distributed as dist
 
-from collectives.context import _require
+from collectives.context import _Context, _require
 from collectives.errors import ArgumentError, CollectivesError
+from collectives.registry import (
+    ProcessSet,
+    _Groups,
+    _next_id,
+    _process_groups,
+    _registered,
+    global_process_set,
+)
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Groups:
-    """The torch.distributed side of a registered process set, as seen by this rank.
+def context_and_groups(process_set: ProcessSet, what: str) -> tuple[_Context, _Groups]:
+    """The initialised context and the registered groups of ``process_set``; this rank must be a member.
 
-    The groups themselves are looked up by id rather than held: an exception's traceback keeps its frames'
-    objects alive, and a held group would keep a shut-down job's rendezvous store alive with it, so that the
-    next ``init()`` hangs.
+    Both at once because every collective starts with both: one call on the hot path, not two.
     """
-
-    set_id: int
-    ranks: tuple[int, ...]
-    # This rank's index in ``ranks``; None when it is not a member.
-    index: int | None
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    @property
-    def data(self) -> Any:
-        """The data group; None for the global set (torch.distributed's default group)."""
-        return _process_groups.get(self.set_id, (None, None))[0]
-
-    @property
-    def control(self) -> Any:
-        """The gloo group that carries the negotiation rows."""
-        return _process_groups.get(self.set_id, (None, None))[1]
-
-
-class ProcessSet:
-    """A set of global ranks; usable in collectives once registered with :func:`add_process_set`.
-
-    Mutable as Horovod's is: registration gives it a ``process_set_id`` and removal takes it back.
-    """
-
-    def __init__(self, ranks: Sequence[int] | None = None) -> None:
-        self.ranks: list[int] | None = None if ranks is None else sorted({int(r) for r in ranks})
-        self.process_set_id: int | None = None
-
-    def _groups(self) -> _Groups | None:
-        return None if self.process_set_id is None else _registered.get(self.process_set_id)
-
-    def size(self) -> int | None:
-        """Number of ranks in the set (None while it is not registered)."""
-        groups = self._groups()
-        return None if groups is None else groups.size
-
-    def rank(self) -> int | None:
-        """This process's rank within the set (None if it is not a member or the set is not registered)."""
-        groups = self._groups()
-        return None if groups is None else groups.index
-
-    def included(self) -> bool | None:
-        """Whether this process belongs to the set (None while it is not registered)."""
-        groups = self._groups()
-        return None if groups is None else groups.index is not None
-
-    def __repr__(self) -> str:
-        ranks = "all" if self.ranks is None else self.ranks
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={ranks})"
-
-
-global_process_set = ProcessSet()
-
-_registered: dict[int, _Groups] = {}
-# Set id -> (data group, control group).
-_process_groups: dict[int, tuple[Any, Any]] = {}
-_next_id = [1]
-
-
-def _setup(rank: int, size: int) -> None:
-    """Register the global set; called by ``collectives.init()`` once the default group exists."""
-    control = dist.new_group(backend="gloo") if size > 1 else None
-    _registered[0] = _Groups(0, tuple(range(size)), index=rank)
-    _process_groups[0] = (None, control)
-    global_process_set.process_set_id = 0
-    global_process_set.ranks = list(range(size))
-
-
-def _teardown() -> None:
-    """Forget every set; called by ``collectives.shutdown()`` before the default group goes."""
-    _registered.clear()
-    _process_groups.clear()
-    _next_id[0] = 1
-    global_process_set.process_set_id = None
-
-
-def groups_of(process_set: ProcessSet, what: str) -> _Groups:
-    """The registered groups of ``process_set``; this rank must be a member."""
-    _require(what)
+    context = _require(what)
     groups = process_set._groups()
     if groups is None:
         raise CollectivesError(
@@ -121,7 +43,12 @@ def groups_of(process_set: ProcessSet, what: str) -> _Groups:
         )
     if groups.index is None:
         raise CollectivesError(f"{what}: this rank is not a member of {process_set!r}")
-    return groups
+    return context, groups
+
+
+def groups_of(process_set: ProcessSet, what: str) -> _Groups:
+    """The registered groups of ``process_set``; this rank must be a member."""
+    return context_and_groups(process_set, what)[1]
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:

@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 
 from collectives.errors import MismatchError  # noqa: E402
 from collectives.negotiation import Call, Kind, _verdict  # noqa: E402
-from collectives.process_sets import _Groups  # noqa: E402
 from collectives.reduce_op import ReduceOp  # noqa: E402
+from collectives.registry import _Groups  # noqa: E402
 
 # A process set of ranks 3 and 5: not the global set, so join handling stays out of these verdicts.
 GROUPS = _Groups(99, (3, 5), index=0)

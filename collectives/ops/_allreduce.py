@@ -1,0 +1,168 @@
+"""Allreduce: every rank gets the reduction (Average by default) of every rank's tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from collectives.compression import Compression, Compressor
+from collectives.negotiation import Call, Kind
+from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
+from collectives.ops._handle import Handle, _agree
+from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
+from collectives.reduce_op import ReduceOp
+
+__all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
+
+
+def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
+    tensor: torch.Tensor,
+    op: ReduceOp,
+    name: str | None,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+    what: str,
+    blocking: bool,
+) -> Handle[torch.Tensor]:
+    """Reduce ``tensor`` in place; blocking skips a Work round trip through Python on the common path."""
+    context, groups = context_and_groups(process_set, what)
+    _agree(
+        Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
+        groups,
+        claim=not blocking,
+    )
+    torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
+
+    def finish() -> torch.Tensor:
+        return _postscaled(tensor, divisor, postscale)
+
+    if blocking:
+        dist.all_reduce(tensor, op=torch_op, group=groups.data)
+        return Handle([], finish)
+    work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
+    return Handle([work], finish, name)
+
+
+def allreduce_async_(  # noqa: PLR0917 (Horovod's signature)
+    tensor: torch.Tensor,
+    average: bool | ReduceOp | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle[torch.Tensor]:
+    """Start reducing ``tensor`` in place (Average by default); the handle's result is ``tensor``."""
+    return _allreduce_start(
+        tensor,
+        _op_from(average, op),
+        name,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        "allreduce_async_",
+        False,
+    )
+
+
+def allreduce_async(  # noqa: PLR0917 (Horovod's signature)
+    tensor: torch.Tensor,
+    average: bool | ReduceOp | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> Handle[torch.Tensor]:
+    """Start reducing a copy of ``tensor``; the handle's result is the reduced copy."""
+    return allreduce_async_(
+        tensor.detach().clone(), average, name, op, prescale_factor, postscale_factor, process_set
+    )
+
+
+def allreduce_(  # noqa: PLR0917 (Horovod's signature)
+    tensor: torch.Tensor,
+    average: bool | ReduceOp | None = None,
+    name: str | None = None,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce ``tensor`` in place across the ranks of ``process_set`` (Average by default) and return it."""
+    return _allreduce_start(
+        tensor,
+        _op_from(average, op),
+        name,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        "allreduce_",
+        True,
+    ).wait()
+
+
+class _AllreduceFunction(torch.autograd.Function):
+    """Horovod's gradient of an allreduce: the same allreduce of the incoming gradient."""
+
+    @staticmethod
+    def forward(  # noqa: PLR0917 (Horovod's signature)
+        ctx: Any,
+        tensor: torch.Tensor,
+        op: ReduceOp,
+        name: str | None,
+        prescale: float,
+        postscale: float,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
+        ctx.args = (op, prescale, postscale, process_set)
+        return _allreduce_start(
+            tensor.detach().clone(), op, name, prescale, postscale, process_set, "allreduce", True
+        ).wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        op, prescale, postscale, process_set = ctx.args
+        reduced = _allreduce_start(
+            grad.detach().clone(), op, None, prescale, postscale, process_set, "allreduce", True
+        ).wait()
+        return reduced, None, None, None, None, None
+
+
+def allreduce(  # noqa: PLR0917 (Horovod's signature)
+    tensor: torch.Tensor,
+    average: bool | ReduceOp | None = None,
+    name: str | None = None,
+    compression: Compressor | Any = Compression.none,
+    op: ReduceOp | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Return the reduction of ``tensor`` across ranks (Average by default); ``tensor`` is left unchanged.
+
+    Differentiable: the gradient is the same reduction of the incoming gradient. ``compression`` casts for
+    the wire and back (Horovod's compressor interface).
+    """
+    reduce_op = _op_from(average, op)
+    wire, ctx = compression.compress(tensor)
+    if _needs_grad(wire):
+        result: torch.Tensor = _AllreduceFunction.apply(  # type: ignore[no-untyped-call]
+            wire, reduce_op, name, prescale_factor, postscale_factor, process_set
+        )
+    else:
+        result = _allreduce_start(
+            wire.detach().clone() if wire is tensor else wire,
+            reduce_op,
+            name,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            "allreduce",
+            True,
+        ).wait()
+    out: torch.Tensor = compression.decompress(result, ctx)
+    return out

@@ -1,0 +1,116 @@
+"""What the collective families share: Horovod's op argument, the reduction's scaling chain, and the layout in
+which the data-moving collectives carry tensors of any type."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from collectives.context import _Context
+from collectives.errors import ArgumentError, CollectivesError
+from collectives.reduce_op import ReduceOp
+
+_TORCH_OPS: dict[ReduceOp, Any] = {
+    ReduceOp.SUM: dist.ReduceOp.SUM,
+    ReduceOp.MIN: dist.ReduceOp.MIN,
+    ReduceOp.MAX: dist.ReduceOp.MAX,
+    ReduceOp.PRODUCT: dist.ReduceOp.PRODUCT,
+}
+
+# Types that both gloo and NCCL carry. Collectives that only move data (allgather, broadcast, alltoall) send
+# any other type (int16, bool, ...) as its bytes, which is exact.
+_CARRIED = {torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8, torch.int32, torch.int64}
+
+
+def _comm_device(context: _Context) -> torch.device:
+    """Where small bookkeeping tensors (sizes, splits) must live for this backend."""
+    if context.device_index is not None:
+        return torch.device("cuda", context.device_index)
+    return torch.device("cpu")
+
+
+def _op_from(average: bool | ReduceOp | None, op: ReduceOp | None) -> ReduceOp:
+    """Horovod's op argument, with its deprecated ``average`` flag; a ReduceOp in ``average``'s place (this
+    library's former second positional argument) counts as ``op``."""
+    if isinstance(average, ReduceOp):
+        average, op = None, average if op is None else op
+    if average is not None and op is not None:
+        raise ArgumentError("pass either op or the deprecated average, not both")
+    if op is None:
+        return ReduceOp.SUM if average is False else ReduceOp.AVERAGE
+    if not isinstance(op, ReduceOp):
+        raise CollectivesError(f"op must be one of collectives.Average/Sum/Min/Max/Product, got {op!r}")
+    if op is ReduceOp.ADASUM:
+        raise NotImplementedError(
+            "Adasum needs Horovod's own MPI/NCCL implementation, which torch.distributed lacks; "
+            "use op=Average (or Sum)"
+        )
+    return op
+
+
+def _sum_or_average(op: ReduceOp | None, what: str) -> ReduceOp:
+    """:func:`_op_from` for the collectives that reduce by summing only (reducescatter, sparse allreduce)."""
+    reduce_op = _op_from(None, op)
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ArgumentError(f"{what} supports Sum and Average, got {reduce_op}")
+    return reduce_op
+
+
+def _needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _scale(tensor: torch.Tensor, factor: float) -> None:
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.mul_(factor)
+    else:
+        tensor.copy_(tensor * factor)
+
+
+def _prescaled(
+    tensor: torch.Tensor, op: ReduceOp, prescale: float, context: _Context, size: int
+) -> tuple[Any, int]:
+    """Scale ``tensor`` in place by ``prescale``; return the torch.distributed op for ``op``, and the divisor
+    that :func:`_postscaled` applies afterwards (1: none).
+
+    NCCL averages floating tensors in the transport itself, with no extra pass; gloo has no AVG, so Average
+    there is a sum followed by one division (truncating for integers, as Horovod's does).
+    """
+    if prescale != 1.0:
+        _scale(tensor, prescale)
+    if op is not ReduceOp.AVERAGE:
+        return _TORCH_OPS[op], 1
+    if context.device_type == "cuda" and tensor.is_floating_point():
+        return dist.ReduceOp.AVG, 1
+    return dist.ReduceOp.SUM, size
+
+
+def _postscaled(tensor: torch.Tensor, divisor: int, postscale: float) -> torch.Tensor:
+    """Finish, in place, a reduction that :func:`_prescaled` began: the division, then ``postscale``."""
+    if divisor != 1:
+        if tensor.is_floating_point() or tensor.is_complex():
+            tensor.div_(divisor)
+        else:
+            tensor.div_(divisor, rounding_mode="trunc")
+    if postscale != 1.0:
+        _scale(tensor, postscale)
+    return tensor
+
+
+def _rows_of(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` (at least 1-d, contiguous) as a (rows, width) tensor of a type the backend carries."""
+    rows = tensor.shape[0]
+    width = 1
+    for d in tensor.shape[1:]:
+        width *= d
+    flat = tensor.reshape(rows, width)
+    return flat if tensor.dtype in _CARRIED else flat.view(torch.uint8)
+
+
+def _from_rows(rows: torch.Tensor, dtype: torch.dtype, trailing: Sequence[int]) -> torch.Tensor:
+    """The inverse of :func:`_rows_of` for ``rows`` rows of ``trailing``-shaped items of ``dtype``."""
+    typed = rows if rows.dtype == dtype else rows.view(dtype)
+    return typed.reshape(rows.shape[0], *trailing)
