@@ -190,6 +190,10 @@ class Job:
         # What every rank starts from beneath the contract: the same for every attempt.
         self.env = config.job_env(os.environ)
         self.dead_after = self.backend.liveness(config).dead_after
+        # distrun's own words go to a terminal: its user may stop it (Ctrl-Z, kill -STOP) and come back, so
+        # its agents wait for it however long (docs/usage.md, Signals). Elsewhere (a batch job, a pipe) a
+        # distrun silent longer than its agents' patience is given up on.
+        self.on_terminal = os.isatty(2)
         # Every phase that waits on the hosts runs on this one loop: signals, the deadline, liveness and
         # `distrun stacks` are handled alike in each. --timeout bounds the whole job, in every phase.
         self.loop = loop
@@ -416,8 +420,11 @@ class Job:
             hosts, route_to=master_addr, python=interpreter(self.config.python),
             cwd=None if synced else self.cwd, script=None if synced else script_of(self.config.command),
             heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
+            wait_while_stopped=self.on_terminal,
         )  # fmt: skip
         nodes = [host.node for host in hosts]
+        for node in nodes:
+            node.waits_while_stopped = self.on_terminal
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.

@@ -200,7 +200,8 @@ class Supervisor(Phase[HostAttempt]):
         if ours:
             detail = (
                 f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
-                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s)"
+                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s); they wait "
+                "however long only for a distrun on a terminal or one stopped with Ctrl-Z"
             )
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 
