@@ -30,10 +30,12 @@ class Succeeded:
 
 @dataclass(frozen=True)
 class RankFailed:
-    """`stopped`: the ranks that were still running when the job began to stop (and so were stopped)."""
+    """`stopped`: the ranks that were still running when the job began to stop (and so were stopped);
+    `peers_done`: how many other ranks had exited 0 by then (all of them when `stopped` is empty)."""
 
     failure: RankExit
     stopped: tuple[int, ...] = ()
+    peers_done: int = 0
     name: ClassVar[str] = "rank-failed"
     retryable: ClassVar[bool] = True
 

@@ -182,7 +182,8 @@ class Supervisor(Phase[HostAttempt]):
         ended = RankExit(rank, self.rank_hosts.get(rank, host.name), exited.returncode)
         self.exits[rank] = ended
         if exited.returncode != 0:
-            self._stop(lambda stopped: RankFailed(ended, stopped), now)
+            done = sum(1 for other in self.exits.values() if other.rank != rank and other.returncode == 0)
+            self._stop(lambda stopped: RankFailed(ended, stopped, done), now)
 
     def _on_done(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
         host.finished = True
