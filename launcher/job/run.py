@@ -112,7 +112,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
                 # Whatever ended the job, once ranks ran: the account as a table.
                 if job.accounts and len(job.accounts[-1].ranks) > 1:
                     relay.note(format_account(job.accounts[-1].ranks).splitlines())
-            relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
+            relay.note(
+                summarize(outcome, relay.stderr_tail) + job.missing_file_lines(outcome) + job.closing_lines()
+            )
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
             exit_code, final = outcome.exit_code, outcome.name
@@ -248,6 +250,15 @@ class Job:
         """A signal or --timeout between attempts ends the job with that outcome."""
         self.failure = Failure(None, None, summarize(outcome, self.relay.stderr_tail)[0])
         return outcome
+
+    def missing_file_lines(self, outcome: Outcome) -> list[str]:
+        """A failed rank that did not find a file of --workdir that the copy left out: said so."""
+        if self.workdir is None or not isinstance(outcome, RankFailed):
+            return []
+        from launcher.workdir.account import missing_file_lines
+
+        rank = outcome.failure.rank
+        return missing_file_lines(self.workdir, rank, self.relay.stderr_tail(rank))
 
     def closing_lines(self) -> list[str]:
         """Every attempt with its cause (when there was more than one), then why the job did not go on."""
