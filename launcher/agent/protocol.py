@@ -80,7 +80,9 @@ class ProbeRequest:
     """Preflight question, sent at the start of every attempt.
 
     `heartbeat`/`dead_after`: seconds between BEATs each way, and the silence after which the agent decides
-    the launcher is gone (0: no heartbeats; a local agent's pipe closing says all).
+    the launcher is gone (0: no heartbeats; a local agent's pipe closing says all). `wait_while_stopped`: the
+    launcher is a terminal's job, which its user may stop (Ctrl-Z, kill -STOP) for as long as they like: its
+    silence alone ends nothing while its machine still answers on the connection (launcher.agent.transport).
     """
 
     ports: int
@@ -89,6 +91,7 @@ class ProbeRequest:
     python: str | None = None
     heartbeat: float = 0.0
     dead_after: float = 0.0
+    wait_while_stopped: bool = False
     # The script a `.py` command runs (relative to cwd): a missing one is exit 127 before anything starts.
     script: str | None = None
     # `distrun check`: also report versions, disk and clock (`check`), keep a TCP port open (`listen`), or

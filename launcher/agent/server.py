@@ -73,6 +73,11 @@ from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, s
 from launcher.agent.receive import Receiver, listen
 from launcher.agent.sampling import Sampler
 from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
+from launcher.agent.transport import launcher_answering
+
+# A launcher that waits for its user (see `ProbeRequest.wait_while_stopped`) is given up on only once its
+# machine has not answered on two looks this far apart: one look may fall within a probe's round trip.
+UNANSWERED_CONFIRM = 1.0
 
 
 def _readable(fd: int) -> bool:
@@ -166,6 +171,9 @@ class Agent:
         self.next_beat = 0.0
         self.listener: socket.socket | None = None  # `distrun check`: open until the agent exits
         self.paused = False  # the launcher is suspended (Ctrl-Z): its silence means nothing
+        # The launcher is a terminal's job: stopped without a word (SIGSTOP), it is still waited for.
+        self.wait_while_stopped = False
+        self.unanswered_since: float | None = None  # when its machine was first seen not answering
         self.dump_dir: DumpDir | None = None  # made at the first START: the ranks' stack hook and dumps
         self.gatherings: list[Gathering] = []
         self._die_with_agent: Any = None
@@ -219,15 +227,32 @@ class Agent:
         except OSError:
             self._lost_launcher()
 
-    def _give_up(self, silent: float) -> None:
+    def _launcher_silent(self, now: float, silent: float) -> None:
+        """The launcher said nothing for longer than our patience. One that was stopped (told by Ctrl-Z, or a
+        terminal's job) is waited for as long as its machine acknowledges what we send it."""
+        if not (self.paused or self.wait_while_stopped):
+            self._give_up(silent)
+            return
+        if launcher_answering(self.in_fd, self.dead_after) is not False:
+            self.unanswered_since = None
+        elif self.unanswered_since is None:
+            self.unanswered_since = now
+        elif now - self.unanswered_since >= UNANSWERED_CONFIRM:
+            self._give_up(silent, unanswered=True)
+
+    def _give_up(self, silent: float, unanswered: bool = False) -> None:
         """The launcher's silence outlasted our patience. Said on stderr, which reaches the launcher as the
         reason its channel closed should the network come back: the agent, not distrun, ended the job here."""
         if self.launcher_gone:
             return
-        said = (
-            f"distrun agent: gave up on distrun after {silent:.0f}s without a word from it "
-            f"(it waits {self.dead_after:g}s): stopped the ranks\n"
+        why = (
+            f", nor an acknowledgement from its machine for {self.dead_after:g}s (it waits for a stopped "
+            "distrun while its machine answers)"
+            if unanswered
+            else f" (it waits {self.dead_after:g}s)"
         )
+        said = f"distrun agent: gave up on distrun after {silent:.0f}s without a word from it{why}: "
+        said += "stopped the ranks\n"
         with contextlib.suppress(OSError):
             os.write(self.err_fd, said.encode())
         self._lost_launcher()
@@ -242,6 +267,7 @@ class Agent:
     def probe(self, request: ProbeRequest) -> None:
         self.beat_every = request.heartbeat
         self.dead_after = request.dead_after
+        self.wait_while_stopped = request.wait_while_stopped
         if request.listen and self.listener is None:
             self.listener = listen()
         self.send_message(FACTS, host_facts(request, self.listener))
@@ -507,10 +533,17 @@ class Agent:
                 if now >= self.next_beat:
                     self.send(BEAT)
                     self.next_beat = now + self.beat_every
-                silent = now - self.last_heard > self.dead_after and not self.paused
+                silent = now - self.last_heard
                 # Beats may be waiting unread after a long blocking send: silence is only what nobody sent.
-                if self.dead_after and silent and control_open and not _readable(self.in_fd):
-                    self._give_up(now - self.last_heard)
+                if (
+                    self.dead_after
+                    and silent > self.dead_after
+                    and control_open
+                    and not _readable(self.in_fd)
+                ):
+                    self._launcher_silent(now, silent)
+                else:
+                    self.unanswered_since = None
             deadlines = (
                 self.kill_at,
                 self.term_at,

@@ -32,11 +32,13 @@ class Succeeded:
 class RankFailed:
     """`stopped`: the ranks that were still running when the job began to stop (and so were stopped).
     `exited`: those that seemed to run still but had ended on their own (they exited at nearly the same
-    time as the failing one), each with its own exit."""
+    time as the failing one), each with its own exit. `peers_done`: how many other ranks had exited 0 by
+    then (all of them when `stopped` is empty)."""
 
     failure: RankExit
     stopped: tuple[int, ...] = ()
     exited: tuple[RankExit, ...] = ()
+    peers_done: int = 0
     name: ClassVar[str] = "rank-failed"
     retryable: ClassVar[bool] = True
 

@@ -118,7 +118,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
                 # Whatever ended the job, once ranks ran: the account as a table.
                 if job.accounts and len(job.accounts[-1].ranks) > 1:
                     relay.note(format_account(job.accounts[-1].ranks).splitlines())
-            relay.note(summarize(outcome, relay.stderr_tail) + job.closing_lines())
+            relay.note(
+                summarize(outcome, relay.stderr_tail) + job.missing_file_lines(outcome) + job.closing_lines()
+            )
             if job.give_up is not None and job.give_up.below_min_np:
                 raise HostError(job.give_up.message or "too few ranks left")
             exit_code, final = outcome.exit_code, outcome.name
@@ -196,6 +198,10 @@ class Job:
         # What every rank starts from beneath the contract: the same for every attempt.
         self.env = config.job_env(os.environ)
         self.dead_after = self.backend.liveness(config).dead_after
+        # distrun's own words go to a terminal: its user may stop it (Ctrl-Z, kill -STOP) and come back, so
+        # its agents wait for it however long (docs/usage.md, Signals). Elsewhere (a batch job, a pipe) a
+        # distrun silent longer than its agents' patience is given up on.
+        self.on_terminal = os.isatty(2)
         # Every phase that waits on the hosts runs on this one loop: signals, the deadline, liveness and
         # `distrun stacks` are handled alike in each. --timeout bounds the whole job, in every phase.
         self.loop = loop
@@ -250,6 +256,15 @@ class Job:
         """A signal or --timeout between attempts ends the job with that outcome."""
         self.failure = Failure(None, None, summarize(outcome, self.relay.stderr_tail)[0])
         return outcome
+
+    def missing_file_lines(self, outcome: Outcome) -> list[str]:
+        """A failed rank that did not find a file of --workdir that the copy left out: said so."""
+        if self.workdir is None or not isinstance(outcome, RankFailed):
+            return []
+        from launcher.workdir.account import missing_file_lines
+
+        rank = outcome.failure.rank
+        return missing_file_lines(self.workdir, rank, self.relay.stderr_tail(rank))
 
     def closing_lines(self) -> list[str]:
         """Every attempt with its cause (when there was more than one), then why the job did not go on."""
@@ -423,8 +438,11 @@ class Job:
             hosts, route_to=master_addr, python=interpreter(self.config.python),
             cwd=None if synced else self.cwd, script=None if synced else script_of(self.config.command),
             heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
+            wait_while_stopped=self.on_terminal,
         )  # fmt: skip
         nodes = [host.node for host in hosts]
+        for node in nodes:
+            node.waits_while_stopped = self.on_terminal
         remote = any(not n.local for n in nodes)
         with progress_line(sys.stderr) as line:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.

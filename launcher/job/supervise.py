@@ -206,7 +206,8 @@ class Supervisor(Phase[HostAttempt]):
         ended = RankExit(rank, self.rank_hosts.get(rank, host.name), exited.returncode)
         self.exits[rank] = ended
         if exited.returncode != 0:
-            self._stop(lambda stopped: RankFailed(ended, stopped), now)
+            done = sum(1 for other in self.exits.values() if other.rank != rank and other.returncode == 0)
+            self._stop(lambda stopped: RankFailed(ended, stopped, peers_done=done), now)
 
     def _on_done(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
         host.finished = True
@@ -224,7 +225,8 @@ class Supervisor(Phase[HostAttempt]):
         if ours:
             detail = (
                 f"distrun itself did not run for {node.beat_gap:.0f}s (was it stopped?), longer than the "
-                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s)"
+                f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s); they wait "
+                "however long only for a distrun on a terminal or one stopped with Ctrl-Z"
             )
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 

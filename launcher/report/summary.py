@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterable
 
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut, describe_exit
@@ -30,6 +31,22 @@ def _ranks(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"
 
 
+def teardown_abort(outcome: RankFailed) -> list[str]:
+    """A rank that aborted once every other rank had finished well: its work is most likely done, and torch
+    aborted in its interpreter's shutdown. A script that leaves its process group to the interpreter's exit
+    has one rank die so in some runs (with torchrun too): `terminate called without an active exception`."""
+    failed = outcome.failure
+    if failed.returncode != -signal.SIGABRT or outcome.stopped or not outcome.peers_done:
+        return []
+    return [
+        f"rank {failed.rank} aborted (SIGABRT) after every other rank had exited 0: most likely torch's "
+        "abort at interpreter exit (`terminate called without an active exception`), which a script that "
+        "leaves its process group to be torn down then can meet; call "
+        "torch.distributed.destroy_process_group() at the end of the script (the exit code stays "
+        f"{failed.exit_code})"
+    ]
+
+
 def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list[str]:
     """Lines for the console when the attempt did not simply succeed; [] when it did."""
     if isinstance(outcome, RankFailed):
@@ -49,7 +66,7 @@ def summarize(outcome: Outcome, stderr_tail: Callable[[int], list[str]]) -> list
         if tail:
             lines.append(f"last stderr lines of rank {failed.rank}:")
             lines.extend(f"  {line}" for line in tail)
-        return lines
+        return lines + teardown_abort(outcome)
     if isinstance(outcome, TimedOut):
         stopped = _stopped(outcome.stopped, "ranks still running were stopped")
         return [f"timed out after {outcome.timeout:g}s{stopped}"]

@@ -33,6 +33,8 @@ def forward_signal(nodes: Sequence[Node], signum: int) -> None:
     request = SignalRequest(signal_name(signum))
     for node in nodes:
         node.send(SIGNAL, request)
+        if signum in (signal.SIGSTOP, signal.SIGCONT):
+            node.told_to_wait(signum == signal.SIGSTOP)
 
 
 class Phase(Generic[C]):
@@ -214,7 +216,14 @@ class Loop:
                     registered[id(node)] = fd
             next_check = now + self.check_every
             handlers = phase.handlers
+            ran = now  # the last instant this loop is known to have run
             while not phase.done:
+                now = time.monotonic()
+                if now - ran > self.check_every:
+                    # Stopped between two passes: by Ctrl-Z (a phase suspends us after its events), or by a
+                    # SIGSTOP at that instant. Nobody could be heard meanwhile.
+                    self._excuse(phase, now)
+                    phase.on_stall(now - ran, now)
                 wait = next_check - now
                 if deadline is not None and not deadline_told:
                     wait = min(wait, deadline - now)
@@ -223,14 +232,16 @@ class Loop:
                     if at is not None:
                         wait = min(wait, at - now)
                 wait = max(0.0, wait)
-                before = time.monotonic()
                 received, ready = waiter.wait(wait)
                 selected = time.monotonic()
-                overslept = selected - before - wait
+                overslept = selected - now - wait
                 if overslept > self.check_every:
                     # Our clock jumped past the wait: this process was stopped (SIGSTOP) or starved meanwhile.
                     self._excuse(phase, selected)
                     phase.on_stall(overslept, selected)
+                if signal.SIGCONT in received:
+                    # Continued: whenever the stop began (a SIGSTOP can land anywhere), its silence was ours.
+                    self._excuse(phase, selected)
                 if received:
                     phase.on_signals(received, selected)
                 for source in ready:
@@ -268,6 +279,7 @@ class Loop:
                         # A host the tick gave up is read no more (its link is torn down).
                         if id(node) in registered and not phase.listening(context):
                             waiter.unregister(registered.pop(id(node)))
+                ran = now
 
     def _excuse(self, phase: Phase[C], now: float) -> None:
         for node, _ in phase.sources:

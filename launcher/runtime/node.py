@@ -78,6 +78,12 @@ class Node:
         # The longest time this attempt that the heartbeat thread did not run (distrun stopped or starved):
         # past the agent's patience, the agent stops its ranks, and that is no fault of the host.
         self.beat_gap = 0.0
+        # Whether its agent waits for a stopped distrun however long (a terminal's job: ProbeRequest's
+        # `wait_while_stopped`), and when it was last told to (Ctrl-Z's SIGSTOP) and told to stop waiting
+        # (SIGCONT): beat gaps it waited through are no reason for it to have given up.
+        self.waits_while_stopped = False
+        self._told_wait_at: float | None = None
+        self._told_resume_at: float | None = None
         # Frames must not interleave: the heartbeat thread and the main loop both send.
         self._send_lock = threading.Lock()
 
@@ -112,10 +118,25 @@ class Node:
         not the host's."""
         self._heard = max(self._heard, now)
 
-    def missed_beats(self, gap: float) -> None:
-        """The heartbeat thread did not run for `gap` seconds (its own thread calls this)."""
+    def missed_beats(self, gap: float, since: float) -> None:
+        """The heartbeat thread did not run for `gap` seconds from `since` (its own thread calls this)."""
         with self._send_lock:
+            if self.waits_while_stopped or self._told_to_wait_within(since, since + gap):
+                return
             self.beat_gap = max(self.beat_gap, gap)
+
+    def told_to_wait(self, waiting: bool) -> None:
+        """Its agent was just told that distrun stops (SIGSTOP, Ctrl-Z) or goes on (SIGCONT)."""
+        with self._send_lock:
+            if waiting:
+                self._told_wait_at, self._told_resume_at = time.monotonic(), None
+            elif self._told_wait_at is not None:
+                self._told_resume_at = time.monotonic()
+
+    def _told_to_wait_within(self, start: float, end: float) -> bool:
+        # The heartbeat thread may measure its gap only after the main loop has told the agents to go on.
+        told, resumed = self._told_wait_at, self._told_resume_at
+        return told is not None and told <= end and (resumed is None or resumed >= start)
 
     def attempt_began(self) -> None:
         """A new attempt judges distrun's own silences afresh."""
@@ -286,6 +307,6 @@ class Heartbeat:
             # the whole process did not run meanwhile (SIGSTOP), when the agents heard nothing either.
             gap = time.monotonic() - sent
             for node in self._nodes:
-                node.missed_beats(gap)
+                node.missed_beats(gap, sent)
                 node.send(BEAT)
             sent = time.monotonic()

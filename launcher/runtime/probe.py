@@ -32,9 +32,11 @@ def probe_requests(
     script: str | None,
     heartbeat: float,
     dead_after: float,
+    wait_while_stopped: bool = False,
 ) -> list[ProbeRequest]:
     """Each host's question for an attempt (node-rank order). `cwd`/`script`: checked there, unless None
-    (ranks run in a synced copy, checked here); `heartbeat`/`dead_after`: the agent's pace and patience."""
+    (ranks run in a synced copy, checked here); `heartbeat`/`dead_after`: the agent's pace and patience;
+    `wait_while_stopped`: distrun is a terminal's job, which its agents wait for while it is stopped."""
     return [
         ProbeRequest(
             # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
@@ -45,6 +47,7 @@ def probe_requests(
             # A local agent needs no heartbeats: its pipe closing says all.
             heartbeat=heartbeat if host.link.heartbeat else 0.0,
             dead_after=dead_after if host.link.heartbeat else 0.0,
+            wait_while_stopped=wait_while_stopped,
             script=script,
             # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
             software=len(hosts) > 1,

@@ -4,13 +4,22 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from launcher.core.command import script_of
 from launcher.core.plan import plural
 from launcher.errors import CommandNotFound
-from launcher.workdir.files import Workdir, missing_script, scan
+from launcher.workdir.files import (
+    BIGGEST_SHOWN,
+    GIT_RULES,
+    IGNORE_FILE,
+    Workdir,
+    left_out_by,
+    missing_script,
+    scan,
+)
 from launcher.workdir.sync import HostCopy
 
 log = logging.getLogger(__name__)
@@ -21,10 +30,67 @@ def scan_for_launch(root: Path, limit: int, command: Sequence[str]) -> Workdir:
     workdir = scan(root, limit)
     for line in workdir.skipped:
         log.warning("--workdir %s", line)
+    left = left_out_line(workdir)
+    if left:
+        log.warning("%s", left)
     script = script_of(command)
     if missing_script(workdir, script):
         raise CommandNotFound(f"{script} is not among the files of --workdir {workdir.root}")
     return workdir
+
+
+# How a user gets files that git ignores into the copy: there is no option for it, as .gitignore is the
+# project's own word on what belongs to it.
+HOW_TO_SEND = (
+    "have git track {what} (git add -f {path}: tracked files travel), "  # two parts: the line's length
+    "or read {what} from a path every host has"
+)
+
+# Python's words for a missing file, as a rank's last stderr line says them (open(), pandas, numpy alike).
+_NOT_FOUND = re.compile(r"FileNotFoundError: \[Errno \d+\] [^:]*: '([^']+)'")
+
+
+def left_out_line(workdir: Workdir) -> str | None:
+    """At launch: what git's ignore rules leave out of the copy, which the ranks will not find there."""
+    left = workdir.left_out
+    if left is None:
+        return None
+    shown = ", ".join(
+        f"{path} ({plural(files, 'file', 'files')}, {size_text(size)})" if path.endswith("/") else path
+        for path, files, size in left.entries[:BIGGEST_SHOWN]
+    )
+    if len(left.entries) > BIGGEST_SHOWN:
+        shown += ", ..."
+    counted = f"{left.files}+ files" if left.capped else plural(left.files, "file", "files")
+    size = f"at least {size_text(left.size)}" if left.capped else size_text(left.size)
+    them = "it" if left.files == 1 else "them"
+    return (
+        f"--workdir {workdir.root}: git's ignore rules (.gitignore) leave out {counted} ({size}) that the "
+        f"ranks will not find in the copy: {shown}; to send {them}, "
+        + HOW_TO_SEND.format(what=them, path=left.entries[0][0])
+    )
+
+
+def missing_file_lines(workdir: Workdir, rank: int, stderr_tail: Sequence[str]) -> list[str]:
+    """A failed rank's FileNotFoundError for a file of DIR that the copy left out: said, with the rule."""
+    for line in reversed(stderr_tail):
+        found = _NOT_FOUND.search(line)
+        if found is None:
+            continue
+        path = found.group(1)
+        rule = left_out_by(workdir, path)
+        if rule is None:
+            return []
+        fixes = {
+            GIT_RULES: "to send it, " + HOW_TO_SEND.format(what="it", path=path),
+            IGNORE_FILE: f"to send it, take it out of {IGNORE_FILE}",
+        }
+        fix = fixes.get(rule, "distrun never sends those; read it from a path every host has")
+        return [
+            f"rank {rank} did not find {path}: --workdir {workdir.root} has it, but {rule} left it out of "
+            f"the copy the ranks run in; {fix}"
+        ]
+    return []
 
 
 def size_text(size: int) -> str:

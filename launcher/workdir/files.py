@@ -5,7 +5,9 @@ In a git work tree: the files git tracks or could track (`git ls-files --cached 
 .gitignore honoured, .git itself never sent). Elsewhere: everything but DEFAULT_EXCLUDES. In both, the
 patterns of DIR/.distrunignore (gitignore-like: `name`, `*.ext`, `dir/`, `/anchored/path`, `# comments`) leave
 out more. Symlinks that stay inside DIR travel as symlinks; symlinks leaving it and files that cannot be read
-are skipped, each named in one line. Nothing is sent when the total is above the limit, which the files'
+are skipped, each named in one line. What git's ignore rules leave out (beyond what distrun never sends, and
+.distrunignore) is counted, so that the launch can say so: a `data/` folder in .gitignore is a common
+surprise. Nothing is sent when the total is above the limit, which the files'
 sizes decide before any is read. Each file keeps its permission bits (the copy drops their write bits).
 """
 
@@ -28,6 +30,11 @@ DEFAULT_LIMIT = 200 << 20
 IGNORE_FILE = ".distrunignore"
 DEFAULT_EXCLUDES = (".git/", "__pycache__/", ".venv/", "venv/", "*.pyc", ".mypy_cache/", ".pytest_cache/")
 BIGGEST_SHOWN = 5
+# What left a file out, as messages name it (besides IGNORE_FILE).
+GIT_RULES = "git's ignore rules"
+DEFAULT_RULES = "distrun's default excludes"
+# Counting what .gitignore leaves out stops here: a launch must not walk a huge ignored tree file by file.
+LEFT_OUT_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -48,12 +55,26 @@ class WorkdirFile:
 
 
 @dataclass(frozen=True)
+class LeftOut:
+    """What git's ignore rules left out of the copy, beyond what distrun never sends and .distrunignore:
+    `files` and `size` in all (at least: `capped` when counting stopped at LEFT_OUT_CAP files), and the
+    entries git named (a directory with a trailing "/"), biggest first, as (path, files, bytes)."""
+
+    files: int
+    size: int
+    entries: tuple[tuple[str, int, int], ...]
+    capped: bool = False
+
+
+@dataclass(frozen=True)
 class Workdir:
-    """DIR's files as they will be copied: the manifest, its hash, and what was skipped (one line each)."""
+    """DIR's files as they will be copied: the manifest, its hash, what was skipped (one line each), and
+    what git's ignore rules left out (None: not a git work tree, or nothing)."""
 
     root: Path
     files: tuple[WorkdirFile, ...]
     skipped: tuple[str, ...] = ()
+    left_out: LeftOut | None = None
 
     @property
     def entries(self) -> list[list[object]]:
@@ -117,6 +138,79 @@ def ignored(path: str, patterns: Sequence[str], is_dir: bool = False) -> bool:
     return False
 
 
+def _git_ignored(root: Path) -> list[str]:
+    """What git's ignore rules leave out under `root`: untracked ignored files, and directories ignored as a
+    whole as one entry each ("data/"); [] where git does not answer."""
+    try:
+        done = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(root),
+                "ls-files",
+                "-z",
+                "--others",
+                "--ignored",
+                "--exclude-standard",
+                "--directory",
+            ],
+            capture_output=True,
+            check=False,
+        )
+    except OSError:
+        return []
+    if done.returncode != 0:
+        return []
+    return sorted({p for p in done.stdout.decode(errors="surrogateescape").split("\0") if p})
+
+
+def left_out(root: Path, own: Sequence[str]) -> LeftOut | None:
+    """What git's ignore rules leave out of `root`'s copy that distrun would otherwise send: neither in
+    DEFAULT_EXCLUDES (a virtual environment, caches) nor in .distrunignore (`own`)."""
+    never = (*DEFAULT_EXCLUDES, *own)
+    counted: list[tuple[str, int, int]] = []
+    total = 0
+    for entry in _git_ignored(root):
+        if total >= LEFT_OUT_CAP:
+            break
+        is_dir = entry.endswith("/")
+        if ignored(entry.rstrip("/"), never, is_dir=is_dir):
+            continue
+        files, size = _count(root, entry, never, LEFT_OUT_CAP - total) if is_dir else _size(root / entry)
+        if files:
+            counted.append((entry, files, size))
+            total += files
+    if not counted:
+        return None
+    biggest = tuple(sorted(counted, key=lambda e: (-e[2], e[0])))
+    return LeftOut(total, sum(e[2] for e in counted), biggest, capped=total >= LEFT_OUT_CAP)
+
+
+def _size(path: Path) -> tuple[int, int]:
+    """One file, and its size; none for what is not a regular file (a socket, gone meanwhile)."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0, 0
+    return (1, st.st_size) if stat.S_ISREG(st.st_mode) else (0, 0)
+
+
+def _count(root: Path, entry: str, never: Sequence[str], cap: int) -> tuple[int, int]:
+    """The regular files under the directory `entry` that distrun would send, and their bytes, up to `cap`
+    files."""
+    files = size = 0
+    for here, dirs, names in os.walk(root / entry):
+        prefix = os.path.relpath(here, root).replace(os.sep, "/") + "/"
+        dirs[:] = [d for d in dirs if not ignored(prefix + d, never, is_dir=True)]
+        for name in names:
+            if files >= cap:
+                return files, size
+            if not ignored(prefix + name, never):
+                one, bytes_ = _size(Path(here) / name)
+                files, size = files + one, size + bytes_
+    return files, size
+
+
 def _git_files(root: Path) -> list[str] | None:
     """What git tracks or could track under `root`, or None when `root` is not in a git work tree (or git
     lists nothing there: an outer repository ignores all of it). WorkdirError when git should answer and
@@ -157,16 +251,25 @@ def _walk(root: Path, patterns: Sequence[str]) -> list[str]:
 
 def candidate_paths(root: Path) -> list[str]:
     """The relative paths that may travel (before reading them)."""
+    return _candidates(root)[0]
+
+
+def _own_patterns(root: Path) -> tuple[str, ...]:
     try:
-        own = parse_ignore((root / IGNORE_FILE).read_text(encoding="utf-8").splitlines())
+        return parse_ignore((root / IGNORE_FILE).read_text(encoding="utf-8").splitlines())
     except FileNotFoundError:
-        own = ()
+        return ()
     except (OSError, UnicodeDecodeError) as err:
         raise WorkdirError(f"--workdir: cannot read {root / IGNORE_FILE}: {err}") from None
+
+
+def _candidates(root: Path) -> tuple[list[str], LeftOut | None]:
+    """The relative paths that may travel, and what git's ignore rules left out (in a git work tree)."""
+    own = _own_patterns(root)
     tracked = _git_files(root)
     if tracked is not None:
-        return [p for p in tracked if not ignored(p, own)]
-    return _walk(root, (*DEFAULT_EXCLUDES, *own))
+        return [p for p in tracked if not ignored(p, own)], left_out(root, own)
+    return _walk(root, (*DEFAULT_EXCLUDES, *own)), None
 
 
 def _hash_file(path: Path) -> str:
@@ -185,7 +288,8 @@ def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
     root = root.resolve()
     files: list[WorkdirFile] = []
     skipped: list[str] = []
-    for rel in candidate_paths(root):
+    candidates, left = _candidates(root)
+    for rel in candidates:
         path = root / rel
         try:
             st = path.lstat()
@@ -213,7 +317,7 @@ def scan(root: Path, limit: int = DEFAULT_LIMIT) -> Workdir:
             hashed.append(replace(entry, digest=_hash_file(root / entry.path)))
         except OSError as err:
             skipped.append(f"{entry.path}: cannot read it ({err.strerror}); skipped")
-    return Workdir(root, tuple(hashed), tuple(skipped))
+    return Workdir(root, tuple(hashed), tuple(skipped), left)
 
 
 def _mib(size: int) -> str:
@@ -230,6 +334,31 @@ def check_limit(workdir: Workdir, limit: int) -> None:
         f" is above the {_mib(limit)} limit; biggest: {shown}. Leave files out in {IGNORE_FILE} (or"
         " .gitignore), or raise --workdir-limit"
     )
+
+
+def left_out_by(workdir: Workdir, path: str) -> str | None:
+    """Which rules left `path` (relative to DIR, or absolute inside it) out of the copy although DIR has it
+    here: IGNORE_FILE, DEFAULT_RULES or GIT_RULES; None when the copy has it, or DIR does not either (then
+    nothing was left out), or the launch named it as skipped."""
+    root = str(workdir.root)
+    if os.path.isabs(path):
+        if not path.startswith(root + os.sep):
+            return None
+        path = os.path.relpath(path, root)
+    rel = os.path.normpath(path).replace(os.sep, "/")
+    if rel.startswith("../") or rel == ".." or not os.path.lexists(workdir.root / rel):
+        return None
+    kept = {f.path for f in workdir.files}
+    if rel in kept or any(p.startswith(rel + "/") for p in kept):
+        return None
+    if any(line.startswith(rel + ":") for line in workdir.skipped):
+        return None  # unreadable, or a symlink leaving DIR: the launch said so
+    is_dir = os.path.isdir(workdir.root / rel)
+    if ignored(rel, _own_patterns(workdir.root), is_dir=is_dir):
+        return IGNORE_FILE
+    if ignored(rel, DEFAULT_EXCLUDES, is_dir=is_dir):
+        return DEFAULT_RULES
+    return GIT_RULES
 
 
 def missing_script(workdir: Workdir, script: str | None) -> bool:

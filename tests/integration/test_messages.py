@@ -4,6 +4,7 @@ without class names, plurals, no "none" lists."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 from launcher.agent.protocol import Facts
 from launcher.core.result import HostLost, RankFailed, Signalled, Succeeded, TimedOut
 from tests.multihost.support import Where
-from tests.support import clean_env, run_distrun
+from tests.support import SCRIPTS, clean_env, run_distrun
 
 
 def test_a_bad_distrun_variable_is_named_with_its_option() -> None:
@@ -67,3 +68,32 @@ def test_v_names_the_cause_in_words_and_counts_agree(tmp_path: Path) -> None:
     assert "TimedOut" not in err
     assert "distrun: timed out after 1s; ranks still running were stopped: 0\n" in err
     assert "none" not in err
+
+
+def test_an_abort_at_exit_after_the_peers_is_named_torchs_teardown(tmp_path: Path, where: Where) -> None:
+    """Every rank printed its result, the others exited 0, then the last one died of SIGABRT at interpreter
+    exit: the summary names torch's teardown abort and its fix; the exit code stays the rank's (134)."""
+    os.mkfifo(tmp_path / "fifo")
+    hosts = where.either(("-np", "2"), ("-H", "h1:2"))
+    script = SCRIPTS / "teardown_abort.py"
+    done = run_distrun(*hosts, sys.executable, script, tmp_path / "fifo", env=where.env())
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 134, err
+    assert "rank 0: accuracy 0.93" in out and "rank 1: accuracy 0.93" in out, out
+    assert "rank 1 (host " in err and ") was killed by SIGABRT (exit code 134)" in err, err
+    assert (
+        "rank 1 aborted (SIGABRT) after every other rank had exited 0: most likely torch's abort at "
+        "interpreter exit (`terminate called without an active exception`)"
+    ) in err, err
+    assert "call torch.distributed.destroy_process_group() at the end of the script" in err, err
+    if where.ssh:
+        where.assert_clean()
+
+
+def test_a_rank_aborting_while_its_peers_still_run_is_no_teardown_abort(tmp_path: Path) -> None:
+    """SIGABRT while another rank was still running (and was stopped): an abort like any other."""
+    script = "import os; os.abort() if os.environ['RANK'] == '1' else __import__('time').sleep(60)"
+    done = run_distrun("-np", "2", sys.executable, "-c", script)
+    err = done.stderr.decode()
+    assert done.returncode == 134, err
+    assert "was killed by SIGABRT" in err and "destroy_process_group" not in err, err

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.workdir.files import WorkdirError, candidate_paths
-from tests.support import write_tree
+from launcher.workdir.files import GIT_RULES, LeftOut, WorkdirError, candidate_paths, left_out_by, scan
+from tests.multihost.support import Where
+from tests.support import run_distrun, write_tree
 
 
 def test_outside_git_default_excludes_and_own_ignore_file(tmp_path: Path) -> None:
@@ -70,3 +71,60 @@ def test_a_directory_that_an_outer_repository_ignores_is_walked(tmp_path: Path) 
     )
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     assert candidate_paths(tmp_path / "build" / "proj") == ["train.py"]
+
+
+def _project_with_ignored_data(root: Path) -> Path:
+    """A git project whose .gitignore leaves out data/ (two files, 1.5 KiB), a virtual environment and a
+    checkpoint that .distrunignore leaves out anyway; train.py reads data/train.csv."""
+    write_tree(
+        root,
+        {
+            "train.py": "print(open('data/train.csv').read())\n",
+            ".gitignore": "data/\n.venv/\n*.pt\n",
+            "data/train.csv": "x" * 1024,
+            "data/val.csv": "y" * 512,
+            ".venv/bin/python": "",
+            "model.pt": "weights",
+            ".distrunignore": "*.pt\n",
+        },
+    )
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "train.py", ".gitignore", ".distrunignore"], check=True)
+    return root
+
+
+def test_what_gitignore_leaves_out_is_counted_without_what_is_never_sent(tmp_path: Path) -> None:
+    """data/ counts (2 files, 1536 bytes); .venv/ (never sent) and model.pt (.distrunignore) do not."""
+    workdir = scan(_project_with_ignored_data(tmp_path))
+    assert workdir.left_out == LeftOut(2, 1536, (("data/", 2, 1536),))
+    assert left_out_by(workdir, "data/train.csv") == GIT_RULES
+    assert left_out_by(workdir, str(tmp_path / "data" / "val.csv")) == GIT_RULES
+    assert left_out_by(workdir, "model.pt") == ".distrunignore"
+    assert left_out_by(workdir, "train.py") is None  # in the copy
+    assert left_out_by(workdir, "data/absent.csv") is None  # nowhere: nothing was left out
+    subprocess.run(["git", "-C", str(tmp_path), "add", "-f", "data/train.csv"], check=True)
+    tracked = scan(tmp_path)
+    assert "data/train.csv" in {f.path for f in tracked.files}
+    assert tracked.left_out == LeftOut(1, 512, (("data/val.csv", 1, 512),))
+
+
+def test_a_rank_missing_a_file_that_gitignore_left_out_is_told_why(tmp_path: Path, where: Where) -> None:
+    """At launch distrun says what .gitignore leaves out and how to send it; the rank's FileNotFoundError
+    for data/train.csv is then named in the summary as a file of the workdir that the copy lacks."""
+    project = _project_with_ignored_data(tmp_path / "proj")
+    hosts = where.either(("-np", "1"), ("-H", "h1:1"))
+    env = where.env(DISTRUN_CACHE_DIR=str(tmp_path / "cache"))
+    done = run_distrun(*hosts, "--workdir", project, "train.py", env=env)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert (
+        f"distrun: --workdir {project}: git's ignore rules (.gitignore) leave out 2 files (1.5 KiB) that the "
+        "ranks will not find in the copy: data/ (2 files, 1.5 KiB); to send them, have git track them "
+        "(git add -f data/: tracked files travel), or read them from a path every host has\n"
+    ) in err, err
+    assert "FileNotFoundError" in err, err
+    assert (
+        f"rank 0 did not find data/train.csv: --workdir {project} has it, but git's ignore rules left it out "
+        "of the copy the ranks run in; to send it, have git track it (git add -f data/train.csv"
+    ) in err, err
+    where.assert_clean()

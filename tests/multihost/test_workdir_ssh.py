@@ -320,6 +320,31 @@ def test_a_rank_that_edits_its_copy_changes_no_later_job_on_any_host(setup: Setu
     assert "sent 0 B to 0 hosts" not in both.stderr.decode()
 
 
+def test_a_file_gitignore_kept_from_the_hosts_is_named_at_launch_and_when_missing(setup: Setup) -> None:
+    """The hosts cannot see the project: secret.txt, which .gitignore leaves out, is named at launch with its
+    size, and a rank that opens it fails with FileNotFoundError, which the summary names as left out."""
+    script = setup.project / "read_secret.py"
+    script.write_text("print(open('secret.txt').read())\n")
+    try:
+        done = run_distrun(
+            "-H", "h1:1", "--workdir", setup.project, "read_secret.py",
+            env=setup.cluster.env(PYTHONPATH=str(REPO)), timeout=180,
+        )  # fmt: skip
+    finally:
+        script.unlink()
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert (
+        f"--workdir {setup.project}: git's ignore rules (.gitignore) leave out 1 file (26 B) that the ranks "
+        "will not find in the copy: secret.txt; to send it, have git track it (git add -f secret.txt"
+    ) in err, err
+    assert (
+        f"rank 0 did not find secret.txt: --workdir {setup.project} has it, but git's ignore rules left it "
+        "out of the copy the ranks run in"
+    ) in err, err
+    assert setup.cluster.wait_clean(timeout=10.0) == {}
+
+
 def test_a_full_disk_on_a_host_leaves_nothing_that_fails_later_syncs(
     make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:
