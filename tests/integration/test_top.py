@@ -261,9 +261,11 @@ def test_the_status_area_shows_a_line_per_host_on_a_terminal_only(
             env={**env, "TERM": "xterm"}, cwd=REPO,
         )  # fmt: skip
         with never_left_running(job):
+            # The first lines may come while rank 2 still fills its 400 MiB: wait for the line that has it.
+            held = "localhost:  CPU min", "RSS max 4"
             line = wait_until(
-                lambda: next((s for s in terminal.shown() if s.startswith("localhost:  CPU min")), None),
-                timeout=60, what="the host line in the status area",
+                lambda: next((s for s in terminal.shown() if s.startswith(held[0]) and held[1] in s), None),
+                timeout=60, what="the host line in the status area, with rank 2's memory",
             )  # fmt: skip
             assert "RSS max 4" in line and "(rank 2)" in line, line  # 400-odd MiB, rank 2 holds it
             assert job.wait(timeout=60) == 0
