@@ -18,7 +18,6 @@ at stdin EOF once its ranks are gone. What a PROBE is answered with is `launcher
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import selectors
@@ -41,7 +40,6 @@ from launcher.agent.protocol import (
     FETCH,
     KILL,
     ORPHAN_GRACE_CAP,
-    OUT,
     PROBE,
     READ_SIZE,
     SAMPLES,
@@ -69,6 +67,14 @@ from launcher.agent.protocol import (
     encode_message,
     write_all,
 )
+from launcher.agent.rank_process import (
+    RankProcess,
+    die_with_agent_hook,
+    exec_problem,
+    pre_exec,
+    returncode_of,
+    signal_number,
+)
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
 from launcher.agent.sampling import Sampler
@@ -82,63 +88,6 @@ UNANSWERED_CONFIRM = 1.0
 
 def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
-
-
-def _returncode(status: int) -> int:
-    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-
-
-def _die_with_agent() -> Any:
-    """A pre-exec hook asking Linux to SIGKILL the rank if the agent dies, even by SIGKILL (None elsewhere).
-
-    The agent normally stops its ranks itself; this covers the agent being killed outright (OOM killer,
-    kill -9), which would otherwise leave the rank running unsupervised.
-    """
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-    return hook
-
-
-def _pre_exec(die_with_agent: Any, cpus: list[int] | None) -> Any:
-    """The rank's pre-exec hook: die with the agent, and run only on `cpus` (set before exec, so every thread
-    the rank ever starts inherits them)."""
-    if not cpus:
-        return die_with_agent
-
-    def hook() -> None:
-        if die_with_agent is not None:
-            die_with_agent()
-        os.sched_setaffinity(0, cpus)
-
-    return hook
-
-
-def _signal_number(name: str) -> int | None:
-    """The local number of a signal sent by name (numbers differ between systems); None if unknown here."""
-    number = getattr(signal, name, None) if name.startswith("SIG") and not name.startswith("SIG_") else None
-    return int(number) if isinstance(number, int) else None
-
-
-class _Rank:
-    def __init__(self, rank: int, proc: subprocess.Popen[bytes], started: float) -> None:
-        self.rank = rank
-        self.proc = proc
-        self.pgid = proc.pid  # start_new_session: the rank leads its own process group
-        self.started = started
-        self.returncode: int | None = None
-        self.stopped = False  # signalled by a stop while it still ran (RankExited.stopped)
-        assert proc.stdout is not None and proc.stderr is not None
-        self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
-        self.files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
 
 
 class Agent:
@@ -197,8 +146,8 @@ class Agent:
         self._new_attempt()
 
     def _new_attempt(self) -> None:
-        self.ranks: dict[int, _Rank] = {}
-        self.by_fd: dict[int, _Rank] = {}
+        self.ranks: dict[int, RankProcess] = {}
+        self.by_fd: dict[int, RankProcess] = {}
         self.grace = 5.0
         self.started = False
         self.kill_at: float | None = None  # when stopping: the SIGKILL deadline
@@ -276,7 +225,7 @@ class Agent:
 
     def die_with_agent(self) -> Any:
         if self._die_with_agent is None:
-            self._die_with_agent = _die_with_agent() or False
+            self._die_with_agent = die_with_agent_hook() or False
         return self._die_with_agent or None
 
     def start(self, spec: StartRequest) -> None:
@@ -306,13 +255,13 @@ class Agent:
                     stderr=subprocess.PIPE,
                     start_new_session=True,
                     # A pre-exec hook is safe here: the agent has a single thread.
-                    preexec_fn=_pre_exec(die_with_agent, r.cpus),
+                    preexec_fn=pre_exec(die_with_agent, r.cpus),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
                 code = 127 if isinstance(exc, FileNotFoundError) else 126
                 # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
                 reason = (
-                    _exec_problem(exc, r.argv)
+                    exec_problem(exc, r.argv)
                     if isinstance(exc, OSError)
                     else f"cannot pin it to cores {r.cpus}"
                 )
@@ -322,7 +271,7 @@ class Agent:
                 self.send(ERR, r.rank, msg.encode())
                 self.send_message(EXIT, RankExited(code), r.rank)
                 continue
-            entry = _Rank(r.rank, proc, self.clock())
+            entry = RankProcess(r.rank, proc, self.clock())
             self.ranks[r.rank] = entry
             for fd in entry.fds:
                 self.by_fd[fd] = entry
@@ -360,10 +309,10 @@ class Agent:
                 entry.stopped = True
 
     def _on_stop(self, frame: Frame, request: StopRequest) -> None:
-        self.stop(first=_signal_number(request.first) or signal.SIGTERM)
+        self.stop(first=signal_number(request.first) or signal.SIGTERM)
 
     def forward(self, request: SignalRequest) -> None:
-        signum = _signal_number(request.name)
+        signum = signal_number(request.name)
         if signum is None:
             return
         if signum == signal.SIGSTOP:
@@ -425,7 +374,7 @@ class Agent:
         self.sel.unregister(fd)
         self.by_fd.pop(fd).files[fd].close()
 
-    def _drain(self, entry: _Rank) -> None:
+    def _drain(self, entry: RankProcess) -> None:
         """Relay what the rank wrote before it exited, so EXIT follows its last output."""
         for fd in entry.fds:
             if fd in self.by_fd:
@@ -450,7 +399,7 @@ class Agent:
                     -signal.SIGKILL if code is None else code, entry.proc.pid, stopped=entry.stopped
                 )
             else:
-                code = _returncode(status)
+                code = returncode_of(status)
                 entry.proc.returncode = code  # so Popen never waits for it again
                 exited = RankExited(
                     code,
@@ -597,19 +546,6 @@ class Agent:
 
 # The rank's host, as the launcher names it (launcher/core/env.py's contract).
 HOSTNAME_VAR = "DISTRUN_HOSTNAME"
-
-
-def _exec_problem(exc: OSError, argv: list[str]) -> str:
-    """Why a command could not run, as a shell says it: `train: is a directory`, `x: Permission denied`
-    (exec says EACCES for a directory too)."""
-    program = exc.filename or (argv[0] if argv else "")
-    if exc.errno == errno.EACCES and program and os.path.isdir(program):
-        return f"{program}: is a directory"
-    if exc.errno == errno.ENOENT and program and "/" not in program:
-        return f"{program}: command not found"
-    if exc.strerror:
-        return f"{program}: {exc.strerror}" if program else exc.strerror
-    return str(exc)
 
 
 def serve(in_fd: int, out_fd: int) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.agent.server import _exec_problem
+from launcher.agent.rank_process import exec_problem as _exec_problem
 from launcher.agent.stackdump import DumpDir
 from launcher.cli.main import cli, main, unknown_settings
 from launcher.core.env import CONTRACT_NAMES
