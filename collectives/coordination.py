@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from collectives.context import _Context, _require
-from collectives.negotiation import _AGREED, Call, Kind, _joined_seen, dtype_of, negotiate, op_of
+from collectives.negotiation import _AGREED, Call, Kind, _joined_seen, dtype_of, op_of
+from collectives.ops._handle import _agree, _turn
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 from collectives.registry import _registered
@@ -35,7 +36,7 @@ joinable_optimizers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDi
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of ``process_set`` has reached the barrier."""
-    negotiate(Call(Kind.BARRIER), groups_of(process_set, "barrier"))
+    _agree(Call(Kind.BARRIER), groups_of(process_set, "barrier"))
 
 
 def _zeros_device(context: _Context, device: int) -> torch.device:
@@ -83,13 +84,13 @@ def join(device: int = -1) -> int:
     zeros_device = _zeros_device(context, device)
     while True:
         before = set(_joined_seen)
-        agreement = negotiate(Call(Kind.JOIN), groups)
-        rows = agreement.rows
-        if len(agreement.joined) == groups.size:
-            newly = [groups.ranks[i] for i in range(groups.size) if groups.ranks[i] not in before]
-            _joined_seen.clear()
-            return max(newly) if newly else max(groups.ranks)
-        active = [row for row in rows if row[0] != Kind.JOIN]
-        agreed = active[0][:_AGREED]
-        if all(row[:_AGREED] == agreed for row in active):
-            _take_part(active[0], context, zeros_device)
+        with _turn(Call(Kind.JOIN), groups) as agreement:
+            rows = agreement.rows
+            if len(agreement.joined) == groups.size:
+                newly = [groups.ranks[i] for i in range(groups.size) if groups.ranks[i] not in before]
+                _joined_seen.clear()
+                return max(newly) if newly else max(groups.ranks)
+            active = [row for row in rows if row[0] != Kind.JOIN]
+            agreed = active[0][:_AGREED]
+            if all(row[:_AGREED] == agreed for row in active):
+                _take_part(active[0], context, zeros_device)

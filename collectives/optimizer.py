@@ -37,9 +37,10 @@ from collectives import coordination
 from collectives.buckets import assign_buckets
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
+from collectives.engine import Turn, engine_for
 from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
 from collectives.grad_buckets import _Bucket, _views
-from collectives.negotiation import Call, Kind, Pending, negotiate_async
+from collectives.negotiation import Call, Kind
 from collectives.objects import broadcast_object
 from collectives.ops import sparse_allreduce_async
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
@@ -189,7 +190,7 @@ class DistributedOptimizer:
         # Whether the ranks have agreed, this step, that they are all stepping this layout; the exchange
         # in flight meanwhile.
         self._verified = False
-        self._check: Pending | None = None
+        self._check: Turn | None = None
         self._digest = zlib.crc32(
             repr(
                 (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
@@ -365,20 +366,25 @@ class DistributedOptimizer:
         if self._verified:
             return True
         if self._check is None:
-            self._check = negotiate_async(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
-            if self._check is None:
+            if self._groups.size == 1:
                 self._verified = True
                 return True
-        if not block and not self._check.is_completed():
+            # An ordered turn of the set's engine: once granted, the buckets are the engine's next data.
+            self._check = engine_for(self._groups).turn(Call(Kind.OPTIMIZER_STEP, digest=self._digest))
+        if not block and not self._check.granted():
             return False
         try:
             self._check.wait()
         except BaseException:
             self._reset()
             raise
-        self._check = None
         self._verified = True
         return True
+
+    def _release_turn(self) -> None:
+        if self._check is not None:
+            self._check.release()
+            self._check = None
 
     def _launch_in_order(self, block: bool = False) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
@@ -386,6 +392,8 @@ class DistributedOptimizer:
                 return
             self._buckets[self._next_launch].launch(self._groups.data, self._local)
             self._next_launch += 1
+        if self._next_launch == len(self._buckets):
+            self._release_turn()
 
     def _complete_buckets(self) -> None:
         """Fill what this rank has no gradient for, launch what is left, and wait for every bucket."""
@@ -476,7 +484,7 @@ class DistributedOptimizer:
             self._pass_counts[key] = 0
         self._next_launch = 0
         self._verified = False
-        self._check = None
+        self._release_turn()
 
     def _join_step(self) -> None:
         """Take part, with zeros, in the step of the ranks that have not joined (see ``collectives.join``)."""
