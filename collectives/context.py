@@ -29,7 +29,6 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "device",
-    "init",
     "is_coordinator",
     "is_homogeneous",
     "is_initialized",

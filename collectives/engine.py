@@ -170,6 +170,7 @@ class _Entry:
     fusion: Fusion | None = None
     turn: Turn | None = None
     cuda_event: Any = None
+    device: int | None = None
 
     def announcement(self) -> Announcement:
         return Announcement(self.key, self.call.row(), self.label)
@@ -193,7 +194,7 @@ class Engine:
         self._abandoned = False
         self._broken: HorovodInternalError | None = None
         self._stall_text = ""
-        self._device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self._device_set = False
         self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
         self._thread.start()
 
@@ -253,7 +254,8 @@ class Engine:
                 self._sequence += 1
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event)
+            device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device)
             self._local[key] = entry
             self._new.append(entry)
             self._cond.notify_all()
@@ -267,8 +269,6 @@ class Engine:
     # -- the thread -----------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self._device is not None:
-            torch.cuda.set_device(self._device)
         idle_wait = self.settings.cycle_time_s
         last_stall_check = time.monotonic()
         try:
@@ -328,6 +328,12 @@ class Engine:
                 entry.ticket._settle(None, error)
                 continue
             if entry.cuda_event is not None:
+                if not self._device_set:
+                    # The engine thread's current device and stream are those of the rank's GPU.
+                    torch.cuda.set_device(
+                        torch.cuda.current_device() if entry.device is None else entry.device
+                    )
+                    self._device_set = True
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             if entry.turn is not None:
                 with self._cond:
