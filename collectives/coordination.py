@@ -53,8 +53,9 @@ def _reduce_zeros(
     dist.all_reduce(zeros, op=dist.ReduceOp.AVG if cuda_average else dist.ReduceOp.SUM)
 
 
-def _take_part(row: list[int], context: _Context, device: torch.device) -> None:
-    """Contribute zeros to the collective the active ranks agreed on in ``row``."""
+def _take_part(row: list[int], context: _Context, device: torch.device) -> _JoinableStep | None:
+    """Contribute zeros to the collective the active ranks agreed on in ``row``; an optimizer's step is
+    returned instead, to be taken part in once the turn is released (its buckets go through the engine)."""
     kind, op = row[0], op_of(row[3]) or ReduceOp.SUM
     dims = row[8 : 8 + row[6]]
     if kind == Kind.ALLREDUCE:
@@ -66,9 +67,8 @@ def _take_part(row: list[int], context: _Context, device: torch.device) -> None:
         for code, numel in zip(dims[0::2], dims[1::2], strict=True):
             _reduce_zeros(dtype_of(code), numel, op, device, context)
     elif kind == Kind.OPTIMIZER_STEP:
-        optimizer = joinable_optimizers.get(row[7])
-        if optimizer is not None:
-            optimizer._join_step()
+        return joinable_optimizers.get(row[7])
+    return None
 
 
 def join(device: int = -1) -> int:
@@ -84,6 +84,7 @@ def join(device: int = -1) -> int:
     zeros_device = _zeros_device(context, device)
     while True:
         before = set(_joined_seen)
+        step: _JoinableStep | None = None
         with _turn(Call(Kind.JOIN), groups) as agreement:
             rows = agreement.rows
             if len(agreement.joined) == groups.size:
@@ -93,4 +94,6 @@ def join(device: int = -1) -> int:
             active = [row for row in rows if row[0] != Kind.JOIN]
             agreed = active[0][:_AGREED]
             if all(row[:_AGREED] == agreed for row in active):
-                _take_part(active[0], context, zeros_device)
+                step = _take_part(active[0], context, zeros_device)
+        if step is not None:
+            step._join_step()

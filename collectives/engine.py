@@ -61,6 +61,8 @@ __all__ = [
 _log = logging.getLogger("collectives")
 
 _MAX_IDLE_WAIT_S = 0.02
+# A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
+DEFAULT_ROUND_TIMEOUT_S = 1800.0
 
 
 def _env_float(name: str, default: float) -> float:
@@ -140,7 +142,9 @@ class Turn:
         return self._ticket.done()
 
     def wait(self) -> Agreement:
-        """Block until granted; the agreement (or the :class:`MismatchError`, which releases the turn)."""
+        """Block until granted, running the rounds on this thread; the agreement (or the
+        :class:`MismatchError`, which releases the turn)."""
+        self._engine.drive(self._ticket)
         agreement: Agreement = self._ticket.result()
         return agreement
 
@@ -195,6 +199,9 @@ class Engine:
         self._broken: HorovodInternalError | None = None
         self._stall_text = ""
         self._device_set = False
+        self._last_stall_check = time.monotonic()
+        # Held for each round and the issue that follows it, by the engine thread or a caller that drives.
+        self._round_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
         self._thread.start()
 
@@ -212,20 +219,33 @@ class Engine:
         named: bool,
         fusion: Fusion | None = None,
         cuda_tensor: torch.Tensor | None = None,
+        drive: bool = False,
     ) -> Ticket:
         """Enqueue ``call``; ``start(agreement)`` runs on the engine thread once every rank has submitted it.
 
         ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
+        ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
         """
         ticket = Ticket()
-        self._enqueue(call, start, ticket, named=named, fusion=fusion, cuda_tensor=cuda_tensor)
+        self._enqueue(
+            call, start, ticket, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive
+        )
+        if drive:
+            self.drive(ticket)
+        return ticket
+
+    def agree(self, call: Call) -> Ticket:
+        """An ordered entry that issues nothing: its ticket gives the agreement once every rank has reached it
+        (the optimizer's check that every rank steps the same layout)."""
+        ticket = Ticket()
+        self._enqueue(call, None, ticket, named=False)
         return ticket
 
     def turn(self, call: Call) -> Turn:
         """An ordered entry that lends the data group to the caller once agreed (see :class:`Turn`)."""
         ticket = Ticket()
         turn = Turn(ticket, self)
-        self._enqueue(call, None, ticket, named=False, turn=turn)
+        self._enqueue(call, None, ticket, named=False, turn=turn, notify=False)
         return turn
 
     def _enqueue(
@@ -238,6 +258,7 @@ class Engine:
         fusion: Fusion | None = None,
         turn: Turn | None = None,
         cuda_tensor: torch.Tensor | None = None,
+        notify: bool = True,
     ) -> None:
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
@@ -258,7 +279,8 @@ class Engine:
             entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device)
             self._local[key] = entry
             self._new.append(entry)
-            self._cond.notify_all()
+            if notify:
+                self._cond.notify_all()
 
     def _release(self, turn: Turn) -> None:
         with self._cond:
@@ -270,7 +292,6 @@ class Engine:
 
     def _run(self) -> None:
         idle_wait = self.settings.cycle_time_s
-        last_stall_check = time.monotonic()
         try:
             while True:
                 with self._cond:
@@ -278,40 +299,79 @@ class Engine:
                         self._cond.wait(idle_wait)
                     if self._abandoned:
                         return
-                    mine = [e.announcement() for e in self._new]
-                    self._new.clear()
-                    stop = self._stopping
-                timeout = self.settings.gloo_timeout_s
-                result = exchange(
-                    self._table,
-                    mine,
-                    width=1 + ROW,
-                    stop=stop,
-                    group=self.groups.engine,
-                    timeout=datetime.timedelta(seconds=timeout if timeout is not None else 1e7),
-                )
-                for key in result.ready:
-                    self._queue.append((key, self._table.take(key)))
-                busy = bool(mine or result.ready or self._table.rows or self._queue)
-                idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
-                self._execute()
-                if (
-                    self.settings.stall_check
-                    and time.monotonic() - last_stall_check >= self.settings.stall_check_s
-                ):
-                    last_stall_check = time.monotonic()
-                    self._check_stalls()
-                if result.stop:
-                    self._fail_all(HorovodInternalError("collectives shut down with this operation pending"))
+                with self._round_lock:
+                    busy, stop = self._round()
+                if stop:
                     return
+                idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
         except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
-            if not self._abandoned:
-                self._fail_all(
-                    HorovodInternalError(
-                        f"process set {self.groups.set_id}: a collective failed ({type(error).__name__}: "
-                        f"{error}); the job's process group must be re-formed"
-                    )
+            self._fail_round(error)
+
+    def drive(self, ticket: Ticket) -> None:
+        """Run rounds on the caller's thread until ``ticket`` is settled (a blocking call on the CPU).
+
+        Rounds pair up across ranks by their count, whichever thread runs them, and the round lock keeps one
+        process's rounds in one sequence; so the caller may run them itself and spare the two hand-offs
+        through the engine thread that a blocking call of a few bytes otherwise pays for.
+        """
+        while not ticket.done():
+            with self._round_lock:
+                if ticket.done():
+                    return
+                with self._cond:
+                    if self._abandoned or self._broken is not None:
+                        return
+                try:
+                    _, stop = self._round()
+                except BaseException as error:
+                    self._fail_round(error)
+                    return
+                if stop:
+                    return
+
+    def _round(self) -> tuple[bool, bool]:
+        """One agreement round and the issue of what became ready; (whether there is work, whether every
+        rank has stopped). The caller holds the round lock."""
+        with self._cond:
+            mine = [e.announcement() for e in self._new]
+            self._new.clear()
+            stop = self._stopping
+        timeout = self.settings.gloo_timeout_s
+        result = exchange(
+            self._table,
+            mine,
+            width=1 + ROW,
+            stop=stop,
+            group=self.groups.engine,
+            # Bounded: a peer that stops answering without closing its connections still ends the round.
+            timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
+        )
+        for key in result.ready:
+            self._queue.append((key, self._table.take(key)))
+        busy = bool(mine or result.ready or self._table.rows or self._queue)
+        self._execute()
+        now = time.monotonic()
+        if self.settings.stall_check and now - self._last_stall_check >= self.settings.stall_check_s:
+            self._last_stall_check = now
+            self._check_stalls()
+        if result.stop:
+            self._fail_all(HorovodInternalError("collectives shut down with this operation pending"))
+            with self._cond:
+                self._abandoned = True
+                self._cond.notify_all()
+        return busy, result.stop
+
+    def _fail_round(self, error: BaseException) -> None:
+        if not self._abandoned:
+            self._fail_all(
+                HorovodInternalError(
+                    f"process set {self.groups.set_id}: a collective failed ({type(error).__name__}: "
+                    f"{error}); the job's process group must be re-formed"
                 )
+            )
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify_all()
 
     def _execute(self) -> None:
         """Issue agreed operations in agreed order, fusing runs of fusable allreduces."""
@@ -328,7 +388,7 @@ class Engine:
                 entry.ticket._settle(None, error)
                 continue
             if entry.cuda_event is not None:
-                if not self._device_set:
+                if not self._device_set and threading.current_thread() is self._thread:
                     # The engine thread's current device and stream are those of the rank's GPU.
                     torch.cuda.set_device(
                         torch.cuda.current_device() if entry.device is None else entry.device
@@ -338,6 +398,9 @@ class Engine:
             if entry.turn is not None:
                 with self._cond:
                     self._held = entry.turn
+                entry.ticket._settle(agreement, None)
+                continue
+            if entry.start is None:
                 entry.ticket._settle(agreement, None)
                 continue
             fused = [entry, *self._fusable_after(entry)] if entry.fusion is not None else [entry]

@@ -137,7 +137,10 @@ def _submit(
         except CollectivesError as error:
             ticket._settle(None, error)
     else:
-        ticket = engine_for(groups).submit(call, issue, named=claim, fusion=fusion, cuda_tensor=tensor)
+        # A blocking call runs the rounds on its own thread; an _async one leaves them to the engine thread.
+        ticket = engine_for(groups).submit(
+            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim
+        )
     return Handle([], _unreachable, call.name if claim else None, ticket)
 
 

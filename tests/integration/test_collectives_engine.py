@@ -1,5 +1,6 @@
 """The engine with real ranks: async operations submitted in different orders, Horovod's duplicate-name case,
-a mismatch, fusion (seen through the engine's counter), the stall report, and a peer killed mid-operation."""
+a mismatch, fusion (seen through the engine's counter), the stall report, blocking collectives between
+``backward()`` and ``step()`` with a bucket still unlaunched, and a peer killed mid-operation."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
         assert r["fused_collectives"] < 32
         assert r["fused_values"] == [float(total)]
         assert r["lonely"] == [1.0]
+        assert r["between"] == {"loss_sum": True, "object": {"step": 1}, "grad_bias": [2.0] * 4}
     assert "rank 1 missing ['lonely']" in results[0]["stall"]
     assert results[0]["stall_thread"]
 

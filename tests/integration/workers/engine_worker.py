@@ -76,7 +76,30 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
     if rank != 0:
         lonely = hvd.allreduce_async(torch.ones(1), name="lonely")
     out["lonely"] = hvd.synchronize(lonely).tolist()
+    out.update(between_backward_and_step(rank))
     return out
+
+
+def between_backward_and_step(rank: int) -> dict[str, Any]:
+    """Blocking collectives after ``backward()`` while a bucket is still unlaunched: the unused layer's
+    bucket waits for ``step()``, which must not keep the other collectives from running meanwhile."""
+    torch.manual_seed(0)
+    used, unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    params = [*used.named_parameters(prefix="used"), *unused.named_parameters(prefix="unused")]
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params, bucket_cap_mb=1e-6
+    )
+    out: dict[str, Any] = {}
+    for step in range(2):
+        opt.zero_grad()
+        loss = used(torch.full((2, 4), float(rank + 1))).sum()
+        loss.backward()
+        out["loss_sum"] = hvd.allreduce(loss.detach(), op=hvd.Sum).item() != 0
+        hvd.barrier()
+        out["object"] = hvd.broadcast_object({"step": step}, root_rank=0)
+        opt.step()
+    out["grad_bias"] = used.bias.grad.tolist() if used.bias.grad is not None else None
+    return {"between": out}
 
 
 def kill(rank: int, size: int) -> dict[str, Any]:
