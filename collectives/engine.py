@@ -95,7 +95,8 @@ class Settings:
 class Ticket:
     """The engine's side of a handle: what starting the operation gave (or the error), once it has run."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: Engine | None = None) -> None:
+        self._engine = engine
         self._event = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
@@ -106,7 +107,10 @@ class Ticket:
         return self._event.is_set()
 
     def result(self) -> Any:
-        """Block until the operation has been issued; its start's value, or raise its error."""
+        """Block until the operation has been issued, running the engine's rounds on this thread meanwhile
+        (see :meth:`Engine.drive`); its start's value, or raise its error."""
+        if self._engine is not None and not self._event.is_set():
+            self._engine.drive(self)
         self._event.wait()
         if self._error is not None:
             raise self._error
@@ -144,7 +148,6 @@ class Turn:
     def wait(self) -> Agreement:
         """Block until granted, running the rounds on this thread; the agreement (or the
         :class:`MismatchError`, which releases the turn)."""
-        self._engine.drive(self._ticket)
         agreement: Agreement = self._ticket.result()
         return agreement
 
@@ -175,6 +178,7 @@ class _Entry:
     turn: Turn | None = None
     cuda_event: Any = None
     device: int | None = None
+    driven: bool = False
 
     def announcement(self) -> Announcement:
         return Announcement(self.key, self.call.row(), self.label)
@@ -202,6 +206,9 @@ class Engine:
         self._last_stall_check = time.monotonic()
         # Held for each round and the issue that follows it, by the engine thread or a caller that drives.
         self._round_lock = threading.Lock()
+        self._round_owner: int | None = None
+        self._last_round = 0.0
+        self._first_new_at = 0.0
         self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
         self._thread.start()
 
@@ -226,7 +233,7 @@ class Engine:
         ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
         """
-        ticket = Ticket()
+        ticket = Ticket(self)
         self._enqueue(
             call, start, ticket, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive
         )
@@ -237,13 +244,13 @@ class Engine:
     def agree(self, call: Call) -> Ticket:
         """An ordered entry that issues nothing: its ticket gives the agreement once every rank has reached it
         (the optimizer's check that every rank steps the same layout)."""
-        ticket = Ticket()
+        ticket = Ticket(self)
         self._enqueue(call, None, ticket, named=False)
         return ticket
 
     def turn(self, call: Call) -> Turn:
         """An ordered entry that lends the data group to the caller once agreed (see :class:`Turn`)."""
-        ticket = Ticket()
+        ticket = Ticket(self)
         turn = Turn(ticket, self)
         self._enqueue(call, None, ticket, named=False, turn=turn, notify=False)
         return turn
@@ -276,8 +283,10 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device)
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, driven=not notify)
             self._local[key] = entry
+            if not self._new:
+                self._first_new_at = time.monotonic()
             self._new.append(entry)
             if notify:
                 self._cond.notify_all()
@@ -299,13 +308,29 @@ class Engine:
                         self._cond.wait(idle_wait)
                     if self._abandoned:
                         return
+                    # Horovod's cycle: a burst of submissions gathers for one round rather than trickling
+                    # into several, each of which would fuse only part of it.
+                    while self._new and not self._stopping and not self._abandoned:
+                        delay = self._first_new_at + self.settings.cycle_time_s - time.monotonic()
+                        if delay <= 0:
+                            break
+                        self._cond.wait(delay)
                 with self._round_lock:
+                    if self._driven_lately(idle_wait):
+                        # A caller ran a round meanwhile (it drives), and what is new it drives itself.
+                        continue
                     busy, stop = self._round()
                 if stop:
                     return
                 idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
         except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
             self._fail_round(error)
+
+    def _driven_lately(self, idle_wait: float) -> bool:
+        with self._cond:
+            if self._stopping or any(not e.driven for e in self._new):
+                return False
+            return time.monotonic() - self._last_round < idle_wait
 
     def drive(self, ticket: Ticket) -> None:
         """Run rounds on the caller's thread until ``ticket`` is settled (a blocking call on the CPU).
@@ -314,6 +339,8 @@ class Engine:
         process's rounds in one sequence; so the caller may run them itself and spare the two hand-offs
         through the engine thread that a blocking call of a few bytes otherwise pays for.
         """
+        if threading.get_ident() in (self._thread.ident, self._round_owner):
+            return  # inside a round (a start or a callback): the round under way settles the ticket
         while not ticket.done():
             with self._round_lock:
                 if ticket.done():
@@ -332,6 +359,14 @@ class Engine:
     def _round(self) -> tuple[bool, bool]:
         """One agreement round and the issue of what became ready; (whether there is work, whether every
         rank has stopped). The caller holds the round lock."""
+        self._round_owner = threading.get_ident()
+        try:
+            return self._round_locked()
+        finally:
+            self._round_owner = None
+            self._last_round = time.monotonic()
+
+    def _round_locked(self) -> tuple[bool, bool]:
         with self._cond:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
@@ -348,7 +383,11 @@ class Engine:
         )
         for key in result.ready:
             self._queue.append((key, self._table.take(key)))
-        busy = bool(mine or result.ready or self._table.rows or self._queue)
+        # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
+        # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
+        # of the engine thread beside them costs the next driven call a round of its own.
+        with self._cond:
+            busy = bool(self._queue) or any(not e.driven for e in self._local.values())
         self._execute()
         now = time.monotonic()
         if self.settings.stall_check and now - self._last_stall_check >= self.settings.stall_check_s:

@@ -39,7 +39,7 @@ from collectives.buckets import assign_buckets
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
 from collectives.engine import Ticket, engine_for
-from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
+from collectives.errors import ArgumentError, CollectivesError, GradientSyncError, HorovodInternalError
 from collectives.grad_buckets import _Bucket, _views
 from collectives.negotiation import Call, Kind
 from collectives.objects import broadcast_object
@@ -435,7 +435,15 @@ class DistributedOptimizer:
         for bucket in self._buckets:
             if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
-            bucket.work.wait()
+            try:
+                bucket.work.wait()
+            except CollectivesError:
+                raise
+            except Exception as error:
+                # A peer died or the group broke mid-allreduce: Horovod's error, which elastic catches.
+                raise HorovodInternalError(
+                    f"bucket {bucket.index}: {type(error).__name__}: {error}"
+                ) from error
 
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.

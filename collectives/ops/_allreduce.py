@@ -35,6 +35,10 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
 
     def issue(agreement: Agreement) -> Handle[torch.Tensor]:
         torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
+        if blocking:
+            # Its caller waits for it at once (and runs the rounds itself): no Work round trip through Python.
+            dist.all_reduce(tensor, op=torch_op, group=groups.data)
+            return Handle([], lambda: _postscaled(tensor, divisor, postscale))
         work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
 

@@ -56,11 +56,12 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
     assert results[0]["stall_thread"]
 
 
-def test_a_killed_peer_fails_the_survivors_pending_operations(tmp_path: Path) -> None:
+@pytest.mark.parametrize("during", ["op", "barrier", "step"])
+def test_a_killed_peer_fails_the_survivors_pending_operations(during: str, tmp_path: Path) -> None:
     port = random.randint(20000, 40000)
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), "kill"],
+            [sys.executable, str(WORKER), "kill", during],
             env={
                 **os.environ,
                 "PYTHONPATH": str(REPO),

@@ -1,7 +1,7 @@
 """One rank of the engine scenarios (tests/integration/test_collectives_engine.py); prints one JSON line.
 
-``kill``: the last rank dies while the others wait on an operation it never submits; the survivors report
-what their handle raised.
+``kill <op|barrier|step>``: the last rank dies while the others wait on an operation it never submits, in a
+barrier, or in an optimizer step; the survivors report what they raised.
 """
 
 from __future__ import annotations
@@ -102,13 +102,22 @@ def between_backward_and_step(rank: int) -> dict[str, Any]:
     return {"between": out}
 
 
-def kill(rank: int, size: int) -> dict[str, Any]:
+def kill(rank: int, size: int, during: str) -> dict[str, Any]:
+    """The last rank dies; the others are inside ``during``: a pending async op ("op"), a barrier (an
+    ordered turn), or an optimizer step (its agreement and buckets)."""
+    model = torch.nn.Linear(4, 4)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     hvd.allreduce(torch.ones(1))
     if rank == size - 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    handle = hvd.allreduce_async(torch.ones(8), name="never")
     try:
-        hvd.synchronize(handle)
+        if during == "barrier":
+            hvd.barrier()
+        elif during == "step":
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        else:
+            hvd.synchronize(hvd.allreduce_async(torch.ones(8), name="never"))
         return {"outcome": "completed"}
     except hvd.HorovodInternalError as error:
         later: str
@@ -123,7 +132,7 @@ def kill(rank: int, size: int) -> dict[str, Any]:
 def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    result = kill(rank, size) if sys.argv[1] == "kill" else scenarios(rank, size)
+    result = kill(rank, size, sys.argv[2]) if sys.argv[1] == "kill" else scenarios(rank, size)
     print("RESULT " + json.dumps({"rank": rank, **result}), flush=True)
     sys.stdout.flush()
     os._exit(0) if sys.argv[1] == "kill" else None
