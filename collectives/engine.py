@@ -42,7 +42,7 @@ import torch
 
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
 from collectives.errors import CollectivesError, HorovodInternalError
-from collectives.negotiation import ROW, Agreement, Call, _verdict
+from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
 from collectives.registry import _Groups, _teardown_hooks
 
 __all__ = [
@@ -207,6 +207,9 @@ class Engine:
         # Held for each round and the issue that follows it, by the engine thread or a caller that drives.
         self._round_lock = threading.Lock()
         self._round_owner: int | None = None
+        # Set by join() while this rank has joined: given another rank's row of a named operation, how this
+        # rank takes part (None: it submits that operation itself, as a joined optimizer does its buckets).
+        self.stand_in: Callable[[list[int]], Callable[[Agreement], Any] | None] | None = None
         self._last_round = 0.0
         self._first_new_at = 0.0
         self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
@@ -383,6 +386,8 @@ class Engine:
         )
         for key in result.ready:
             self._queue.append((key, self._table.take(key)))
+        if self.stand_in is not None:
+            self._stand_in_for_named()
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
         # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
         # of the engine thread beside them costs the next driven call a round of its own.
@@ -399,6 +404,23 @@ class Engine:
                 self._abandoned = True
                 self._cond.notify_all()
         return busy, result.stop
+
+    def _stand_in_for_named(self) -> None:
+        """While this rank has joined, answer each named operation the others have submitted with a JOIN
+        row, as Horovod's coordinator counts a joined rank in; once agreed, ``stand_in`` takes part."""
+        assert self.stand_in is not None
+        me = self.groups.index
+        with self._cond:
+            for key, seen in self._table.rows.items():
+                if key < 0 or me in seen or key in self._local or not seen:
+                    continue
+                start = self.stand_in(next(iter(seen.values())))
+                if start is None:
+                    continue
+                label = self._table.labels.get(key, f"key {key}")
+                entry = _Entry(key, Call(Kind.JOIN), label, start, Ticket())
+                self._local[key] = entry
+                self._new.append(entry)
 
     def _fail_round(self, error: BaseException) -> None:
         if not self._abandoned:
@@ -442,7 +464,9 @@ class Engine:
             if entry.start is None:
                 entry.ticket._settle(agreement, None)
                 continue
-            fused = [entry, *self._fusable_after(entry)] if entry.fusion is not None else [entry]
+            # With a rank joined, each operation is matched one by one by its zeros: no fusion.
+            fusable = entry.fusion is not None and not agreement.joined
+            fused = [entry, *self._fusable_after(entry)] if fusable else [entry]
             if len(fused) > 1:
                 self._issue_fused(fused)
             else:
@@ -462,7 +486,8 @@ class Engine:
             if total + size > self.settings.fusion_threshold:
                 break
             try:
-                _verdict(entry.call, self.groups, rows)
+                if _verdict(entry.call, self.groups, rows).joined:
+                    break
             except CollectivesError:
                 break  # it fails on its own, in order
             self._queue.popleft()
