@@ -13,8 +13,14 @@ op and scaling are fused up to ``HOROVOD_FUSION_THRESHOLD`` bytes. An operation 
 others did not for ``HOROVOD_STALL_CHECK_TIME_SECONDS`` is logged (which ranks miss which names) and shown in
 the engine thread's name, which ``distrun stacks`` prints.
 
-Code that must issue on the data group itself (objects, join, the optimizer's buckets) takes a :class:`Turn`:
-an ordered entry that, once agreed, holds the engine's data issue until released.
+Rounds pair up across ranks by their count, not by the thread that runs them: a caller that waits for its
+own operation (a blocking call, ``synchronize``, a turn) runs the rounds itself under the round lock, and the
+engine thread runs them only for work nobody waits on yet (``_async`` submissions, the optimizer's buckets),
+gathering a burst of submissions for one ``HOROVOD_CYCLE_TIME`` first.
+
+Code that must issue on the data group itself (objects, join, barrier) takes a :class:`Turn`: an ordered
+entry that, once agreed, holds the engine's data issue until released. While a rank has joined, ``join()``
+sets :attr:`Engine.stand_in`, and the engine answers the others' named operations for it.
 
 Two entry points for a failure and for the elastic reset:
 
