@@ -26,8 +26,8 @@ _LAZY: dict[str, str] = {
             "cross_rank",
             "cross_size",
             "device",
-            "init",
             "is_coordinator",
+            "is_homogeneous",
             "is_initialized",
             "local_rank",
             "local_size",
@@ -39,6 +39,8 @@ _LAZY: dict[str, str] = {
         "context",
     ),
     **dict.fromkeys(("ShardSampler", "shard_indices"), "data"),
+    **dict.fromkeys(("init",), "startup"),
+    **dict.fromkeys(("SyncBatchNorm",), "sync_batch_norm"),
     **dict.fromkeys(
         (
             "ArgumentError",

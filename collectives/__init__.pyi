@@ -16,3 +16,5 @@ from collectives.ops import *
 from collectives.optimizer import *
 from collectives.process_sets import *
 from collectives.reduce_op import *
+from collectives.startup import *
+from collectives.sync_batch_norm import *

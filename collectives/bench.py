@@ -8,6 +8,10 @@ median time per call of:
 * ``coll avg out``: ``collectives.allreduce(t)`` (out of place, so it includes the copy it returns);
 * ``raw sum again``: ``all_reduce(t)`` once more, a control whose ratio to ``raw sum`` is the noise floor.
 
+Then, for ``--many`` tensors of ``--many-size`` each (64 of 1 KB by default), the time to reduce them all:
+``64 async`` submits ``allreduce_async_`` for each and then synchronizes every handle (the engine fuses them),
+``grouped`` is one ``grouped_allreduce_`` of the same tensors, ``64 raw`` is one ``all_reduce`` per tensor.
+
 The methods take turns call by call, so machine noise lands on all of them alike. Bandwidths follow
 nccl-tests: algbw = bytes / time, busbw = algbw * 2(n-1)/n, the rate each link really carries in a ring
 allreduce, comparable across world sizes.
@@ -28,7 +32,7 @@ import torch.distributed as dist
 import collectives
 from collectives.reduce_op import ReduceOp
 
-__all__ = ["Row", "bus_bandwidth", "main", "parse_size", "sweep"]
+__all__ = ["Row", "bus_bandwidth", "main", "parse_size", "sweep", "sweep_many"]
 
 DEFAULT_SIZES = "1K,4K,16K,64K,256K,1M,4M,16M,64M,256M"
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -141,6 +145,64 @@ def sweep(sizes: Sequence[int], min_rounds: int, target_s: float, device: torch.
     return rows
 
 
+def _many_methods(count: int) -> dict[str, Callable[[list[torch.Tensor]], object]]:
+    def raw(tensors: list[torch.Tensor]) -> object:
+        for t in tensors:
+            dist.all_reduce(t)
+        return tensors
+
+    def many_async(tensors: list[torch.Tensor]) -> object:
+        handles = [
+            collectives.allreduce_async_(t, name=f"bench.many.{i}", op=ReduceOp.SUM)
+            for i, t in enumerate(tensors)
+        ]
+        return [collectives.synchronize(h) for h in handles]
+
+    return {
+        f"{count} raw": raw,
+        "grouped": lambda tensors: collectives.grouped_allreduce_(tensors, op=ReduceOp.SUM),
+        f"{count} async": many_async,
+    }
+
+
+def sweep_many(count: int, nbytes: int, rounds: int, device: torch.device) -> Row:
+    """Median seconds to reduce ``count`` tensors of ``nbytes`` each, per method, interleaved as in
+    :func:`sweep`; ``nbytes`` in the row is the total."""
+    methods = _many_methods(count)
+    names = list(methods)
+    tensors = [torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device) for _ in range(count)]
+
+    def timed(fn: Callable[[list[torch.Tensor]], object]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(tensors)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    for name in names:
+        timed(methods[name])
+    times = torch.zeros((len(names), rounds), dtype=torch.float64)
+    collectives.barrier()
+    shuffler = random.Random(count)
+    order = list(range(len(names)))
+    for r in range(rounds):
+        shuffler.shuffle(order)
+        for i in order:
+            times[i, r] = timed(methods[names[i]])
+    slowest = times.to(device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    per_call = slowest.cpu()
+    medians = per_call.median(dim=1).values
+    ratios = {
+        f"{contender}/grouped": float((per_call[names.index(contender)] / per_call[1]).median())
+        for contender in names
+        if contender != "grouped"
+    }
+    return Row(count * nbytes, {name: float(medians[i]) for i, name in enumerate(names)}, ratios)
+
+
 def _human(nbytes: int) -> str:
     for unit in ("G", "M", "K"):
         if nbytes >= _UNITS[unit] and nbytes % _UNITS[unit] == 0:
@@ -183,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=300.0,
         help="run each method about this long per size (more rounds)",
     )
+    parser.add_argument("--many", type=int, default=64, help="tensors reduced together (0: skip)")
+    parser.add_argument("--many-size", default="1K", help="size of each of those tensors")
     parser.add_argument("--json", dest="json_path", help="also write the medians to this JSON file (rank 0)")
     parser.add_argument("--backend", default=None, help="torch.distributed backend (default: nccl if CUDA)")
     args = parser.parse_args(argv)
@@ -192,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = collectives.size()
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     rows = sweep(sizes, args.rounds, args.target_ms / 1000, device)
+    many = sweep_many(args.many, parse_size(args.many_size), args.rounds, device) if args.many > 0 else None
     if collectives.is_coordinator():
         print(
             f"allreduce float32, {world} ranks, backend {collectives.backend()}, device {device}, "
@@ -205,6 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_table(rows, world, "raw avg", "coll avg out"))
         print("\ncontrol: all_reduce(t) vs the very same call again (the ratio shows the measurement noise)")
         print(format_table(rows, world, "raw sum", "raw sum again"))
+        if many is not None:
+            each = _human(many.nbytes // args.many)
+            print(f"\n{args.many} tensors of {each}, summed: median ms for all of them, ratio to grouped")
+            for name, seconds in many.seconds.items():
+                ratio = many.ratios.get(f"{name}/grouped", 1.0)
+                print(f"{name:>10} | {seconds * 1e3:9.3f} ms | {ratio:6.3f}")
         if args.json_path:
             with open(args.json_path, "w") as handle:
                 json.dump(
@@ -212,6 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "world": world,
                         "backend": collectives.backend(),
                         "rows": [dataclasses.asdict(r) for r in rows],
+                        "many": None if many is None else dataclasses.asdict(many),
                     },
                     handle,
                     indent=2,

@@ -29,8 +29,8 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "device",
-    "init",
     "is_coordinator",
+    "is_homogeneous",
     "is_initialized",
     "local_rank",
     "local_size",
@@ -402,6 +402,12 @@ def cross_size() -> int:
     return _require("cross_size").topology.cross_size
 
 
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of ranks (Horovod's ``hvd.is_homogeneous()``)."""
+    topology = _require("is_homogeneous").topology
+    return topology.local_size * topology.cross_size == topology.size
+
+
 def is_coordinator() -> bool:
     """True on rank 0, the process that should log, write checkpoints and evaluate once."""
     return _require("is_coordinator").topology.rank == 0
@@ -451,6 +457,9 @@ def _leave(wait_s: float | None) -> None:
         return
     import torch.distributed as dist
 
+    from collectives import registry
+
+    registry._stop(wait_s)
     if context.owns_group and dist.is_initialized():
         size, rank = context.topology.size, context.topology.rank
         if context.device_index is not None:

@@ -10,16 +10,19 @@ the rank that joined last.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from collectives.context import _Context, _require
-from collectives.negotiation import _AGREED, Call, Kind, _joined_seen, dtype_of, negotiate, op_of
+from collectives.engine import engine_for
+from collectives.negotiation import _AGREED, Agreement, Call, Kind, _joined_seen, dtype_of, op_of
+from collectives.ops._handle import _agree, _turn
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
-from collectives.registry import _registered
+from collectives.registry import _Groups, _registered
 
 __all__ = ["barrier", "join"]
 
@@ -35,7 +38,7 @@ joinable_optimizers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDi
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of ``process_set`` has reached the barrier."""
-    negotiate(Call(Kind.BARRIER), groups_of(process_set, "barrier"))
+    _agree(Call(Kind.BARRIER), groups_of(process_set, "barrier"))
 
 
 def _zeros_device(context: _Context, device: int) -> torch.device:
@@ -52,8 +55,9 @@ def _reduce_zeros(
     dist.all_reduce(zeros, op=dist.ReduceOp.AVG if cuda_average else dist.ReduceOp.SUM)
 
 
-def _take_part(row: list[int], context: _Context, device: torch.device) -> None:
-    """Contribute zeros to the collective the active ranks agreed on in ``row``."""
+def _take_part(row: list[int], context: _Context, device: torch.device) -> _JoinableStep | None:
+    """Contribute zeros to the collective the active ranks agreed on in ``row``; an optimizer's step is
+    returned instead, to be taken part in once the turn is released (its buckets go through the engine)."""
     kind, op = row[0], op_of(row[3]) or ReduceOp.SUM
     dims = row[8 : 8 + row[6]]
     if kind == Kind.ALLREDUCE:
@@ -65,9 +69,8 @@ def _take_part(row: list[int], context: _Context, device: torch.device) -> None:
         for code, numel in zip(dims[0::2], dims[1::2], strict=True):
             _reduce_zeros(dtype_of(code), numel, op, device, context)
     elif kind == Kind.OPTIMIZER_STEP:
-        optimizer = joinable_optimizers.get(row[7])
-        if optimizer is not None:
-            optimizer._join_step()
+        return joinable_optimizers.get(row[7])
+    return None
 
 
 def join(device: int = -1) -> int:
@@ -81,15 +84,47 @@ def join(device: int = -1) -> int:
     if groups.size == 1:
         return context.topology.rank
     zeros_device = _zeros_device(context, device)
+    engine = engine_for(groups)
+    engine.stand_in = _stand_in(context, zeros_device)
+    try:
+        return _join_rounds(groups, context, zeros_device)
+    finally:
+        engine.stand_in = None
+
+
+def _stand_in(
+    context: _Context, device: torch.device
+) -> Callable[[list[int]], Callable[[Agreement], None] | None]:
+    """How this joined rank takes part in a named operation of the others, given one of their rows."""
+
+    def answer(row: list[int]) -> Callable[[Agreement], None] | None:
+        if row[0] == Kind.ALLREDUCE and row[7] in joinable_optimizers:
+            return None  # a bucket of an optimizer step: _join_step submits it under its own name
+        if op_of(row[3]) not in (None, ReduceOp.SUM, ReduceOp.AVERAGE):
+            return lambda agreement: None  # the others' verdict refuses it
+
+        def take_part(agreement: Agreement) -> None:
+            _take_part(row, context, device)
+
+        return take_part
+
+    return answer
+
+
+def _join_rounds(groups: _Groups, context: _Context, zeros_device: torch.device) -> int:
     while True:
-        before = set(_joined_seen)
-        agreement = negotiate(Call(Kind.JOIN), groups)
-        rows = agreement.rows
-        if len(agreement.joined) == groups.size:
-            newly = [groups.ranks[i] for i in range(groups.size) if groups.ranks[i] not in before]
-            _joined_seen.clear()
-            return max(newly) if newly else max(groups.ranks)
-        active = [row for row in rows if row[0] != Kind.JOIN]
-        agreed = active[0][:_AGREED]
-        if all(row[:_AGREED] == agreed for row in active):
-            _take_part(active[0], context, zeros_device)
+        step: _JoinableStep | None = None
+        with _turn(Call(Kind.JOIN), groups) as agreement:
+            rows = agreement.rows
+            if len(agreement.joined) == groups.size:
+                # Those seen joined before this last round (in the others' operations, ordered or named).
+                before = set(_joined_seen)
+                newly = [groups.ranks[i] for i in range(groups.size) if groups.ranks[i] not in before]
+                _joined_seen.clear()
+                return max(newly) if newly else max(groups.ranks)
+            active = [row for row in rows if row[0] != Kind.JOIN]
+            agreed = active[0][:_AGREED]
+            if all(row[:_AGREED] == agreed for row in active):
+                step = _take_part(active[0], context, zeros_device)
+        if step is not None:
+            step._join_step()

@@ -35,11 +35,9 @@ def mpi_enabled() -> bool:
 
 
 def mpi_threads_supported() -> bool:
-    """Not available: there is no MPI underneath."""
-    raise NotImplementedError(
-        "collectives does not use MPI, so there are no MPI threads; torch.distributed collectives may be "
-        "called from any one thread at a time"
-    )
+    """False, as Horovod answers without MPI: there is no MPI underneath (collectives may be called from any
+    thread; the process set's engine issues them)."""
+    return False
 
 
 def gloo_built() -> bool:

@@ -7,16 +7,17 @@ defaults). A post-accumulate-grad hook on every parameter copies its final gradi
 the average and cast for the wire, into its slot of the bucket's persistent buffer; the hook that fills a
 bucket starts its allreduce asynchronously while autograd keeps computing earlier layers, so communication
 overlaps compute and no pass over a whole bucket sits between the last gradient and the launch. ``step()``
-waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. Buckets are
-launched strictly in bucket order on every rank, so ranks can never pair up different buckets even if their
-autograd orders differ.
+waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. Each bucket is
+submitted to the set's engine under its own name, as Horovod's hooks submit each gradient, so the ranks pair
+the same buckets whatever their autograd orders, and a collective called between ``backward()`` and
+``step()`` runs without waiting for a bucket that only ``step()`` completes.
 
 Without compression the gradients become views of the bucket buffers after the first step (DDP's
 ``gradient_as_bucket_view``): the reduced bucket is the gradient, with no copy back, and a backward pass into
-an existing gradient accumulates straight into its slot. Once per step the ranks agree, on the gloo control
-group and before the first bucket moves, that they are all stepping an optimizer of the same layout, so a
-rank that does something else makes both raise instead of hang; a rank that has called ``join()`` takes
-part with zeros.
+an existing gradient accumulates straight into its slot. Once per step the ranks agree, in the engine's
+ordered sequence and before the first bucket moves, that they are all stepping an optimizer of the same
+layout, so a rank that does something else makes both raise instead of hang; a rank that has called
+``join()`` takes part with zeros.
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from collectives import coordination
 from collectives.buckets import assign_buckets
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
-from collectives.errors import ArgumentError, CollectivesError, GradientSyncError
+from collectives.engine import Ticket, engine_for
+from collectives.errors import ArgumentError, CollectivesError, GradientSyncError, HorovodInternalError
 from collectives.grad_buckets import _Bucket, _views
-from collectives.negotiation import Call, Kind, Pending, negotiate_async
+from collectives.negotiation import Call, Kind
 from collectives.objects import broadcast_object
 from collectives.ops import sparse_allreduce_async
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
@@ -60,6 +62,9 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MB
 # neither a model nor an optimizer alive; it exists so that wrapping the same parameters again can retire the
 # old hooks. Keyed by identity: tensors compare elementwise, so weakref.WeakKeyDictionary cannot hold them.
 _OWNERS = WeakIdKeyDictionary()
+
+# Layout digest -> how many optimizers of that layout this process has built: part of the buckets' names.
+_instances: dict[int, int] = {}
 
 
 def _owner_ref(param: torch.Tensor) -> weakref.ref[DistributedOptimizer] | None:
@@ -189,12 +194,16 @@ class DistributedOptimizer:
         # Whether the ranks have agreed, this step, that they are all stepping this layout; the exchange
         # in flight meanwhile.
         self._verified = False
-        self._check: Pending | None = None
+        self._check: Ticket | None = None
+        # The engine's tickets of this step's launched buckets, in bucket order.
+        self._launches: list[Ticket] = []
         self._digest = zlib.crc32(
             repr(
                 (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
             ).encode()
         )
+        # Names this optimizer's buckets on every rank: ranks build their optimizers in the same order.
+        _instances[self._digest] = self._instance = _instances.get(self._digest, 0) + 1
         coordination.joinable_optimizers[self._digest] = self
         self._retire_previous_owners(params)
         self._ref = weakref.ref(self)
@@ -359,24 +368,25 @@ class DistributedOptimizer:
     def _verified_now(self, block: bool) -> bool:
         """Whether the ranks have agreed, this step, that all of them step an optimizer of this layout.
 
-        The exchange starts when the first bucket is ready and runs while backward goes on; buckets move
-        only after the verdict, so a mismatch raises on every rank with no allreduce left in flight.
+        The agreement is an ordered entry of the set's engine, started with the step's first gradient; it
+        holds nothing, so a blocking collective between ``backward()`` and ``step()`` is agreed after it
+        and issued whatever buckets are still to come. Buckets are submitted only after the verdict, so a
+        mismatch raises on every rank with no allreduce left in flight.
         """
         if self._verified:
             return True
         if self._check is None:
-            self._check = negotiate_async(Call(Kind.OPTIMIZER_STEP, digest=self._digest), self._groups)
-            if self._check is None:
+            if self._groups.size == 1:
                 self._verified = True
                 return True
-        if not block and not self._check.is_completed():
+            self._check = engine_for(self._groups).agree(Call(Kind.OPTIMIZER_STEP, digest=self._digest))
+        if not block and not self._check.done():
             return False
         try:
-            self._check.wait()
+            self._check.result()
         except BaseException:
             self._reset()
             raise
-        self._check = None
         self._verified = True
         return True
 
@@ -384,8 +394,32 @@ class DistributedOptimizer:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
             if not self._verified_now(block):
                 return
-            self._buckets[self._next_launch].launch(self._groups.data, self._local)
+            self._launches.append(self._launch(self._buckets[self._next_launch]))
             self._next_launch += 1
+
+    def _launch(self, bucket: _Bucket) -> Ticket:
+        """Submit ``bucket``'s allreduce to the engine under its own name, as Horovod's hooks submit each
+        gradient: the engine issues it once every rank has submitted it, in whatever order the ranks'
+        other collectives come, so no bucket waits on ``step()`` while another collective waits on it."""
+        groups = self._groups
+        local = self._local
+        if local or groups.size == 1:
+            ticket = Ticket()
+            bucket.launch(groups.data, local)
+            ticket._settle(None, None)
+            return ticket
+        call = Call(
+            Kind.ALLREDUCE,
+            f"DistributedOptimizer.{self._instance}.bucket.{bucket.index}",
+            bucket.buffer.dtype,
+            bucket.buffer.device.type,
+            ReduceOp.SUM,
+            shape=(bucket.buffer.numel(),),
+            digest=self._digest,
+        )
+        return engine_for(groups).submit(
+            call, lambda _: bucket.launch(groups.data, local), named=True, cuda_tensor=bucket.buffer
+        )
 
     def _complete_buckets(self) -> None:
         """Fill what this rank has no gradient for, launch what is left, and wait for every bucket."""
@@ -396,10 +430,20 @@ class DistributedOptimizer:
                 if not filled:
                     self._fill(bucket, position)
         self._launch_in_order(block=True)
+        for ticket in self._launches:
+            ticket.result()
         for bucket in self._buckets:
             if bucket.work is None:
                 raise GradientSyncError(f"bucket {bucket.index} was never launched")
-            bucket.work.wait()
+            try:
+                bucket.work.wait()
+            except CollectivesError:
+                raise
+            except Exception as error:
+                # A peer died or the group broke mid-allreduce: Horovod's error, which elastic catches.
+                raise HorovodInternalError(
+                    f"bucket {bucket.index}: {type(error).__name__}: {error}"
+                ) from error
 
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
@@ -475,6 +519,7 @@ class DistributedOptimizer:
         for key in self._pass_counts:
             self._pass_counts[key] = 0
         self._next_launch = 0
+        self._launches = []
         self._verified = False
         self._check = None
 

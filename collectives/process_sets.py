@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch.distributed as dist
 
 from collectives.context import _Context, _require
+from collectives.engine import stop_engine
 from collectives.errors import ArgumentError, CollectivesError
 from collectives.registry import (
     ProcessSet,
@@ -70,13 +71,14 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
         raise ArgumentError(f"a process set with ranks {ps.ranks} is registered already (id {same[0]})")
     data = dist.new_group(ps.ranks) if size > 1 else None
     control = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
+    engine = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
     me = context.topology.rank
     set_id = _next_id[0]
     _next_id[0] += 1
     _registered[set_id] = _Groups(
         set_id, tuple(ps.ranks), index=ps.ranks.index(me) if me in ps.ranks else None
     )
-    _process_groups[set_id] = (data, control)
+    _process_groups[set_id] = (data, control, engine)
     ps.process_set_id = set_id
     return ps
 
@@ -90,6 +92,8 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     negotiate(Call(Kind.REMOVE_PROCESS_SET, shape=(-1 if set_id is None else set_id,)), _registered[0])
     if set_id is None or set_id == 0 or set_id not in _registered:
         return False
+    if _registered[set_id].index is not None:
+        stop_engine(set_id)
     groups = _registered.pop(set_id)
     for group in _process_groups.pop(set_id, (None, None)):
         if group is not None and groups.index is not None:

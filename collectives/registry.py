@@ -8,7 +8,7 @@ and removes sets by negotiating with the other ranks: none of them has to import
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -43,6 +43,12 @@ class _Groups:
     def control(self) -> Any:
         """The gloo group that carries the negotiation rows."""
         return _process_groups.get(self.set_id, (None, None))[1]
+
+    @property
+    def engine(self) -> Any:
+        """The gloo group on which the set's engine runs its agreement rounds (``collectives.engine``)."""
+        groups = _process_groups.get(self.set_id, (None, None))
+        return groups[2] if len(groups) > 2 else None
 
 
 class ProcessSet:
@@ -81,18 +87,28 @@ class ProcessSet:
 global_process_set = ProcessSet()
 
 _registered: dict[int, _Groups] = {}
-# Set id -> (data group, control group).
-_process_groups: dict[int, tuple[Any, Any]] = {}
+# Set id -> (data group, control group, engine group).
+_process_groups: dict[int, tuple[Any, ...]] = {}
 _next_id = [1]
+# Called with the seconds to wait for the other ranks (None: as long as it takes, 0: not at all) before the
+# groups go: the engines (a layer above) stop here.
+_teardown_hooks: list[Callable[[float | None], None]] = []
 
 
 def _setup(rank: int, size: int) -> None:
     """Register the global set; called by ``collectives.init()`` once the default group exists."""
     control = dist.new_group(backend="gloo") if size > 1 else None
+    engine = dist.new_group(backend="gloo") if size > 1 else None
     _registered[0] = _Groups(0, tuple(range(size)), index=rank)
-    _process_groups[0] = (None, control)
+    _process_groups[0] = (None, control, engine)
     global_process_set.process_set_id = 0
     global_process_set.ranks = list(range(size))
+
+
+def _stop(wait_s: float | None) -> None:
+    """Stop what runs on the sets' groups (the engines); called by ``collectives.shutdown()`` first."""
+    for hook in _teardown_hooks:
+        hook(wait_s)
 
 
 def _teardown() -> None:

@@ -8,12 +8,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from collectives.negotiation import Call, Kind
+from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._allreduce import allreduce
 from collectives.ops._common import _from_rows, _needs_grad, _rows_of
-from collectives.ops._handle import Handle, _agree, _combined
+from collectives.ops._handle import Handle, _combined, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups
 
 __all__ = ["allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async"]
 
@@ -30,18 +31,22 @@ def _allgather_start(
     _, groups = context_and_groups(process_set, what)
     local = tensor.detach().reshape(1) if tensor.dim() == 0 else tensor.detach()
     # The rows carry each rank's first dimension, so the sizes cost no exchange of their own.
-    agreement = _agree(
-        Call(
-            Kind.ALLGATHER,
-            name,
-            local.dtype,
-            local.device.type,
-            shape=tuple(local.shape[1:]),
-            free=(local.shape[0],),
-        ),
-        groups,
-        claim=not blocking,
+    call = Call(
+        Kind.ALLGATHER,
+        name,
+        local.dtype,
+        local.device.type,
+        shape=tuple(local.shape[1:]),
+        free=(local.shape[0],),
     )
+
+    def issue(agreement: Agreement) -> Handle[torch.Tensor]:
+        return _issue_allgather(agreement, local, groups)
+
+    return _submit(call, groups, issue, claim=not blocking, tensor=local)
+
+
+def _issue_allgather(agreement: Agreement, local: torch.Tensor, groups: _Groups) -> Handle[torch.Tensor]:
     firsts = [agreement.free(i)[0] for i in range(groups.size)] if groups.size > 1 else [local.shape[0]]
     longest = max(firsts)
     trailing = tuple(local.shape[1:])
@@ -61,10 +66,7 @@ def _allgather_start(
             pieces = [gathered[r * longest : r * longest + firsts[r]] for r in range(groups.size)]
             return _from_rows(torch.cat(pieces), local.dtype, trailing)
 
-    if blocking:
-        _all_gather_into(gathered, send, groups.data, False)
-        return Handle([], finish)
-    return Handle([_all_gather_into(gathered, send, groups.data, True)], finish, name)
+    return Handle([_all_gather_into(gathered, send, groups.data, True)], finish)
 
 
 class _AllgatherFunction(torch.autograd.Function):

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
-from collectives.negotiation import Call, Kind
+from collectives.engine import Fusion
+from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
-from collectives.ops._handle import Handle, _agree
+from collectives.ops._handle import Handle, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 
@@ -27,23 +29,51 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     what: str,
     blocking: bool,
 ) -> Handle[torch.Tensor]:
-    """Reduce ``tensor`` in place; blocking skips a Work round trip through Python on the common path."""
+    """Reduce ``tensor`` in place; ``blocking``: matched in order rather than by name."""
     context, groups = context_and_groups(process_set, what)
-    _agree(
-        Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
-        groups,
-        claim=not blocking,
-    )
-    torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
+    call = Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape))
 
-    def finish() -> torch.Tensor:
-        return _postscaled(tensor, divisor, postscale)
+    def issue(agreement: Agreement) -> Handle[torch.Tensor]:
+        torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
+        if blocking:
+            # Its caller waits for it at once (and runs the rounds itself): no Work round trip through Python.
+            dist.all_reduce(tensor, op=torch_op, group=groups.data)
+            return Handle([], lambda: _postscaled(tensor, divisor, postscale))
+        work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
+        return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
 
-    if blocking:
-        dist.all_reduce(tensor, op=torch_op, group=groups.data)
-        return Handle([], finish)
-    work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
-    return Handle([work], finish, name)
+    def issue_fused(tensors: list[torch.Tensor]) -> list[Handle[torch.Tensor]]:
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
+        work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
+        return _fused_handles(work, flat, tensors, divisor, postscale)
+
+    fusion = None
+    if tensor.is_contiguous() and groups.size > 1:
+        fusion = Fusion((tensor.dtype, tensor.device, op, prescale, postscale), tensor, issue_fused)
+    return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor)
+
+
+def _fused_handles(
+    work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
+) -> list[Handle[torch.Tensor]]:
+    """One handle per fused tensor; the first to finish scales the buffer once for all of them."""
+    scaled: list[bool] = []
+    offsets = [0]
+    for t in tensors:
+        offsets.append(offsets[-1] + t.numel())
+
+    def finisher(i: int) -> Callable[[], torch.Tensor]:
+        def finish() -> torch.Tensor:
+            if not scaled:
+                _postscaled(flat, divisor, postscale)
+                scaled.append(True)
+            tensors[i].copy_(flat[offsets[i] : offsets[i + 1]].view_as(tensors[i]))
+            return tensors[i]
+
+        return finish
+
+    return [Handle([work], finisher(i)) for i in range(len(tensors))]
 
 
 def allreduce_async_(  # noqa: PLR0917 (Horovod's signature)

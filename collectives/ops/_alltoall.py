@@ -8,11 +8,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from collectives.context import _Context
 from collectives.errors import ArgumentError
-from collectives.negotiation import Call, Kind
+from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._common import _comm_device, _from_rows, _needs_grad, _rows_of
-from collectives.ops._handle import Handle, _agree
+from collectives.ops._handle import Handle, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
+from collectives.registry import _Groups
 
 __all__ = ["alltoall", "alltoall_async"]
 
@@ -48,11 +50,17 @@ def _alltoall_start(  # noqa: PLR0917 (Horovod's signature)
 ) -> Handle[tuple[torch.Tensor, torch.Tensor]]:
     context, groups = context_and_groups(process_set, what)
     send = _split_counts(tensor, splits, groups.size)
-    _agree(
-        Call(Kind.ALLTOALL, name, tensor.dtype, tensor.device.type, shape=tuple(tensor.shape[1:])),
-        groups,
-        claim=not blocking,
-    )
+    call = Call(Kind.ALLTOALL, name, tensor.dtype, tensor.device.type, shape=tuple(tensor.shape[1:]))
+
+    def issue(agreement: Agreement) -> Handle[tuple[torch.Tensor, torch.Tensor]]:
+        return _issue_alltoall(tensor, send, context, groups)
+
+    return _submit(call, groups, issue, claim=not blocking, tensor=tensor)
+
+
+def _issue_alltoall(
+    tensor: torch.Tensor, send: list[int], context: _Context, groups: _Groups
+) -> Handle[tuple[torch.Tensor, torch.Tensor]]:
     device = _comm_device(context)
     received_counts = torch.empty(groups.size, dtype=torch.int64, device=device)
     counts = torch.tensor(send, dtype=torch.int64, device=device)
@@ -67,13 +75,13 @@ def _alltoall_start(  # noqa: PLR0917 (Horovod's signature)
         output_split_sizes=receive,
         input_split_sizes=send,
         group=groups.data,
-        async_op=not blocking,
+        async_op=True,
     )
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         return _from_rows(out, tensor.dtype, tuple(tensor.shape[1:])), received
 
-    return Handle([] if blocking else [work], finish, None if blocking else name)
+    return Handle([work], finish)
 
 
 class _AlltoallFunction(torch.autograd.Function):

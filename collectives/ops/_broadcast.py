@@ -9,12 +9,13 @@ import torch.distributed as dist
 
 from collectives.context import _require
 from collectives.errors import ArgumentError
-from collectives.negotiation import Call, Kind
+from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._allreduce import allreduce
 from collectives.ops._common import _CARRIED, _needs_grad
-from collectives.ops._handle import Handle, _agree
+from collectives.ops._handle import Handle, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups
 
 __all__ = ["broadcast", "broadcast_", "broadcast_async", "broadcast_async_"]
 
@@ -30,18 +31,17 @@ def _broadcast_start(  # noqa: PLR0917 (Horovod's signature)
     _, groups = context_and_groups(process_set, what)
     if root_rank not in groups.ranks:
         raise ArgumentError(f"{what}: root_rank {root_rank} is not a rank of {process_set!r}")
-    _agree(
-        Call(
-            Kind.BROADCAST,
-            name,
-            tensor.dtype,
-            tensor.device.type,
-            root=root_rank,
-            shape=tuple(tensor.shape),
-        ),
-        groups,
-        claim=not blocking,
+    call = Call(
+        Kind.BROADCAST, name, tensor.dtype, tensor.device.type, root=root_rank, shape=tuple(tensor.shape)
     )
+
+    def issue(agreement: Agreement) -> Handle[torch.Tensor]:
+        return _issue_broadcast(tensor, root_rank, groups)
+
+    return _submit(call, groups, issue, claim=not blocking, tensor=tensor)
+
+
+def _issue_broadcast(tensor: torch.Tensor, root_rank: int, groups: _Groups) -> Handle[torch.Tensor]:
     # The bytes of a type the backend lacks, in place when the tensor is contiguous.
     carried = tensor
     if tensor.dtype not in _CARRIED:
@@ -52,11 +52,8 @@ def _broadcast_start(  # noqa: PLR0917 (Horovod's signature)
             tensor.copy_(carried.view(tensor.dtype).view(tensor.shape))
         return tensor
 
-    if blocking:
-        dist.broadcast(carried, src=root_rank, group=groups.data)
-        return Handle([], finish)
     work = dist.broadcast(carried, src=root_rank, group=groups.data, async_op=True)
-    return Handle([work], finish, name)
+    return Handle([work], finish)
 
 
 def broadcast_async_(

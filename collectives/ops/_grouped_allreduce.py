@@ -10,9 +10,9 @@ import torch.distributed as dist
 
 from collectives.buckets import fuse, unflatten_into
 from collectives.compression import Compression, Compressor
-from collectives.negotiation import Call, Kind, dtype_code, shape_digest
+from collectives.negotiation import Agreement, Call, Kind, dtype_code, shape_digest
 from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
-from collectives.ops._handle import Handle, _agree
+from collectives.ops._handle import Handle, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 
@@ -45,31 +45,31 @@ def _grouped_allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     targets = list(tensors)
     fused = fuse(targets) if targets else []
     device = targets[0].device.type if targets else "cpu"
-    _agree(
-        Call(
-            Kind.GROUPED_ALLREDUCE,
-            name,
-            device=device,
-            op=op,
-            shape=fused_buffers_shape([flat for _, flat in fused]),
-            digest=shape_digest(targets),
-        ),
-        groups,
-        claim=True,
+    call = Call(
+        Kind.GROUPED_ALLREDUCE,
+        name,
+        device=device,
+        op=op,
+        shape=fused_buffers_shape([flat for _, flat in fused]),
+        digest=shape_digest(targets),
     )
-    works: list[dist.Work] = []
-    divisors: list[int] = []
-    for _, flat in fused:
-        torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
-        works.append(dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True))
-        divisors.append(divisor)
 
-    def result() -> list[torch.Tensor]:
-        for (members, flat), divisor in zip(fused, divisors, strict=True):
-            unflatten_into(_postscaled(flat, divisor, postscale), members)
-        return targets
+    def issue(agreement: Agreement) -> Handle[list[torch.Tensor]]:
+        works: list[dist.Work] = []
+        divisors: list[int] = []
+        for _, flat in fused:
+            torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
+            works.append(dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True))
+            divisors.append(divisor)
 
-    return Handle(works, result, name)
+        def result() -> list[torch.Tensor]:
+            for (members, flat), divisor in zip(fused, divisors, strict=True):
+                unflatten_into(_postscaled(flat, divisor, postscale), members)
+            return targets
+
+        return Handle(works, result)
+
+    return _submit(call, groups, issue, claim=True, tensor=targets[0] if targets else None)
 
 
 def grouped_allreduce_async_(  # noqa: PLR0917 (Horovod's signature)

@@ -1,19 +1,25 @@
 """What the collectives hand back: a :class:`Handle` on an operation in flight, Horovod's ``poll`` and
-``synchronize`` on it, and the agreement every collective reaches with its peers before it starts.
+``synchronize`` on it, and how a collective reaches the set's engine (``collectives.engine``).
 
-An operation that outlives its call holds its name until it is synchronized, as in Horovod, which refuses a
-second operation of the same name meanwhile.
+Every collective is submitted to its process set's engine with the function that issues it; the engine runs
+that function once every rank has submitted the operation, and the handle waits first for that, then for
+the communication. An operation that outlives its call holds its name until it is synchronized (or its handle
+is dropped and it has run), as in Horovod, which refuses a second operation of the same name meanwhile. Any
+failure of the communication itself reaches the caller as :class:`HorovodInternalError`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
+import torch
 import torch.distributed as dist
 
-from collectives.errors import ArgumentError
-from collectives.negotiation import Agreement, Call, negotiate
+from collectives.engine import Fusion, Ticket, engine_for
+from collectives.errors import ArgumentError, CollectivesError, HorovodInternalError
+from collectives.negotiation import Agreement, Call
 from collectives.registry import _Groups
 
 __all__ = ["Handle", "poll", "synchronize"]
@@ -24,32 +30,80 @@ T = TypeVar("T")
 _in_flight: set[str] = set()
 
 
+def _wait_work(work: dist.Work) -> None:
+    try:
+        work.wait()
+    except CollectivesError:
+        raise
+    except Exception as error:
+        raise HorovodInternalError(f"a collective failed: {type(error).__name__}: {error}") from error
+
+
 class Handle(Generic[T]):
     """An operation in flight; :meth:`wait` (or :func:`synchronize`) blocks until done, gives the result."""
 
-    def __init__(self, works: Sequence[dist.Work], finish: Callable[[], T], name: str | None = None) -> None:
+    def __init__(
+        self,
+        works: Sequence[dist.Work],
+        finish: Callable[[], T],
+        name: str | None = None,
+        ticket: Ticket | None = None,
+        parts: Sequence[Handle[Any]] = (),
+    ) -> None:
         self._works = list(works)
         self._finish = finish
         self._result: T | None = None
         self._done = False
         self._name = name
+        self._ticket = ticket
+        self._parts = list(parts)
 
     def is_completed(self) -> bool:
-        """Whether the communication has finished (wait() will then not block on the network)."""
-        return self._done or all(work.is_completed() for work in self._works)
+        """Whether the operation has finished (wait() will then not block on the network)."""
+        if self._done:
+            return True
+        if self._parts:
+            return all(part.is_completed() for part in self._parts)
+        if self._ticket is not None:
+            if not self._ticket.done():
+                return False
+            try:
+                inner: Handle[T] = self._ticket.result()
+            except CollectivesError:
+                return True
+            return inner.is_completed()
+        return all(work.is_completed() for work in self._works)
 
     def wait(self) -> T:
         """Block until the operation is complete and return its result; later calls return it again."""
         if not self._done:
             try:
-                for work in self._works:
-                    work.wait()
-                self._result = self._finish()
+                if self._ticket is not None:
+                    inner: Handle[T] = self._ticket.result()
+                    self._result = inner.wait()
+                else:
+                    for work in self._works:
+                        _wait_work(work)
+                    self._result = self._finish()
                 self._done = True
             finally:
-                if self._name is not None:
-                    _in_flight.discard(self._name)
+                self._release_name()
         return self._result  # type: ignore[return-value]
+
+    def _release_name(self) -> None:
+        if self._name is not None:
+            _in_flight.discard(self._name)
+            self._name = None
+
+    def __del__(self) -> None:
+        # A dropped handle frees its name once the operation has run, as Horovod's does.
+        name, ticket = self._name, self._ticket
+        if name is None:
+            return
+        if ticket is None:
+            _in_flight.discard(name)
+        else:
+            ticket.on_done(lambda: _in_flight.discard(name))
 
 
 def _claim(name: str | None) -> None:
@@ -62,18 +116,56 @@ def _claim(name: str | None) -> None:
     _in_flight.add(name)
 
 
-def _agree(call: Call, groups: _Groups, *, claim: bool) -> Agreement:
-    """Agree on ``call`` with every rank of ``groups`` (:func:`negotiate`); ``claim``: an operation that
-    outlives this call (``_async``, grouped) holds its name until it is synchronized, and frees it again when
-    the ranks disagree."""
+def _submit(
+    call: Call,
+    groups: _Groups,
+    issue: Callable[[Agreement], Handle[T]],
+    *,
+    claim: bool,
+    fusion: Fusion | None = None,
+    tensor: torch.Tensor | None = None,
+) -> Handle[T]:
+    """Submit ``call`` to the set's engine; ``issue(agreement)`` starts the communication once every rank has
+    submitted it. ``claim``: an ``_async`` operation, matched by its name and holding it until synchronized;
+    otherwise it is matched by its place in the set's ordered sequence."""
     if claim:
         _claim(call.name)
+    if groups.size == 1:
+        ticket = Ticket()
+        try:
+            ticket._settle(issue(Agreement([call.row()], ())), None)
+        except CollectivesError as error:
+            ticket._settle(None, error)
+    else:
+        # A blocking call runs the rounds on its own thread; an _async one leaves them to the engine thread.
+        ticket = engine_for(groups).submit(
+            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim
+        )
+    return Handle([], _unreachable, call.name if claim else None, ticket)
+
+
+def _unreachable() -> Any:
+    raise AssertionError("a submitted operation's result comes from its ticket")
+
+
+@contextlib.contextmanager
+def _turn(call: Call, groups: _Groups) -> Iterator[Agreement]:
+    """Agree on ``call`` in the set's ordered sequence, then hold the data group for the caller's own
+    collectives until the block ends (objects, join, barrier, the optimizer's buckets)."""
+    if groups.size == 1:
+        yield Agreement([call.row()], ())
+        return
+    turn = engine_for(groups).turn(call)
     try:
-        return negotiate(call, groups)
-    except BaseException:
-        if claim:
-            _in_flight.discard(call.name or "")
-        raise
+        yield turn.wait()
+    finally:
+        turn.release()
+
+
+def _agree(call: Call, groups: _Groups, *, claim: bool = False) -> Agreement:
+    """Agree on ``call`` in order, for code that issues nothing on the data group after it."""
+    with _turn(call, groups) as agreement:
+        return agreement
 
 
 def poll(handle: Handle[Any]) -> bool:
@@ -90,4 +182,4 @@ def synchronize(handle: Handle[T] | Callable[[], T]) -> T:
 
 def _combined(handles: Sequence[Handle[T]]) -> Handle[list[T]]:
     """One handle on several operations (the grouped collectives that run one operation per tensor)."""
-    return Handle([w for h in handles for w in h._works], lambda: [h.wait() for h in handles])
+    return Handle([], lambda: [h.wait() for h in handles], parts=handles)

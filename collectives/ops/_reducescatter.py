@@ -10,13 +10,15 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
+from collectives.context import _Context
 from collectives.errors import ArgumentError
-from collectives.negotiation import Call, Kind
+from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._allgather import allgather
 from collectives.ops._common import _needs_grad, _postscaled, _prescaled, _sum_or_average
-from collectives.ops._handle import Handle, _agree, _combined
+from collectives.ops._handle import Handle, _combined, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
+from collectives.registry import _Groups
 
 __all__ = [
     "grouped_reducescatter",
@@ -41,11 +43,17 @@ def _reducescatter_start(  # noqa: PLR0917 (Horovod's signature)
     context, groups = context_and_groups(process_set, what)
     if tensor.dim() == 0:
         raise ArgumentError(f"{what} needs a tensor of at least one dimension")
-    _agree(
-        Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape)),
-        groups,
-        claim=not blocking,
-    )
+    call = Call(Kind.REDUCESCATTER, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape))
+
+    def issue(agreement: Agreement) -> Handle[torch.Tensor]:
+        return _issue_reducescatter(tensor, op, prescale, postscale, context, groups)
+
+    return _submit(call, groups, issue, claim=not blocking, tensor=tensor)
+
+
+def _issue_reducescatter(  # noqa: PLR0917 (the operation's parts)
+    tensor: torch.Tensor, op: ReduceOp, prescale: float, postscale: float, context: _Context, groups: _Groups
+) -> Handle[torch.Tensor]:
     world, me = groups.size, groups.index or 0
     rows = tensor.shape[0]
     base, extra = divmod(rows, world)
@@ -57,17 +65,17 @@ def _reducescatter_start(  # noqa: PLR0917 (Horovod's signature)
         out = torch.empty((count, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
         # reduce_scatter_single replaces the deprecated reduce_scatter_tensor in newer torch.
         fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        pending = fn(out, work.contiguous(), op=torch_op, group=groups.data, async_op=not blocking)
+        pending = fn(out, work.contiguous(), op=torch_op, group=groups.data, async_op=True)
     else:
         # Uneven rows: the collective wants equal slices, and padding costs as much as reducing it all.
         out = work
-        pending = dist.all_reduce(work, op=torch_op, group=groups.data, async_op=not blocking)
+        pending = dist.all_reduce(work, op=torch_op, group=groups.data, async_op=True)
 
     def finish() -> torch.Tensor:
         result = out if extra == 0 else out[start : start + count].clone()
         return _postscaled(result, divisor, postscale)
 
-    return Handle([] if blocking else [pending], finish, None if blocking else name)
+    return Handle([pending], finish)
 
 
 class _ReducescatterFunction(torch.autograd.Function):

@@ -40,6 +40,10 @@ Subcommands (the first word only; `distrun -- check` launches a command of that 
   distrun plot REPORT.json -o run.png  one picture of a run from its --report
 
 \b
+horovodrun's flags are accepted too (-p, --start-timeout, --fusion-threshold-mb, --mpi-args, ...), hidden
+here: what each does is in docs/usage.md ("horovodrun's flags").
+
+\b
 Exit codes: 0 every rank succeeded; 2 bad input; 3 a host unreachable, failing preflight or lost;
 124 --timeout expired; 130/143/129/131 SIGINT/SIGTERM/SIGHUP/SIGQUIT; 126/127 the command cannot run / is
 not found; 3 also when an elastic job falls below --min-np; 4 every rank succeeded but --report could not be

@@ -20,6 +20,7 @@ import click
 from launcher import release_start_guard, without_gc
 from launcher.cli.backend_options import backends_of, named_launcher, with_backend
 from launcher.cli.config_file import bad_value_message, merge_config_file
+from launcher.cli.horovodrun import horovodrun_options, translate
 from launcher.cli.launch_options import ENV_PREFIX, EPILOG, launch_options
 from launcher.cli.request import Request, build_request
 from launcher.cli.verbosity import configure_logging
@@ -49,9 +50,11 @@ log = logging.getLogger(__name__)
     epilog=EPILOG,
 )
 @launch_options
+@horovodrun_options
 @click.pass_context
 def cli(ctx: click.Context, /, **options: Any) -> Request:
     """Run COMMAND as one rank per slot on every host, with the torch/Horovod/TF environment set."""
+    options = translate(ctx, options, lambda line: click.echo(line, err=True))
     values, sources = merge_config_file(ctx, options)
     return build_request(values, sources, backends_of(ctx.command))
 
@@ -143,7 +146,14 @@ def _no_such_option(err: click.NoSuchOption) -> str:
     (--hostfle, --dry_run): a flag of another launcher is no typo of ours."""
     import difflib  # only on this error: it costs start-up time
 
-    close = difflib.get_close_matches(err.option_name, err.possibilities or (), n=3, cutoff=SUGGEST_CUTOFF)
+    # horovodrun's spellings are hidden options: a typo of ours is never pointed at one of them.
+    hidden = (
+        {name for p in err.ctx.command.params if getattr(p, "hidden", False) for name in p.opts}
+        if err.ctx
+        else set()
+    )
+    possibilities = [name for name in err.possibilities or () if name not in hidden]
+    close = difflib.get_close_matches(err.option_name, possibilities, n=3, cutoff=SUGGEST_CUTOFF)
     return click.NoSuchOption(err.option_name, err.message, close, err.ctx).format_message()
 
 

@@ -1,0 +1,647 @@
+"""The background engine of a process set (Horovod's background thread): operations are submitted, agreed by
+name across the ranks in whatever order each rank submits them, and issued on the data group by the engine
+alone, small allreduces fused into one collective.
+
+A rank's collective calls enqueue an entry and return at once; the set's engine thread
+(``collectives-engine-<set id>``) runs agreement rounds (``collectives.engine_rounds``) on its own gloo group,
+every ``HOROVOD_CYCLE_TIME`` ms while there is work, and issues each operation that every rank has submitted,
+in the order all ranks derive from the same round. A named ``_async`` operation is keyed by its name; blocking
+and unnamed operations by their place in the set's ordered sequence, so they keep the in-order contract (and a
+name mismatch between blocking calls is a :class:`MismatchError`). Rows that disagree raise
+:class:`MismatchError` from the operation's handle on every rank. Ready allreduces of the same dtype, device,
+op and scaling are fused up to ``HOROVOD_FUSION_THRESHOLD`` bytes. An operation that some ranks submitted and
+others did not for ``HOROVOD_STALL_CHECK_TIME_SECONDS`` is logged (which ranks miss which names) and shown in
+the engine thread's name, which ``distrun stacks`` prints.
+
+Rounds pair up across ranks by their count, not by the thread that runs them: a caller that waits for its
+own operation (a blocking call, ``synchronize``, a turn) runs the rounds itself under the round lock, and the
+engine thread runs them only for work nobody waits on yet (``_async`` submissions, the optimizer's buckets),
+gathering a burst of submissions for one ``HOROVOD_CYCLE_TIME`` first.
+
+Code that must issue on the data group itself (objects, join, barrier) takes a :class:`Turn`: an ordered
+entry that, once agreed, holds the engine's data issue until released. While a rank has joined, ``join()``
+sets :attr:`Engine.stand_in`, and the engine answers the others' named operations for it.
+
+Two entry points for a failure and for the elastic reset:
+
+* any exception in a round or in issuing turns into :class:`HorovodInternalError`, raised from every pending
+  and later handle of that engine (never a hang: a peer's death ends the round's gloo exchange with an error,
+  and ``HOROVOD_GLOO_TIMEOUT_SECONDS``, when set, bounds it);
+* :func:`reset_engines` fails every pending handle with :class:`HorovodInternalError`, stops the threads
+  without talking to peers, and forgets the engines: the next operation on a fresh process group starts a new
+  one. :func:`shutdown_engines` is the orderly stop that every rank makes together.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+from collectives.engine_rounds import Announcement, Table, exchange, name_key
+from collectives.errors import CollectivesError, HorovodInternalError
+from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
+from collectives.registry import _Groups, _teardown_hooks
+
+__all__ = [
+    "Engine",
+    "Fusion",
+    "Settings",
+    "Ticket",
+    "Turn",
+    "engine_for",
+    "reset_engines",
+    "shutdown_engines",
+    "stall_report",
+    "stop_engine",
+]
+
+_log = logging.getLogger("collectives")
+
+_MAX_IDLE_WAIT_S = 0.02
+# A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
+DEFAULT_ROUND_TIMEOUT_S = 1800.0
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Horovod's tuning variables, with Horovod's meanings and defaults."""
+
+    fusion_threshold: int = 128 * 1024 * 1024
+    cycle_time_s: float = 0.001
+    stall_check_s: float = 60.0
+    stall_check: bool = True
+    gloo_timeout_s: float | None = None
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
+        return cls(
+            fusion_threshold=int(_env_float("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024)),
+            cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", 1.0) / 1000.0,
+            stall_check_s=_env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+            stall_check=os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0").strip() in ("", "0"),
+            gloo_timeout_s=float(timeout) if timeout else None,
+        )
+
+
+class Ticket:
+    """The engine's side of a handle: what starting the operation gave (or the error), once it has run."""
+
+    def __init__(self, engine: Engine | None = None) -> None:
+        self._engine = engine
+        self._event = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def result(self) -> Any:
+        """Block until the operation has been issued, running the engine's rounds on this thread meanwhile
+        (see :meth:`Engine.drive`); its start's value, or raise its error."""
+        if self._engine is not None and not self._event.is_set():
+            self._engine.drive(self)
+        self._event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def _settle(self, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._value, self._error = value, error
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+class Turn:
+    """The data group lent to the caller's thread: granted once every rank has reached this ordered entry."""
+
+    def __init__(self, ticket: Ticket, engine: Engine) -> None:
+        self._ticket = ticket
+        self._engine = engine
+        self._released = False
+
+    def granted(self) -> bool:
+        return self._ticket.done()
+
+    def wait(self) -> Agreement:
+        """Block until granted, running the rounds on this thread; the agreement (or the
+        :class:`MismatchError`, which releases the turn)."""
+        agreement: Agreement = self._ticket.result()
+        return agreement
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._engine._release(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """How an allreduce joins others in one buffer: entries with equal ``key`` fuse, ``issue`` reduces a list
+    of tensors as one collective and gives one start value per tensor."""
+
+    key: Hashable
+    tensor: torch.Tensor
+    issue: Callable[[list[torch.Tensor]], list[Any]]
+
+
+@dataclasses.dataclass
+class _Entry:
+    key: int
+    call: Call
+    label: str
+    start: Callable[[Agreement], Any] | None
+    ticket: Ticket
+    fusion: Fusion | None = None
+    turn: Turn | None = None
+    cuda_event: Any = None
+    device: int | None = None
+    driven: bool = False
+
+    def announcement(self) -> Announcement:
+        return Announcement(self.key, self.call.row(), self.label)
+
+
+class Engine:
+    """One process set's engine: its thread, its round table and its queue of agreed operations."""
+
+    def __init__(self, groups: _Groups, settings: Settings) -> None:
+        self.groups = groups
+        self.settings = settings
+        self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
+        self._cond = threading.Condition()
+        self._new: list[_Entry] = []
+        self._local: dict[int, _Entry] = {}
+        self._queue: collections.deque[tuple[int, list[list[int]]]] = collections.deque()
+        self._table = Table(groups.size)
+        self._sequence = 0
+        self._held: Turn | None = None
+        self._stopping = False
+        self._abandoned = False
+        self._broken: HorovodInternalError | None = None
+        self._stall_text = ""
+        self._device_set = False
+        self._last_stall_check = time.monotonic()
+        # Held for each round and the issue that follows it, by the engine thread or a caller that drives.
+        self._round_lock = threading.Lock()
+        self._round_owner: int | None = None
+        # Set by join() while this rank has joined: given another rank's row of a named operation, how this
+        # rank takes part (None: it submits that operation itself, as a joined optimizer does its buckets).
+        self.stand_in: Callable[[list[int]], Callable[[Agreement], Any] | None] | None = None
+        self._last_round = 0.0
+        self._first_new_at = 0.0
+        self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
+        self._thread.start()
+
+    def _thread_name(self) -> str:
+        base = f"collectives-engine-{self.groups.set_id}"
+        return f"{base} (stalled: {self._stall_text})" if self._stall_text else base
+
+    # -- submitting ---------------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        call: Call,
+        start: Callable[[Agreement], Any] | None,
+        *,
+        named: bool,
+        fusion: Fusion | None = None,
+        cuda_tensor: torch.Tensor | None = None,
+        drive: bool = False,
+    ) -> Ticket:
+        """Enqueue ``call``; ``start(agreement)`` runs on the engine thread once every rank has submitted it.
+
+        ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
+        ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
+        """
+        ticket = Ticket(self)
+        self._enqueue(
+            call, start, ticket, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive
+        )
+        if drive:
+            self.drive(ticket)
+        return ticket
+
+    def agree(self, call: Call) -> Ticket:
+        """An ordered entry that issues nothing: its ticket gives the agreement once every rank has reached it
+        (the optimizer's check that every rank steps the same layout)."""
+        ticket = Ticket(self)
+        self._enqueue(call, None, ticket, named=False)
+        return ticket
+
+    def turn(self, call: Call) -> Turn:
+        """An ordered entry that lends the data group to the caller once agreed (see :class:`Turn`)."""
+        ticket = Ticket(self)
+        turn = Turn(ticket, self)
+        self._enqueue(call, None, ticket, named=False, turn=turn, notify=False)
+        return turn
+
+    def _enqueue(
+        self,
+        call: Call,
+        start: Callable[[Agreement], Any] | None,
+        ticket: Ticket,
+        *,
+        named: bool,
+        fusion: Fusion | None = None,
+        turn: Turn | None = None,
+        cuda_tensor: torch.Tensor | None = None,
+        notify: bool = True,
+    ) -> None:
+        event = None
+        if cuda_tensor is not None and cuda_tensor.is_cuda:
+            # The engine thread issues on its own current stream: it must wait for the producer's kernels.
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(torch.cuda.current_stream(cuda_tensor.device))
+        with self._cond:
+            if self._broken is not None:
+                ticket._settle(None, self._broken)
+                return
+            if named and call.name is not None:
+                key, label = name_key(call.name), call.name
+            else:
+                self._sequence += 1
+                key = -self._sequence
+                label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
+            device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, driven=not notify)
+            self._local[key] = entry
+            if not self._new:
+                self._first_new_at = time.monotonic()
+            self._new.append(entry)
+            if notify:
+                self._cond.notify_all()
+
+    def _release(self, turn: Turn) -> None:
+        with self._cond:
+            if self._held is turn:
+                self._held = None
+            self._cond.notify_all()
+
+    # -- the thread -----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        idle_wait = self.settings.cycle_time_s
+        try:
+            while True:
+                with self._cond:
+                    if not self._new and not self._stopping and not self._abandoned:
+                        self._cond.wait(idle_wait)
+                    if self._abandoned:
+                        return
+                    # Horovod's cycle: a burst of submissions gathers for one round rather than trickling
+                    # into several, each of which would fuse only part of it.
+                    while self._new and not self._stopping and not self._abandoned:
+                        delay = self._first_new_at + self.settings.cycle_time_s - time.monotonic()
+                        if delay <= 0:
+                            break
+                        self._cond.wait(delay)
+                with self._round_lock:
+                    if self._driven_lately(idle_wait):
+                        # A caller ran a round meanwhile (it drives), and what is new it drives itself.
+                        continue
+                    busy, stop = self._round()
+                if stop:
+                    return
+                idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
+        except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
+            self._fail_round(error)
+
+    def _driven_lately(self, idle_wait: float) -> bool:
+        with self._cond:
+            if self._stopping or any(not e.driven for e in self._new):
+                return False
+            return time.monotonic() - self._last_round < idle_wait
+
+    def drive(self, ticket: Ticket) -> None:
+        """Run rounds on the caller's thread until ``ticket`` is settled (a blocking call on the CPU).
+
+        Rounds pair up across ranks by their count, whichever thread runs them, and the round lock keeps one
+        process's rounds in one sequence; so the caller may run them itself and spare the two hand-offs
+        through the engine thread that a blocking call of a few bytes otherwise pays for.
+        """
+        if threading.get_ident() in (self._thread.ident, self._round_owner):
+            return  # inside a round (a start or a callback): the round under way settles the ticket
+        while not ticket.done():
+            with self._round_lock:
+                if ticket.done():
+                    return
+                with self._cond:
+                    if self._abandoned or self._broken is not None:
+                        return
+                try:
+                    _, stop = self._round()
+                except BaseException as error:
+                    self._fail_round(error)
+                    return
+                if stop:
+                    return
+
+    def _round(self) -> tuple[bool, bool]:
+        """One agreement round and the issue of what became ready; (whether there is work, whether every
+        rank has stopped). The caller holds the round lock."""
+        self._round_owner = threading.get_ident()
+        try:
+            return self._round_locked()
+        finally:
+            self._round_owner = None
+            self._last_round = time.monotonic()
+
+    def _round_locked(self) -> tuple[bool, bool]:
+        with self._cond:
+            mine = [e.announcement() for e in self._new]
+            self._new.clear()
+            stop = self._stopping
+        timeout = self.settings.gloo_timeout_s
+        result = exchange(
+            self._table,
+            mine,
+            width=1 + ROW,
+            stop=stop,
+            group=self.groups.engine,
+            # Bounded: a peer that stops answering without closing its connections still ends the round.
+            timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
+        )
+        for key in result.ready:
+            self._queue.append((key, self._table.take(key)))
+        if self.stand_in is not None:
+            self._stand_in_for_named()
+        # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
+        # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
+        # of the engine thread beside them costs the next driven call a round of its own.
+        with self._cond:
+            busy = bool(self._queue) or any(not e.driven for e in self._local.values())
+        self._execute()
+        now = time.monotonic()
+        if self.settings.stall_check and now - self._last_stall_check >= self.settings.stall_check_s:
+            self._last_stall_check = now
+            self._check_stalls()
+        if result.stop:
+            self._fail_all(HorovodInternalError("collectives shut down with this operation pending"))
+            with self._cond:
+                self._abandoned = True
+                self._cond.notify_all()
+        return busy, result.stop
+
+    def _stand_in_for_named(self) -> None:
+        """While this rank has joined, answer each named operation the others have submitted with a JOIN
+        row, as Horovod's coordinator counts a joined rank in; once agreed, ``stand_in`` takes part."""
+        assert self.stand_in is not None
+        me = self.groups.index
+        with self._cond:
+            for key, seen in self._table.rows.items():
+                if key < 0 or me in seen or key in self._local or not seen:
+                    continue
+                start = self.stand_in(next(iter(seen.values())))
+                if start is None:
+                    continue
+                label = self._table.labels.get(key, f"key {key}")
+                entry = _Entry(key, Call(Kind.JOIN), label, start, Ticket())
+                self._local[key] = entry
+                self._new.append(entry)
+
+    def _fail_round(self, error: BaseException) -> None:
+        if not self._abandoned:
+            self._fail_all(
+                HorovodInternalError(
+                    f"process set {self.groups.set_id}: a collective failed ({type(error).__name__}: "
+                    f"{error}); the job's process group must be re-formed"
+                )
+            )
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify_all()
+
+    def _execute(self) -> None:
+        """Issue agreed operations in agreed order, fusing runs of fusable allreduces."""
+        while self._queue:
+            with self._cond:
+                if self._held is not None or self._abandoned:
+                    return
+            key, rows = self._queue.popleft()
+            with self._cond:
+                entry = self._local.pop(key)
+            try:
+                agreement = _verdict(entry.call, self.groups, rows)
+            except CollectivesError as error:
+                entry.ticket._settle(None, error)
+                continue
+            if entry.cuda_event is not None:
+                if not self._device_set and threading.current_thread() is self._thread:
+                    # The engine thread's current device and stream are those of the rank's GPU.
+                    torch.cuda.set_device(
+                        torch.cuda.current_device() if entry.device is None else entry.device
+                    )
+                    self._device_set = True
+                torch.cuda.current_stream().wait_event(entry.cuda_event)
+            if entry.turn is not None:
+                with self._cond:
+                    self._held = entry.turn
+                entry.ticket._settle(agreement, None)
+                continue
+            if entry.start is None:
+                entry.ticket._settle(agreement, None)
+                continue
+            # With a rank joined, each operation is matched one by one by its zeros: no fusion.
+            fusable = entry.fusion is not None and not agreement.joined
+            fused = [entry, *self._fusable_after(entry)] if fusable else [entry]
+            if len(fused) > 1:
+                self._issue_fused(fused)
+            else:
+                self._issue(entry, agreement)
+
+    def _fusable_after(self, first: _Entry) -> list[_Entry]:
+        """The queued entries right behind ``first`` that fuse with it, within the threshold."""
+        assert first.fusion is not None
+        taken: list[_Entry] = []
+        total = first.fusion.tensor.numel() * first.fusion.tensor.element_size()
+        while self._queue:
+            key, rows = self._queue[0]
+            entry = self._local.get(key)
+            if entry is None or entry.fusion is None or entry.fusion.key != first.fusion.key:
+                break
+            size = entry.fusion.tensor.numel() * entry.fusion.tensor.element_size()
+            if total + size > self.settings.fusion_threshold:
+                break
+            try:
+                if _verdict(entry.call, self.groups, rows).joined:
+                    break
+            except CollectivesError:
+                break  # it fails on its own, in order
+            self._queue.popleft()
+            with self._cond:
+                self._local.pop(key)
+            if entry.cuda_event is not None:
+                torch.cuda.current_stream().wait_event(entry.cuda_event)
+            taken.append(entry)
+            total += size
+        return taken
+
+    def _issue(self, entry: _Entry, agreement: Agreement) -> None:
+        assert entry.start is not None
+        try:
+            value = entry.start(agreement)
+        except CollectivesError as error:
+            entry.ticket._settle(None, error)
+            return
+        except Exception as error:
+            entry.ticket._settle(
+                None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}")
+            )
+            return
+        self.collectives_issued += 1
+        entry.ticket._settle(value, None)
+
+    def _issue_fused(self, entries: list[_Entry]) -> None:
+        first = entries[0].fusion
+        assert first is not None
+        try:
+            values = first.issue([e.fusion.tensor for e in entries if e.fusion is not None])
+        except Exception as error:
+            failure = HorovodInternalError(f"fused allreduce: {type(error).__name__}: {error}")
+            for entry in entries:
+                entry.ticket._settle(None, failure)
+            return
+        self.collectives_issued += 1
+        for entry, value in zip(entries, values, strict=True):
+            entry.ticket._settle(value, None)
+
+    def _check_stalls(self) -> None:
+        missing = self._table.stalled(self.settings.stall_check_s, self.groups.ranks)
+        text = "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
+        if text != self._stall_text:
+            self._stall_text = text
+            self._thread.name = self._thread_name()
+        if text and self.groups.index == 0:
+            _log.warning(
+                "One or more operations were submitted by a subset of the ranks of process set %d and have "
+                "waited for the others for more than %.0f seconds (stall check): %s",
+                self.groups.set_id,
+                self.settings.stall_check_s,
+                text,
+            )
+
+    def stall_report(self) -> str:
+        """The last stall check's finding: which ranks miss which names ("" when nothing stalls)."""
+        return self._stall_text
+
+    # -- failing and stopping -------------------------------------------------------------------------------
+
+    def _fail_all(self, error: HorovodInternalError) -> None:
+        with self._cond:
+            if self._broken is None:
+                self._broken = error
+            entries = list(self._local.values())
+            self._local.clear()
+            self._new.clear()
+            self._queue.clear()
+            self._held = None
+            self._cond.notify_all()
+        for entry in entries:
+            entry.ticket._settle(None, error)
+
+    def shutdown(self, wait_s: float | None) -> None:
+        """Stop together with the other ranks' engines (a round in which all ask to stop); every pending
+        handle fails with :class:`HorovodInternalError`. ``wait_s`` bounds the wait for the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(wait_s)
+        if self._thread.is_alive():
+            self.reset(HorovodInternalError("collectives shut down before the other ranks' engines stopped"))
+
+    def reset(self, error: HorovodInternalError) -> None:
+        """Fail every pending handle with ``error`` and stop the thread without talking to any peer."""
+        self._fail_all(error)
+        with self._cond:
+            self._abandoned = True
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            # A thread inside a gloo exchange leaves when the old group is aborted or its peer is gone; it
+            # is a daemon and touches nothing once abandoned.
+            self._thread.join(1.0)
+
+
+_engines: dict[int, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def engine_for(groups: _Groups) -> Engine:
+    """The engine of ``groups``' process set, started on first use."""
+    engine = _engines.get(groups.set_id)
+    if engine is not None and engine.groups is groups:
+        return engine
+    with _engines_lock:
+        engine = _engines.get(groups.set_id)
+        if engine is None or engine.groups is not groups:
+            engine = _engines[groups.set_id] = Engine(groups, Settings.from_env())
+        return engine
+
+
+def shutdown_engines(wait_s: float | None) -> None:
+    """The orderly stop of every engine, all ranks together (``collectives.shutdown()`` and exit)."""
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        if wait_s == 0:
+            engine.reset(
+                HorovodInternalError("collectives left the process group with this operation pending")
+            )
+        else:
+            engine.shutdown(wait_s)
+
+
+def stop_engine(set_id: int) -> None:
+    """The orderly stop of one set's engine, its members together (``remove_process_set``)."""
+    with _engines_lock:
+        engine = _engines.pop(set_id, None)
+    if engine is not None:
+        engine.shutdown(None)
+
+
+def reset_engines(error: HorovodInternalError | None = None) -> None:
+    """For the elastic reset: fail every pending handle with ``error``, stop every engine thread without
+    talking to peers, and forget the engines; the next operation starts a fresh engine on the new groups."""
+    failure = error or HorovodInternalError("the process group was reset with this operation pending")
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        engine.reset(failure)
+
+
+def stall_report() -> dict[int, str]:
+    """Process set id -> which ranks miss which operations, for every engine that has found a stall."""
+    return {set_id: e.stall_report() for set_id, e in _engines.items() if e.stall_report()}
+
+
+_teardown_hooks.append(shutdown_engines)

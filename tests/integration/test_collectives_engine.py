@@ -1,0 +1,83 @@
+"""The engine with real ranks: async operations submitted in different orders, Horovod's duplicate-name case,
+a mismatch, fusion (seen through the engine's counter), the stall report, blocking collectives between
+``backward()`` and ``step()`` with a bucket still unlaunched, and a peer killed mid-operation."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "tests" / "integration" / "workers" / "engine_worker.py"
+
+
+def _results(output: str) -> dict[int, dict[str, Any]]:
+    found = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines() if "RESULT " in line]
+    return {r["rank"]: r for r in found}
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_engine_scenarios(size: int, tmp_path: Path) -> None:
+    env = {**os.environ, "HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-m", "launcher", "-np", str(size), sys.executable, str(WORKER), "scenarios"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    results = _results(done.stdout)
+    assert done.returncode == 0 and len(results) == size, done.stdout + done.stderr
+    total = sum(range(size))
+    for rank, r in results.items():
+        # Rank r submits order.j as its (j if r is even else 5 - j)-th operation, with that index plus r.
+        expected = {
+            f"order.{j}": [float(sum((j if q % 2 == 0 else 5 - j) + q for q in range(size)))] * 4
+            for j in range(6)
+        }
+        assert r["orders"] == expected
+        assert r["duplicate"] == ("ArgumentError" if rank == 0 else "not submitted twice")
+        assert r["dup_result"] == [1.0, 1.0, 1.0]
+        assert r["mismatch"].startswith("Mismatched allreduce tensor shapes")
+        assert r["fused_collectives"] < 32
+        assert r["fused_values"] == [float(total)]
+        assert r["lonely"] == [1.0]
+        assert r["between"] == {"loss_sum": True, "object": {"step": 1}, "grad_bias": [2.0] * 4}
+    assert "rank 1 missing ['lonely']" in results[0]["stall"]
+    assert results[0]["stall_thread"]
+
+
+@pytest.mark.parametrize("during", ["op", "barrier", "step"])
+def test_a_killed_peer_fails_the_survivors_pending_operations(during: str, tmp_path: Path) -> None:
+    port = random.randint(20000, 40000)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "kill", during],
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(r),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(r),
+                "LOCAL_SIZE": "2",
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    survivor = _results(outputs[0])[0]
+    assert survivor["outcome"] == "HorovodInternalError", survivor
+    assert survivor["later"] == "HorovodInternalError"

@@ -1,0 +1,142 @@
+"""One rank of the engine scenarios (tests/integration/test_collectives_engine.py); prints one JSON line.
+
+``kill <op|barrier|step>``: the last rank dies while the others wait on an operation it never submits, in a
+barrier, or in an optimizer step; the survivors report what they raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import torch
+
+import collectives as hvd
+from collectives import engine
+
+
+class _StallSeen(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = threading.Event()
+        self.text = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "stall check" in record.getMessage():
+            self.text = record.getMessage()
+            self.seen.set()
+
+
+def scenarios(rank: int, size: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    names = [f"order.{i}" for i in range(6)]
+    mine = names if rank % 2 == 0 else names[::-1]
+    handles = {
+        n: hvd.allreduce_async(torch.full((4,), float(i + rank)), name=n, op=hvd.Sum)
+        for i, n in enumerate(mine)
+    }
+    out["orders"] = {n: hvd.synchronize(handles[n]).tolist() for n in names}
+    # Horovod's duplicate-name test: rank 0 submits, waits in a barrier, the others submit after it.
+    if rank == 0:
+        first = hvd.allreduce_async(torch.ones(3), name="dup")
+        try:
+            hvd.allreduce_async(torch.ones(3), name="dup")
+            out["duplicate"] = "no error"
+        except ValueError as error:
+            out["duplicate"] = type(error).__name__
+    hvd.barrier()
+    if rank != 0:
+        first = hvd.allreduce_async(torch.ones(3), name="dup")
+        out["duplicate"] = "not submitted twice"
+    out["dup_result"] = hvd.synchronize(first).tolist()
+    try:
+        hvd.allreduce(torch.ones(3 + (rank == size - 1)))
+        out["mismatch"] = "no error"
+    except hvd.MismatchError as error:
+        out["mismatch"] = str(error)
+    issued = engine._engines[0].collectives_issued
+    small = [torch.full((64,), float(rank)) for _ in range(32)]
+    for h in [hvd.allreduce_async_(t, name=f"fuse.{i}", op=hvd.Sum) for i, t in enumerate(small)]:
+        hvd.synchronize(h)
+    out["fused_collectives"] = engine._engines[0].collectives_issued - issued
+    out["fused_values"] = sorted({t[0].item() for t in small})
+    stall = _StallSeen()
+    logging.getLogger("collectives").addHandler(stall)
+    if rank == 0:
+        lonely = hvd.allreduce_async(torch.ones(1), name="lonely")
+        stall.seen.wait(60)
+        out["stall"] = stall.text
+        out["stall_thread"] = [t.name for t in threading.enumerate() if "stalled" in t.name]
+    hvd.barrier()
+    if rank != 0:
+        lonely = hvd.allreduce_async(torch.ones(1), name="lonely")
+    out["lonely"] = hvd.synchronize(lonely).tolist()
+    out.update(between_backward_and_step(rank))
+    return out
+
+
+def between_backward_and_step(rank: int) -> dict[str, Any]:
+    """Blocking collectives after ``backward()`` while a bucket is still unlaunched: the unused layer's
+    bucket waits for ``step()``, which must not keep the other collectives from running meanwhile."""
+    torch.manual_seed(0)
+    used, unused = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    params = [*used.named_parameters(prefix="used"), *unused.named_parameters(prefix="unused")]
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([p for _, p in params], lr=0.1), named_parameters=params, bucket_cap_mb=1e-6
+    )
+    out: dict[str, Any] = {}
+    for step in range(2):
+        opt.zero_grad()
+        loss = used(torch.full((2, 4), float(rank + 1))).sum()
+        loss.backward()
+        out["loss_sum"] = hvd.allreduce(loss.detach(), op=hvd.Sum).item() != 0
+        hvd.barrier()
+        out["object"] = hvd.broadcast_object({"step": step}, root_rank=0)
+        opt.step()
+    out["grad_bias"] = used.bias.grad.tolist() if used.bias.grad is not None else None
+    return {"between": out}
+
+
+def kill(rank: int, size: int, during: str) -> dict[str, Any]:
+    """The last rank dies; the others are inside ``during``: a pending async op ("op"), a barrier (an
+    ordered turn), or an optimizer step (its agreement and buckets)."""
+    model = torch.nn.Linear(4, 4)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    hvd.allreduce(torch.ones(1))
+    if rank == size - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        if during == "barrier":
+            hvd.barrier()
+        elif during == "step":
+            model(torch.ones(2, 4)).sum().backward()
+            opt.step()
+        else:
+            hvd.synchronize(hvd.allreduce_async(torch.ones(8), name="never"))
+        return {"outcome": "completed"}
+    except hvd.HorovodInternalError as error:
+        later: str
+        try:
+            hvd.allreduce(torch.ones(1))
+            later = "completed"
+        except hvd.HorovodInternalError:
+            later = "HorovodInternalError"
+        return {"outcome": "HorovodInternalError", "message": str(error)[:200], "later": later}
+
+
+def main() -> None:
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    result = kill(rank, size, sys.argv[2]) if sys.argv[1] == "kill" else scenarios(rank, size)
+    print("RESULT " + json.dumps({"rank": rank, **result}), flush=True)
+    sys.stdout.flush()
+    os._exit(0) if sys.argv[1] == "kill" else None
+
+
+if __name__ == "__main__":
+    main()
