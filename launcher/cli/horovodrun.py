@@ -5,8 +5,7 @@ Each flag is one of four kinds: an alias of a distrun option (set as if that opt
 tuning flag that sets the engine's ``HOROVOD_*`` variable on every rank (collectives honours it), a tuning
 flag the engine has no use for, or a controller/MPI flag for which distrun does something else; the last two
 are accepted with one line on stderr saying so. The options are hidden from ``--help``; docs/usage.md maps
-every flag. horovodrun's elastic flags are the elastic driver's own options, not listed here; ``--gloo``
-stays unknown (distrun's usage error, with no suggestion), as distrun has always answered it.
+every flag. horovodrun's elastic flags are the elastic driver's own options, not listed here.
 """
 
 from __future__ import annotations
@@ -133,6 +132,12 @@ FLAGS: tuple[Flag, ...] = (
         takes_value=False,
     ),
     # Controllers and MPI.
+    Flag(
+        ("--gloo",),
+        Kind.INSTEAD,
+        "ranks meet through torch.distributed (gloo on CPUs, NCCL on GPUs), with no controller to choose",
+        takes_value=False,
+    ),
     Flag(("--mpi",), Kind.INSTEAD, _NO_MPI, takes_value=False),
     Flag(
         ("--jsrun",), Kind.INSTEAD, _NO_MPI + "; under LSF, start it with --launcher ssh", takes_value=False

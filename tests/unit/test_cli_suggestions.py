@@ -1,5 +1,6 @@
 """An option distrun does not have: one line and exit 2, with a "Did you mean" only for a near typo of one of
-ours, never for another launcher's flag that merely shares letters with one (horovodrun's --gloo, --nics)."""
+ours, never for another launcher's flag that merely shares letters with one (torchrun's --nproc-per-node,
+--nics). horovodrun's own flags are accepted (tests/unit/test_horovodrun_flags.py)."""
 
 from __future__ import annotations
 
@@ -30,13 +31,12 @@ def usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 @pytest.mark.parametrize(
     "args",
     [
-        ("--gloo", "train.py"),
-        ("--reset-limit", "3", "train.py"),
+        ("--nproc-per-node", "2", "train.py"),
         ("--nics", "eth0", "train.py"),
-        ("check", "--gloo"),
+        ("check", "--nproc-per-node", "2"),
     ],
 )
-def test_horovodrun_flags_get_no_suggestion(
+def test_other_launchers_flags_get_no_suggestion(
     capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
 ) -> None:
     flag = next(a for a in args if a.startswith("--"))
