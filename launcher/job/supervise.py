@@ -112,7 +112,9 @@ class Supervisor(Phase[HostAttempt]):
         # The stop began with the ranks whose exits had not yet arrived; those whose agent says they ended
         # before its stop reached them were not stopped, and are named with their own exits instead.
         own = tuple(
-            self.exits[r] for r in cause.stopped if r in self.measured and self.measured[r].stopped is False
+            self.exits[r]
+            for r in cause.stopped
+            if r in self.measured and _exited_on_its_own(self.measured[r])
         )
         if not own:
             return cause
@@ -295,3 +297,10 @@ def supervise(sup: Supervisor, wake_fd: int | Loop, check_every: float = 1.0) ->
         loop = Loop(wake_fd, deadline=sup.deadline, check_every=check_every, control=control)
     loop.run(sup)
     return sup.outcome()
+
+
+def _exited_on_its_own(exited: RankExited) -> bool:
+    """The stop did not reach it (its agent says), or it exited with a code of its own rather than die of the
+    stop's signal: a rank already on its way out when the SIGTERM came is named with its exit, not as
+    stopped."""
+    return exited.stopped is False or exited.returncode >= 0

@@ -20,7 +20,11 @@ def test_top_tells_ranks_on_two_hosts_apart_with_their_hosts(cluster: Cluster, t
     ready = tmp_path / "ready"
     ready.mkdir()
     # Ranks 0 (idle) and 1 (spinning) on h1, rank 2 (holding 400 MiB) on h2.
-    job = start_distrun("-H", "h1:2,h2:1", SCRIPTS / "idle_spin_hold.py", ready, env=env)
+    # Samples every 0.5 s: over SSH, on a loaded machine, two of them (a CPU figure needs two) still come well
+    # inside the 3 s that asking may take.
+    job = start_distrun(
+        "-H", "h1:2,h2:1", "--sample-interval", "0.5", SCRIPTS / "idle_spin_hold.py", ready, env=env
+    )
     with never_left_running(job):
         wait_for_files(ready, "*.pid", 3)
         assert_told_apart_within(job.pid, env, 3.0, {0: "h1", 1: "h1", 2: "h2"})
