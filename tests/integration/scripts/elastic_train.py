@@ -1,0 +1,61 @@
+"""An elastic Horovod-style loop: DIR START_RANK_TO_KILL KILL_AT_BATCH [BATCHES].
+
+Each rank writes DIR/<pid>.start when it starts and DIR/<start rank>.json when it finishes: its pid, its
+final rank and size, the batch it reached, the world sizes its reset callbacks saw, and its weights.
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+import collectives as hvd
+
+out, victim, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+batches = int(sys.argv[4]) if len(sys.argv) > 4 else 12
+hvd.init()
+start_rank = int(os.environ["DISTRUN_START_RANK"]) if "DISTRUN_START_RANK" in os.environ else hvd.rank()
+(out / f"{os.getpid()}.start").write_text(str(start_rank))
+torch.manual_seed(start_rank)  # different weights everywhere: the sync must make them equal
+model = torch.nn.Linear(4, 2)
+optimizer = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+)
+sizes = []
+
+
+@hvd.elastic.run
+def train(state):
+    while state.batch < batches:
+        if state.batch == kill_at and start_rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        optimizer.zero_grad()
+        model(torch.ones(8, 4)).sum().backward()
+        optimizer.step()
+        state.batch += 1
+        state.commit()
+        if state.batch == kill_at and os.environ.get("ELASTIC_WAIT_FOR_HOSTS") and not sizes:
+            # Hold until the host update arrives (unless an earlier commit saw it); the commit raises.
+            state._host_messages.put(state._host_messages.get())
+            state.commit()
+
+
+state = hvd.elastic.TorchState(model, optimizer, batch=0)
+state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
+train(state)
+(out / f"{start_rank}.json").write_text(
+    json.dumps(
+        {
+            "pid": os.getpid(),
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "horovod_size": os.environ["HOROVOD_SIZE"],
+            "batch": state.batch,
+            "sizes": sizes,
+            "weights": model.weight.detach().flatten().tolist(),
+        }
+    )
+)
