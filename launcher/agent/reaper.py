@@ -85,11 +85,12 @@ def _zombie(pid: int) -> bool:
     return stat is None or stat[1] == b"Z"  # gone: as good as a zombie for whoever asks
 
 
-def descendants(root: int = 0) -> list[int]:
-    """The living pids below `root` (this process by default), parents before children.
+def descendants(root: int = 0, *, zombies: bool = False) -> list[int]:
+    """The pids below `root` (this process by default), parents before children.
 
-    A zombie is left out: its own children were re-parented already, and only its parent's wait removes it.
-    Only the subtree is read where the kernel lists each task's children; else every process's parent.
+    A zombie is left out unless `zombies`: its own children were re-parented already, and only its parent's
+    wait removes it. Only the subtree is read where the kernel lists each task's children; else every
+    process's parent.
     """
     root = root or os.getpid()
     found: list[int] = []
@@ -97,18 +98,18 @@ def descendants(root: int = 0) -> list[int]:
     while todo:
         children = _children(todo.pop())
         if children is None:
-            return _descendants_by_scan(root)
+            return _descendants_by_scan(root, zombies)
         for child in children:
-            if not _zombie(child):
+            if zombies or not _zombie(child):
                 found.append(child)
                 todo.append(child)
     return found
 
 
-def _descendants_by_scan(root: int) -> list[int]:
+def _descendants_by_scan(root: int, zombies: bool) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, (parent, state) in _processes().items():
-        if state != b"Z":
+        if zombies or state != b"Z":
             children.setdefault(parent, []).append(pid)
     found: list[int] = []
     todo = list(children.get(root, ()))

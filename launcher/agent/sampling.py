@@ -19,7 +19,7 @@ from typing import Any
 
 from launcher.agent.nvml import Nvml, open_nvml
 from launcher.agent.protocol import RankSample, Samples
-from launcher.agent.reaper import _children, _processes
+from launcher.agent.reaper import descendants
 
 _TICKS = os.sysconf("SC_CLK_TCK") if "SC_CLK_TCK" in os.sysconf_names else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if "SC_PAGE_SIZE" in os.sysconf_names else 4096
@@ -42,29 +42,8 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
 
 
 def tree(root: int) -> list[int]:
-    """`root` and every process below it, parents first (a scan of /proc where children are not listed)."""
-    found = [root]
-    todo = [root]
-    while todo:
-        children = _children(todo.pop())
-        if children is None:
-            return [root, *_below_by_scan(root)]
-        found.extend(children)
-        todo.extend(children)
-    return found
-
-
-def _below_by_scan(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in _processes().items():
-        children.setdefault(parent, []).append(pid)
-    found: list[int] = []
-    todo = list(children.get(root, ()))
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, ()))
-    return found
+    """`root` and every process below it, parents first (zombies too: their CPU time is still theirs)."""
+    return [root, *descendants(root, zombies=True)]
 
 
 class Sampler:

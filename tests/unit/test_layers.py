@@ -8,10 +8,17 @@ top, and the launcher never imports the worker library (`collectives`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tests.layering import REPO, imported_names, module_name, modules
+from tests.layering import (
+    REPO,
+    imported_names,
+    imported_units,
+    layer_violations,
+    module_name,
+    modules,
+    package_imports,
+)
 
 # Bottom first. A unit is a package (`launcher.core`) or a top-level module (`launcher.errors`); `launcher` is
 # the package's own __init__ (the start guard, the version), which everything may use.
@@ -36,44 +43,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 FORBIDDEN = ("collectives",)
 
 
-def unit_of(name: str, units: Iterable[str]) -> str | None:
-    """The longest unit that `name` (a module, or a name imported from one) falls in."""
-    found = [u for u in units if name == u or name.startswith(u + ".")]
-    return max(found, key=len) if found else None
-
-
-def violations(
-    layers: Sequence[Sequence[str]],
-    imports: Mapping[str, Iterable[tuple[int, str]]],
-    forbidden: Sequence[str],
-) -> list[str]:
-    """`module:line imports X` for every import of a unit above the importer's (or beside it, in the same
-    layer), of a forbidden package, and for every module in no layer."""
-    level = {unit: i for i, layer in enumerate(layers) for unit in layer}
-    found = []
-    for module, names in imports.items():
-        own = unit_of(module, level)
-        if own is None:
-            found.append(f"{module}: in no layer of LAYERS")
-            continue
-        for line, name in names:
-            if unit_of(name, forbidden) is not None:
-                found.append(f"{module}:{line} imports {name}, which the launcher never imports")
-                continue
-            target = unit_of(name, level)
-            if target is None or target in (own, "launcher"):
-                continue
-            if level[target] >= level[own]:
-                found.append(f"{module}:{line} imports {name} ({target} is not below {own})")
-    return sorted(set(found))
-
-
-def launcher_imports() -> dict[str, list[tuple[int, str]]]:
-    return {module_name(path): list(imported_names(path)) for path in modules("launcher")}
-
-
 def test_every_launcher_import_goes_down_the_layers() -> None:
-    assert violations(LAYERS, launcher_imports(), FORBIDDEN) == []
+    assert layer_violations(LAYERS, package_imports("launcher"), FORBIDDEN) == []
 
 
 def test_every_launcher_package_is_in_a_layer() -> None:
@@ -90,12 +61,22 @@ def test_the_checker_catches_an_import_up_sideways_forbidden_or_unlisted() -> No
         "p.high.b": [(7, "collectives.placement")],
         "p.lost": [(1, "p.low")],
     }
-    assert violations(layers, imports, ("collectives",)) == [
-        "p.high.b:7 imports collectives.placement, which the launcher never imports",
-        "p.lost: in no layer of LAYERS",
-        "p.low.a:3 imports p.high.b.thing (p.high is not below p.low)",
-        "p.mid.a:4 imports p.side.c (p.side is not below p.mid)",
+    assert layer_violations(layers, imports, ("collectives",)) == [
+        "p.high.b:7 imports collectives.placement, a package it must never import",
+        "p.lost: in no layer",
+        "p.low.a:3 imports p.high (layer 3, not below p.low's)",
+        "p.mid.a:4 imports p.side (layer 2, not below p.mid's)",
     ]
+
+
+def test_a_from_import_of_a_submodule_unit_imports_that_unit_only() -> None:
+    units = {"pkg", "pkg.mod"}
+    assert imported_units([(1, "pkg"), (1, "pkg.mod")], units) == {(1, "pkg.mod")}
+    assert imported_units([(1, "pkg"), (1, "pkg.mod"), (1, "pkg.name")], units) == {
+        (1, "pkg"),
+        (1, "pkg.mod"),
+    }
+    assert imported_units([(3, "pkg")], units) == {(3, "pkg")}
 
 
 def test_the_walker_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
