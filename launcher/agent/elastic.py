@@ -33,6 +33,9 @@ class RankLine:
         self.ready = False
         self.synced: float | None = None
         self.closed = False
+        # What the launcher was told already (launcher.agent.server sends each change once).
+        self.told_hello = False
+        self.told_ready = False
 
     def send(self, message: dict[str, object]) -> bool:
         """False when the rank is gone (its messages no longer matter)."""
@@ -70,6 +73,29 @@ class ElasticLines:
         self.lines[rank_id] = line
         self.selector.register(line.listener, selectors.EVENT_READ, (rank_id, True))
         return path
+
+    def fileno(self) -> int:
+        """Readable when a line has news: the agent waits on this with its own selector."""
+        return self.selector.fileno()
+
+    def news(self, rank_id: int) -> list[str]:
+        """What changed on the rank's line since last asked: `hello`, `ready`, `synced`, each once."""
+        line = self.lines[rank_id]
+        said = []
+        if line.pid is not None and not line.told_hello:
+            line.told_hello = True
+            said.append("hello")
+        if line.ready and not line.told_ready:
+            line.told_ready = True
+            said.append("ready")
+        if line.synced is not None:
+            said.append("synced")
+        return said
+
+    def take_synced(self, rank_id: int) -> float | None:
+        line = self.lines[rank_id]
+        seconds, line.synced = line.synced, None
+        return seconds
 
     def opted_in(self, rank_id: int) -> bool:
         line = self.lines.get(rank_id)
@@ -115,16 +141,18 @@ class ElasticLines:
 
     def peer_lost(self, survivors: list[int]) -> None:
         for rank_id in survivors:
-            self.lines[rank_id].send({"kind": "peer_lost"})
+            if rank_id in self.lines:
+                self.lines[rank_id].send({"kind": "peer_lost"})
 
-    def hosts_updated(self, timestamp: float, update: int) -> None:
-        for line in self.lines.values():
-            line.send({"kind": "hosts_updated", "timestamp": timestamp, "update": update})
+    def hosts_updated(self, timestamp: float, update: int, ranks: list[int] | None = None) -> None:
+        for rank_id, line in self.lines.items():
+            if ranks is None or rank_id in ranks:
+                line.send({"kind": "hosts_updated", "timestamp": timestamp, "update": update})
 
     def reset(self, rank_id: int, env: dict[str, str] | None) -> bool:
         """Send the rank its new world's environment, or `leave` (None); False if it is gone."""
         line = self.lines[rank_id]
-        line.ready = False
+        line.ready = line.told_ready = False
         line.synced = None
         if env is None:
             return line.send({"kind": "leave"})

@@ -72,6 +72,7 @@ def start_requests(
                 unset_prefixes=list(LEFTOVER_PREFIXES),
                 workdir=workdirs[node_rank] if workdirs else "",
                 sample_interval=config.sample_interval,
+                elastic=config.restart.elastic,
             )
         )
     return requests

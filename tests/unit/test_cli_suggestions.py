@@ -31,7 +31,7 @@ def usage_error(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     "args",
     [
         ("--gloo", "train.py"),
-        ("--reset-limit", "3", "train.py"),
+        ("--mpi-args", "-x", "train.py"),
         ("--nics", "eth0", "train.py"),
         ("check", "--gloo"),
     ],

@@ -2,6 +2,8 @@
 
 Each rank writes DIR/<pid>.start when it starts and DIR/<start rank>.json when it finishes: its pid, its
 final rank and size, the batch it reached, the world sizes its reset callbacks saw, and its weights.
+With ELASTIC_HOLD_RESET set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset
+callback and stays there: a reset that does not end, for tests that act during one.
 """
 
 import json
@@ -27,10 +29,17 @@ optimizer = hvd.DistributedOptimizer(
 sizes = []
 
 
+def held() -> None:
+    (out / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    (out / f"held.{start_rank}").write_text("")
+    signal.pause()
+
+
 @hvd.elastic.run
 def train(state):
     while state.batch < batches:
-        if state.batch == kill_at and start_rank == victim:
+        if state.batch == kill_at and start_rank == victim and not (out / "killed").exists():
+            (out / "killed").write_text(str(os.getpid()))  # once: a newcomer may start as the same rank
             os.kill(os.getpid(), signal.SIGKILL)
         optimizer.zero_grad()
         model(torch.ones(8, 4)).sum().backward()
@@ -45,6 +54,8 @@ def train(state):
 
 state = hvd.elastic.TorchState(model, optimizer, batch=0)
 state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
+if os.environ.get("ELASTIC_HOLD_RESET"):
+    state.register_reset_callbacks([held])
 train(state)
 (out / f"{start_rank}.json").write_text(
     json.dumps(
