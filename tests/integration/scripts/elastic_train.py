@@ -1,15 +1,18 @@
 """An elastic Horovod-style loop: DIR START_RANK_TO_KILL KILL_AT_BATCH [BATCHES].
 
-Each rank writes DIR/<pid>.start when it starts and DIR/<start rank>.json when it finishes: its pid, its
-final rank and size, the batch it reached, the world sizes its reset callbacks saw, and its weights.
-With ELASTIC_HOLD_RESET set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset
-callback and stays there: a reset that does not end, for tests that act during one.
+Each rank writes DIR/<pid>.start when it starts, DIR/opted.<start rank> once it opted in, and
+DIR/<start rank>.json when it finishes: its pid, its final rank and size, the batch it reached, the world
+sizes its reset callbacks saw, and its weights. ELASTIC_SLOW_S slows each batch (seconds), so a test can act
+mid-run; ELASTIC_TIMEOUT_S bounds a collective's wait for a peer whose link was cut. With ELASTIC_HOLD_RESET
+set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset callback and stays there: a
+reset that does not end, for tests that act during one.
 """
 
 import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -18,7 +21,7 @@ import collectives as hvd
 
 out, victim, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 batches = int(sys.argv[4]) if len(sys.argv) > 4 else 12
-hvd.init()
+hvd.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT_S", "1800")))
 start_rank = int(os.environ["DISTRUN_START_RANK"]) if "DISTRUN_START_RANK" in os.environ else hvd.rank()
 (out / f"{os.getpid()}.start").write_text(str(start_rank))
 torch.manual_seed(start_rank)  # different weights everywhere: the sync must make them equal
@@ -37,10 +40,12 @@ def held() -> None:
 
 @hvd.elastic.run
 def train(state):
+    (out / f"opted.{start_rank}").write_text("")  # its hello is sent: the agent knows it opted in
     while state.batch < batches:
         if state.batch == kill_at and start_rank == victim and not (out / "killed").exists():
             (out / "killed").write_text(str(os.getpid()))  # once: a newcomer may start as the same rank
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(os.environ.get("ELASTIC_SLOW_S", "0")))
         optimizer.zero_grad()
         model(torch.ones(8, 4)).sum().backward()
         optimizer.step()
