@@ -230,7 +230,8 @@ class Supervisor(Phase[HostAttempt]):
             return False
         if self.elastic.absorb(ranks, why, now):
             return True
-        if self.elastic.refused is not None:
+        if self.elastic.refused is not None and self.elastic.opted:
+            # Said only where some rank opted in: a job that never used hvd.elastic restarts as it always did.
             self.relay.note([f"no reset in place: {self.elastic.refused}"])
         return False
 
