@@ -6,7 +6,7 @@ The job is a realistic start (benchmarks/workers/elastic_step.py: torch, a ResNe
 DataLoader); rank 2 SIGKILLs itself before step KILL_AT. Recovery is the survivors' (or the restarted
 ranks') first step in the new world minus the kill, both on the wall clock of this one machine.
 
-    python benchmarks/elastic.py [--pairs 3] [--kill-at 4]
+    python benchmarks/elastic.py [--pairs 3] [--kill-at 4] [--loader-workers 1]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ MODES = {
 }
 
 
-def recovery(mode: tuple[str, ...], kill_at: int) -> float:
+def recovery(mode: tuple[str, ...], kill_at: int, loader_workers: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         argv = distrun("-H", "localhost:3", "-np", "3", *mode, WORKER, out, str(kill_at))
@@ -45,11 +45,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--kill-at", type=int, default=4)
+    parser.add_argument("--loader-workers", type=int, default=1, help="the DataLoader's worker processes")
     args = parser.parse_args()
     samples: dict[str, list[float]] = {name: [] for name in MODES}
     for _ in range(args.pairs):
         for name, mode in MODES.items():  # interleaved: the machine's noise hits both alike
-            samples[name].append(recovery(mode, args.kill_at))
+            samples[name].append(recovery(mode, args.kill_at, args.loader_workers))
     medians = {name: statistics.median(values) for name, values in samples.items()}
     for name, values in samples.items():
         shown = ", ".join(f"{v:.2f}" for v in values)

@@ -3,7 +3,8 @@ parameters in three dense layers, cheap to run on CPU), a DataLoader over synthe
 
 `OUT KILL_AT`: start rank 2 SIGKILLs itself before step KILL_AT of the first attempt, writing OUT/killed (the
 wall clock). Every rank writes OUT/step.<pid> (the wall clock) after its first step in a new world: after a
-reset in place, or the first step of a restarted job.
+reset in place, or the first step of a restarted job. LOADER_WORKERS: the DataLoader's worker processes
+(default 1).
 """
 
 import os
@@ -30,7 +31,7 @@ optimizer = hvd.DistributedOptimizer(
     torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
 )
 data = TensorDataset(torch.randn(256, 1024), torch.randn(256, 1024))
-loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=1)
+loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=int(os.environ.get("LOADER_WORKERS", "1")))
 new_world = [restarted]
 
 

@@ -506,6 +506,12 @@ class Agent:
                     stopped=entry.stopped,
                 )
             entry.returncode = exited.returncode
+            if self.elastic is not None and exited.returncode != 0:
+                # What the rank forked after joining its group (DataLoader workers) holds its sockets open,
+                # so its peers would not see it gone: its process group goes with it, and the survivors'
+                # reset begins now, not when those children notice their parent died.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(entry.pgid, signal.SIGKILL)
             self._drain(entry)
             self.send_message(EXIT, exited, entry.rank)
         if self.reaping:
