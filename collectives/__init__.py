@@ -48,6 +48,7 @@ _LAZY: dict[str, str] = {
             "EnvironmentContractError",
             "GradientSyncError",
             "HorovodInternalError",
+            "HostsUpdatedInterrupt",
             "MetricKeysMismatchError",
             "MismatchError",
             "NotInitializedError",
@@ -120,6 +121,9 @@ __all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:
+    if name == "elastic":
+        # `hvd.elastic`, as horovod.torch has it: a subpackage, loaded on first use like every other name.
+        return importlib.import_module("collectives.elastic")
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'collectives' has no attribute {name!r}")

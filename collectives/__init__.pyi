@@ -1,6 +1,7 @@
 # For type checkers only. __init__.py loads its names lazily (so that importing the package does not import
 # torch) and so cannot import them where mypy would see them; each module's __all__ says what it exports.
 # ruff: noqa: F403
+import collectives.elastic as elastic  # noqa: F401, PLR0402 - `hvd.elastic`, a subpackage
 from collectives.broadcast_state import *
 from collectives.checkpoint import *
 from collectives.compression import *

@@ -47,7 +47,8 @@ DEFAULT_TIMEOUT_S = 1800.0
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """Where this process sits in the job. ``cross_*`` count hosts (nodes), as in Horovod."""
+    """Where this process sits in the job. ``cross_*`` count the hosts that have a rank at this local rank,
+    as in Horovod (on even hosts: every host)."""
 
     rank: int
     size: int
@@ -141,6 +142,11 @@ def _placement_from_env(environ: Mapping[str, str], rank_: int, size_: int) -> t
         cross_rank_ = rank_ // local_size_
     if cross_size_ is None:
         cross_size_ = -(-size_ // local_size_)
+    # horovodrun's (and distrun's) HOROVOD_CROSS_* count only the hosts with a rank at this local rank, which
+    # differs from the host count on uneven hosts; hvd.cross_rank() must say what Horovod says.
+    horovod_rank, horovod_size = (_int_var(environ, f"HOROVOD_CROSS_{n}") for n in ("RANK", "SIZE"))
+    if horovod_rank is not None and horovod_size is not None:
+        cross_rank_, cross_size_ = horovod_rank, horovod_size
     return local_rank_, local_size_, cross_rank_, cross_size_
 
 
@@ -215,6 +221,9 @@ class _Context:
     # The CUDA device this rank computes on (None off the GPU): its local rank, or 0 when it was given
     # devices of its own (see collectives.placement).
     device_index: int | None
+    # What init() was given, so that an elastic reset re-forms the group alike.
+    requested: str | None = None
+    timeout: datetime.timedelta = datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
 
 
 _context: _Context | None = None
@@ -296,6 +305,7 @@ def init(
     else:
         topology = topology_from_env(environ_)
         context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
+        context = dataclasses.replace(context, requested=backend, timeout=_as_timedelta(timeout))
     _context = context
     from collectives import registry
 
@@ -393,12 +403,12 @@ def local_size() -> int:
 
 
 def cross_rank() -> int:
-    """Index of this host among the job's hosts."""
+    """Index of this host among the hosts with a rank at this local rank (Horovod's cross communicator)."""
     return _require("cross_rank").topology.cross_rank
 
 
 def cross_size() -> int:
-    """Number of hosts in the job."""
+    """Number of hosts with a rank at this local rank (on even hosts: every host), as in Horovod."""
     return _require("cross_size").topology.cross_size
 
 
@@ -474,6 +484,35 @@ def _leave(wait_s: float | None) -> None:
         dist.destroy_process_group()
     _forget_process_sets()
     _context = None
+
+
+def reinit(environ: Mapping[str, str]) -> Topology:
+    """Leave the process group at once, waiting for no one (some ranks are gone), and join the world that
+    ``environ`` describes, in this process: an elastic reset. Process sets other than the global one belong
+    to the old world and are dropped."""
+    global _context
+    context = _require("reinit")
+    if not context.owns_group:
+        raise CollectivesError("an elastic reset needs the process group that collectives.init() created")
+    _abandon_group(context)
+    _forget_process_sets()
+    _context = None
+    return init(backend=context.requested, timeout=context.timeout, environ=environ)
+
+
+def _abandon_group(context: _Context) -> None:
+    """Destroy the default group without a barrier; NCCL's communicators are aborted first, since a peer that
+    is gone would keep their kernels waiting (and destroy would wait for them)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if context.device_type == "cuda":
+        abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+        if abort is not None:
+            abort()
+            return
+    dist.destroy_process_group()
 
 
 def _forget_process_sets() -> None:

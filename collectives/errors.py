@@ -8,6 +8,7 @@ __all__ = [
     "EnvironmentContractError",
     "GradientSyncError",
     "HorovodInternalError",
+    "HostsUpdatedInterrupt",
     "MetricKeysMismatchError",
     "MismatchError",
     "NotInitializedError",
@@ -53,7 +54,20 @@ class MismatchError(CollectivesError):
 
 
 class HorovodInternalError(CollectivesError):
-    """Horovod's name for a failed collective, kept so that ``except hvd.HorovodInternalError`` works."""
+    """Horovod's name for a failed collective, kept so that ``except hvd.HorovodInternalError`` works.
+
+    Under ``hvd.elastic.run`` it means a peer is gone: the state rolls back to its last commit and the
+    survivors form a new world."""
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Hosts were added or removed (``hvd.elastic``): raised at the next commit or host check on every rank at
+    once; the state is kept (no rollback). ``skip_sync``: only hosts were removed, so every survivor already
+    holds the same state."""
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__("the job's hosts changed")
+        self.skip_sync = skip_sync
 
 
 class ArgumentError(CollectivesError, ValueError):

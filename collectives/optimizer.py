@@ -170,6 +170,7 @@ class DistributedOptimizer:
         self._slot_of: dict[int, tuple[_Bucket, int]] = {}
         self._index_of = {id(p): index for index, p in enumerate(params)}
         fixed = self._fixed_groups(params, groups if groups is not None else (num_groups or None))
+        self._fixed = fixed
         if fixed is None:
             # For the first step, reverse registration order: gradients become ready roughly last layer
             # first.
@@ -197,11 +198,7 @@ class DistributedOptimizer:
         self._check: Ticket | None = None
         # The engine's tickets of this step's launched buckets, in bucket order.
         self._launches: list[Ticket] = []
-        self._digest = zlib.crc32(
-            repr(
-                (set_groups.ranks, self._passes, op.name, [(str(p.dtype), tuple(p.shape)) for p in params])
-            ).encode()
-        )
+        self._digest = self._digest_of(set_groups.ranks)
         # Names this optimizer's buckets on every rank: ranks build their optimizers in the same order.
         _instances[self._digest] = self._instance = _instances.get(self._digest, 0) + 1
         coordination.joinable_optimizers[self._digest] = self
@@ -257,6 +254,26 @@ class DistributedOptimizer:
         self._slot_of = {
             id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
         }
+
+    def _digest_of(self, ranks: Sequence[int]) -> int:
+        shapes = [(str(p.dtype), tuple(p.shape)) for p in self._params]
+        return zlib.crc32(repr((list(ranks), self._passes, self._op.name, shapes)).encode())
+
+    def _rejoin(self) -> None:
+        """After an elastic reset (collectives.elastic): the divisor, the agreement's digest and the learned
+        bucket order belong to the old world; newcomers learn the order with everyone at the first step."""
+        if self._local:
+            return
+        groups = self._groups
+        coordination.joinable_optimizers.pop(self._digest, None)
+        self._divisor = groups.size * self._passes if self._op is ReduceOp.AVERAGE else 1
+        self._digest = self._digest_of(groups.ranks)
+        _instances[self._digest] = self._instance = _instances.get(self._digest, 0) + 1
+        coordination.joinable_optimizers[self._digest] = self
+        if self._ready_order is None and self._fixed is None:
+            self._lay_out(self._params[::-1])
+            self._ready_order = []
+        self._reset()
 
     def _rebuild_buckets(self, ready_order: list[int]) -> None:
         """After the first step, lay the buckets out in the order gradients really became ready, as DDP does.

@@ -37,6 +37,11 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+def free_port() -> int:
+    """A port free on this host now (an elastic reset's new rendezvous)."""
+    return _free_ports(1)[0]
+
+
 def _ipv4_ifname(addr: str) -> str | None:
     for _, name in socket.if_nameindex():
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

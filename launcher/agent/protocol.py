@@ -41,7 +41,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
 
-VERSION = 4  # 4: SAMPLES, the ranks' live CPU, memory and GPU
+VERSION = 5  # 5: the elastic frames (resets in place); 4: SAMPLES, the ranks' live CPU, memory and GPU
 MAGIC = b"\x00distrun-agent\x00"
 HEADER = struct.Struct("!BIiI")  # kind, agent id, rank (-1: the agent itself), payload length
 HELLO_HEADER = struct.Struct("!BiI")  # kind, rank, payload length: HELLO's framing, the same in every version
@@ -64,6 +64,13 @@ STACKS, STACK_DUMP = 17, 18
 SAMPLES = 19
 # both ways: "still here", so a host that drops off the network is noticed without waiting for TCP to give up
 BEAT = 20
+# Elastic resets in place (launcher.agent.elastic; only for a StartRequest with `elastic`). Agent -> launcher:
+# a rank opted in (OPTED_IN), is at its last commit (RANK_READY, with a free port of the host), formed the new
+# world (RANK_SYNCED, with the seconds since it stopped). Launcher -> agent: tell these ranks a peer is gone
+# or hosts changed (NOTICE), reset these ranks with these environments (RESET), start these new ranks beside
+# the running ones (ADD), these ranks leave (LEAVE).
+OPTED_IN, RANK_READY, RANK_SYNCED = 21, 22, 23
+NOTICE, RESET, ADD, LEAVE = 24, 25, 26, 27
 
 # Annotations stay strings (`from __future__`), so the modern spellings below also run on Python 3.7.
 M = TypeVar("M")
@@ -175,6 +182,47 @@ class StartRequest:
     workdir: str = ""
     # --sample-interval: seconds between SAMPLES frames while ranks run (0: none).
     sample_interval: float = 0.0
+    # Every rank gets an elastic socket (DISTRUN_ELASTIC_SOCKET), so that it may opt in to resets in place.
+    elastic: bool = False
+
+
+@dataclass(frozen=True)
+class Notice:
+    """To these ranks (their ids, the ranks they started as): `peer_lost`, or `hosts_updated` with Horovod's
+    timestamp and update (removed 1, added 2)."""
+
+    ranks: list[int]
+    kind: str = "peer_lost"
+    timestamp: float = 0.0
+    update: int = 0
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A rank is at its reset point; `port`: a port free on its host now, for the new world's rendezvous."""
+
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class RankSynced:
+    """A rank's new world ran its first collective, `seconds` after the rank stopped."""
+
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ResetRequest:
+    """Each rank's (by id, as a string: JSON keys) new identity, applied over its environment."""
+
+    envs: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LeaveRequest:
+    """These ranks leave the job: each exits 0 at its reset point."""
+
+    ranks: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -382,6 +430,12 @@ MESSAGES: dict[int, type] = {
     FETCH: FetchRequest,
     WANT: Want,
     SYNCED: Synced,
+    NOTICE: Notice,
+    RANK_READY: Ready,
+    RANK_SYNCED: RankSynced,
+    RESET: ResetRequest,
+    ADD: StartRequest,
+    LEAVE: LeaveRequest,
 }
 # A side's handlers: kind -> a function of the side's context (the node a frame came from, say), the frame and
 # its message (see `decode_frame`).

@@ -28,9 +28,11 @@ import sys
 import time
 from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
+from launcher.agent.elastic import SOCKET_VAR, ElasticLines
 from launcher.agent.environment import rank_environment, start_environment
-from launcher.agent.facts import host_facts
+from launcher.agent.facts import free_port, host_facts
 from launcher.agent.protocol import (
+    ADD,
     BEAT,
     BLOB,
     DONE,
@@ -39,9 +41,15 @@ from launcher.agent.protocol import (
     FACTS,
     FETCH,
     KILL,
+    LEAVE,
+    NOTICE,
+    OPTED_IN,
     ORPHAN_GRACE_CAP,
     PROBE,
+    RANK_READY,
+    RANK_SYNCED,
     READ_SIZE,
+    RESET,
     SAMPLES,
     SIGNAL,
     STACK_DUMP,
@@ -54,8 +62,13 @@ from launcher.agent.protocol import (
     FrameReader,
     Handlers,
     Hello,
+    LeaveRequest,
+    Notice,
     ProbeRequest,
     RankExited,
+    RankSynced,
+    Ready,
+    ResetRequest,
     SignalRequest,
     StackReply,
     StacksRequest,
@@ -138,6 +151,10 @@ class Agent:
             SYNC: lambda _, request: self._send_all(self.receiver.start(request)),
             BLOB: lambda _, payload: self._send_all(self.receiver.blob(payload)),
             FETCH: lambda _, request: self._send_all(self.receiver.fetch(request)),
+            NOTICE: lambda _, notice: self.notice(notice),
+            RESET: lambda _, request: self.reset(request),
+            LEAVE: lambda _, request: self.leave(request),
+            ADD: lambda _, request: self.add(request),
         }
         self.receiver = Receiver()  # --workdir
         # A subreaper (see launcher.agent.reaper), which `run` makes this process: its descendants are then
@@ -146,6 +163,11 @@ class Agent:
         self._new_attempt()
 
     def _new_attempt(self) -> None:
+        lines: ElasticLines | None = getattr(self, "elastic", None)
+        if lines is not None:
+            self.sel.unregister(lines)
+            lines.close()
+        self.elastic: ElasticLines | None = None  # the ranks' elastic sockets (StartRequest.elastic)
         self.ranks: dict[int, RankProcess] = {}
         self.by_fd: dict[int, RankProcess] = {}
         self.grace = 5.0
@@ -234,17 +256,29 @@ class Agent:
         self.started = True
         self.grace = spec.grace
         self.sampler = Sampler(spec.sample_interval, self.clock())
+        if self.dump_dir is None:
+            self.dump_dir = DumpDir()
+        if spec.elastic and self.elastic is None:
+            self.elastic = ElasticLines(self.dump_dir.path)
+            self.sel.register(self.elastic, selectors.EVENT_READ, "elastic")
+        self._spawn(spec)
+        if self.launcher_gone:  # the launcher vanished while we were starting
+            self.stop(ORPHAN_GRACE_CAP)
+
+    def _spawn(self, spec: StartRequest) -> None:
+        """Start the request's ranks beside any running ones (START, or ADD during an elastic reset)."""
+        assert self.dump_dir is not None
         # Leftovers of another launcher go first; the launcher's environment comes over them.
         shared = start_environment(os.environ, spec)
         cwd = spec.workdir or spec.cwd or None
         if spec.workdir:  # ranks import the copy's modules first, as `python DIR/x.py` would from DIR
             shared["PYTHONPATH"] = os.pathsep.join(p for p in (spec.workdir, shared.get("PYTHONPATH")) if p)
         die_with_agent = self.die_with_agent()
-        if self.dump_dir is None:
-            self.dump_dir = DumpDir()
         for r in spec.ranks:
             env = rank_environment(shared, r)
             env.update(self.dump_dir.rank_env(env))
+            if self.elastic is not None:
+                env[SOCKET_VAR] = self.elastic.open(r.rank)
             try:
                 proc = self.start_process(
                     r.argv,
@@ -276,8 +310,45 @@ class Agent:
             for fd in entry.fds:
                 self.by_fd[fd] = entry
                 self.sel.register(fd, selectors.EVENT_READ, "pipe")
-        if self.launcher_gone:  # the launcher vanished while we were starting
-            self.stop(ORPHAN_GRACE_CAP)
+
+    # -- elastic resets in place (launcher.agent.elastic)
+
+    def add(self, spec: StartRequest) -> None:
+        """New ranks joining the running ones at a reset."""
+        if self.started and self.elastic is not None:
+            self._spawn(spec)
+
+    def notice(self, notice: Notice) -> None:
+        if self.elastic is None:
+            return
+        if notice.kind == "hosts_updated":
+            self.elastic.hosts_updated(notice.timestamp, notice.update, notice.ranks)
+        else:
+            self.elastic.peer_lost(notice.ranks)
+
+    def reset(self, request: ResetRequest) -> None:
+        if self.elastic is not None:
+            for rank_id, env in request.envs.items():
+                if int(rank_id) in self.elastic.lines:
+                    self.elastic.reset(int(rank_id), env)
+
+    def leave(self, request: LeaveRequest) -> None:
+        if self.elastic is not None:
+            for rank_id in request.ranks:
+                if rank_id in self.elastic.lines:
+                    self.elastic.reset(rank_id, None)
+
+    def _read_elastic(self) -> None:
+        assert self.elastic is not None
+        for rank_id in self.elastic.poll(0):
+            for news in self.elastic.news(rank_id):
+                if news == "hello":
+                    self.send(OPTED_IN, rank_id)
+                elif news == "ready":
+                    self.send_message(RANK_READY, Ready(free_port()), rank_id)
+                else:
+                    seconds = self.elastic.take_synced(rank_id) or 0.0
+                    self.send_message(RANK_SYNCED, RankSynced(seconds), rank_id)
 
     def _signal_all(self, sig: int, leftovers: bool = False) -> None:
         for entry in self.ranks.values():
@@ -410,6 +481,12 @@ class Agent:
                     stopped=entry.stopped,
                 )
             entry.returncode = exited.returncode
+            if self.elastic is not None and exited.returncode != 0:
+                # What the rank forked after joining its group (DataLoader workers) holds its sockets open,
+                # so its peers would not see it gone: its process group goes with it, and the survivors'
+                # reset begins now, not when those children notice their parent died.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(entry.pgid, signal.SIGKILL)
             self._drain(entry)
             self.send_message(EXIT, exited, entry.rank)
         if self.reaping:
@@ -512,6 +589,8 @@ class Agent:
             for key, _ in events:
                 if key.data == "control":
                     control_open = self._read_control()
+                elif key.data == "elastic":
+                    self._read_elastic()
                 elif key.data == "fetched":
                     self._send_all(self.receiver.fetched())
                 elif key.data == "wake":

@@ -148,6 +148,12 @@ OPTIONS: tuple[Callable[[Any], Any], ...] = (
         "--max-np", type=click.IntRange(min=1), metavar="N", help="Elastic: at most N ranks [default: -np]."
     ),
     option(
+        "--reset-limit",
+        type=click.IntRange(min=0),
+        metavar="N",
+        help="Elastic: at most N resets in place (ranks using hvd.elastic); the next ends the job.",
+    ),
+    option(
         "--host-discovery-script",
         metavar="PATH",
         help="Elastic: executable printing 'host[:slots]' lines; new hosts join at the next restart.",

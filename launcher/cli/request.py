@@ -89,8 +89,12 @@ def _word(value: str | None, option: str) -> str | None:
 def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions:
     min_np, max_np = values["min_np"], values["max_np"]
     script = values["host_discovery_script"]
-    if min_np is None and (max_np is not None or script is not None):
-        given = "--max-np" if max_np is not None else "--host-discovery-script"
+    reset_limit = values.get("reset_limit")
+    if min_np is None and (max_np is not None or script is not None or reset_limit is not None):
+        given = (
+            "--max-np" if max_np is not None else "--reset-limit" if reset_limit is not None
+            else "--host-discovery-script"
+        )  # fmt: skip
         raise UsageError(f"{given} makes the job elastic and needs --min-np")
     if min_np is not None:
         max_np = num_proc if max_np is None else max_np
@@ -110,8 +114,9 @@ def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions
     if not (math.isfinite(delay) and delay >= 0):
         raise UsageError(f"--restart-delay must be zero or a positive number of seconds, got {delay:g}")
     return RestartOptions(
-        max_restarts=max_restarts, delay=delay, min_np=min_np, max_np=max_np, discovery_script=script
-    )
+        max_restarts=max_restarts, delay=delay, min_np=min_np, max_np=max_np, discovery_script=script,
+        reset_limit=reset_limit,
+    )  # fmt: skip
 
 
 def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, str], ...]:

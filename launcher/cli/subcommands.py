@@ -56,6 +56,7 @@ LAUNCH_ONLY = frozenset(
         "restart_delay",
         "min_np",
         "max_np",
+        "reset_limit",
         "host_discovery_script",
         "grace_period",
         "progress_interval",

@@ -29,6 +29,8 @@ class RestartOptions:
     max_np: int | None = None
     discovery_script: Path | None = None
     cooldown: float = 60.0
+    # Resets in place (ranks that opted in to hvd.elastic) the job may make; None: no limit.
+    reset_limit: int | None = None
 
     @property
     def elastic(self) -> bool:

@@ -13,6 +13,15 @@ from launcher.core.plan import Plan, Slot
 from launcher.core.rendezvous import Rendezvous
 from launcher.errors import UsageError
 
+HOROVOD_NAMES = (
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_HOSTNAME",
+)
 # Rank identity: distrun computes these for every rank and nothing (host env, -x) may replace them,
 # because one stale RANK would silently turn the job into two jobs that each wait forever.
 OWNED_NAMES = frozenset(
@@ -33,6 +42,8 @@ OWNED_NAMES = frozenset(
         "CROSS_RANK",
         "CROSS_SIZE",
         "TF_CONFIG",
+        # horovodrun's rank identity, which Horovod scripts and collectives read (cross: Plan.horovod_cross).
+        *HOROVOD_NAMES,
     }
 )
 # How many GPUs the launcher gave a rank of its own (--gpus-per-rank). The worker library reads it under the
@@ -155,6 +166,22 @@ def tf_config(workers: Sequence[str], index: int) -> str:
     """The TF_CONFIG value for the worker at `index` (its global rank)."""
     config = {"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": index}}
     return json.dumps(config, separators=(",", ":"))
+
+
+def horovod_env(slot: Slot, plan: Plan) -> dict[str, str]:
+    """horovodrun's variables for one rank, added to `rank_env`'s contract by `start_requests` (torchrun's
+    contract stays as torchrun has it); an elastic reset sends the same values again."""
+    cross_rank, cross_size = plan.horovod_cross(slot)
+    values = (
+        slot.rank,
+        plan.world_size,
+        slot.local_rank,
+        plan.local_size(slot.node_rank),
+        cross_rank,
+        cross_size,
+        slot.host.name,
+    )
+    return {name: str(value) for name, value in zip(HOROVOD_NAMES, values, strict=True)}
 
 
 def rank_env(

@@ -56,6 +56,22 @@ class Plan:
     def local_size(self, node_rank: int) -> int:
         return len(self._by_node[node_rank])
 
+    @functools.cached_property
+    def _hosts_at_local_rank(self) -> tuple[tuple[int, ...], ...]:
+        # For each local rank, the node ranks that hold one, in node order (Horovod's cross communicator).
+        deepest = max((len(group) for group in self._by_node), default=0)
+        return tuple(
+            tuple(node for node, group in enumerate(self._by_node) if len(group) > local)
+            for local in range(deepest)
+        )
+
+    def horovod_cross(self, slot: Slot) -> tuple[int, int]:
+        """(cross rank, cross size) as Horovod counts them: among the hosts that have a rank at this slot's
+        local rank (horovodrun's `get_host_assignments`), not among all hosts: with `-H a:2,b:1` rank 1 is
+        alone at local rank 1, so its cross size is 1."""
+        nodes = self._hosts_at_local_rank[slot.local_rank]
+        return nodes.index(slot.node_rank), len(nodes)
+
 
 @dataclass(frozen=True)
 class PlanInputs:

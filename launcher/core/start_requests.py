@@ -13,7 +13,7 @@ from launcher.agent.protocol import Facts, RankSpec, StartRequest
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import RankDevices
-from launcher.core.env import own_part, rank_env, tf_workers
+from launcher.core.env import horovod_env, own_part, rank_env, tf_workers
 from launcher.core.forward import LEFTOVER_PREFIXES, JobEnv
 from launcher.core.plan import Plan
 from launcher.core.rendezvous import Rendezvous
@@ -57,6 +57,7 @@ def start_requests(
                 slot, plan, rdzv, run_id=run_id, ifname=ifname, workers=workers, restart_count=attempt,
                 max_restarts=config.restart.max_restarts, devices=devices,
             )  # fmt: skip
+            contract.update(horovod_env(slot, plan))
             cpus = list(devices.cores) if devices and devices.cores is not None else None
             # A default that travels anyway is set already; the contract wins over what travels.
             defaults = {k: v for k, v in defaults.items() if k not in travelling}
@@ -71,6 +72,7 @@ def start_requests(
                 unset_prefixes=list(LEFTOVER_PREFIXES),
                 workdir=workdirs[node_rank] if workdirs else "",
                 sample_interval=config.sample_interval,
+                elastic=config.restart.elastic,
             )
         )
     return requests

@@ -14,11 +14,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launcher.agent.protocol import START, Facts
+from launcher.agent.protocol import ADD, START, Facts
 from launcher.backends import api as backend
 from launcher.backends.locality import refuse_one_machine_twice
 from launcher.console.progress import progress_line
@@ -26,6 +26,7 @@ from launcher.console.relay import LogOptions, LogRelay
 from launcher.core.command import interpreter, script_of
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
+from launcher.core.elastic_plan import Member, NewWorld
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, Slot, build_plan, plural
 from launcher.core.rendezvous import Rendezvous, choose_rendezvous
@@ -44,6 +45,7 @@ from launcher.errors import (
     ReportWriteError,
 )
 from launcher.job.discovery import TIMEOUT, Discovering
+from launcher.job.elastic import ResetRecord, Resetter
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
 from launcher.report.account import (
@@ -68,6 +70,8 @@ if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
 
 log = logging.getLogger(__name__)
 
+# A reset's new identities: rank id -> its environment's contract.
+Identities = Mapping[int, Mapping[str, str]]
 # The probe gives up when no agent has answered for this long (see supervise.probe).
 PROBE_STALL = 30.0
 HEARTBEAT = 1.0
@@ -213,6 +217,9 @@ class Job:
         self.book = HostBook()
         self.give_up: GiveUp | None = None
         self._last_port: int | None = None
+        self.resets: list[ResetRecord] = []  # every reset in place, across attempts
+        self._reset_limit_hit: str | None = None
+        self.rank_hosts: dict[int, str] = {}
 
     def run(self, plan: Plan) -> Outcome:
         """Attempts until one ends the job; the last attempt's outcome."""
@@ -225,6 +232,10 @@ class Job:
             self.attempts.append(
                 AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
             )
+            if self._reset_limit_hit is not None:
+                # The (N+1)th reset would have begun: the job ends; a whole restart would only reset more.
+                self.give_up = GiveUp(f"the job ends: {self._reset_limit_hit}")
+                return outcome
             discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
             if isinstance(discovered, Outcome):
                 return self.ended_between(discovered)
@@ -278,6 +289,8 @@ class Job:
             )
         if self.give_up is not None and self.give_up.message and not self.give_up.below_min_np:
             lines.append(self.give_up.message)
+        if self.resets:
+            lines.append(f"{plural(len(self.resets), 'reset', 'resets')} in place")
         return lines
 
     # -- between attempts
@@ -358,7 +371,8 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
-        self.relay.set_hosts(_rank_hosts(plan))
+        self.rank_hosts = _rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
+        self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
         self.probe(hosts, master_addr)
         if self.workdir is not None:
@@ -367,6 +381,7 @@ class Job:
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
+        elastic = self.resetter(attempt, hosts, nodes)
         sup = Supervisor(
             hosts,
             self.relay,
@@ -374,6 +389,7 @@ class Job:
             grace=self.config.grace_period,
             dead_after=self.dead_after,
             watch=self.watch,
+            elastic=elastic,
         )
         started = time.time()
         if self.watch is not None:
@@ -384,14 +400,67 @@ class Job:
             if self.watch is not None:
                 self.watch.attempt_ended()
             self.record(attempt, started, sup, hosts)
+            if elastic is not None:
+                self.resets.extend(elastic.records)
+                if elastic.refused is not None and elastic.refused.startswith("--reset-limit"):
+                    self._reset_limit_hit = elastic.refused
         self.relay.finish()
         return outcome
+
+    def resetter(self, attempt: int, hosts: Sequence[HostAttempt], nodes: Sequence[Node]) -> Resetter | None:
+        """An elastic job's driver of resets in place (launcher.job.elastic); None for a fixed-size job."""
+        options = self.config.restart
+        if options.min_np is None:
+            return None
+
+        def address_of(name: str) -> str:
+            first = [n for n in nodes if n.name == name] + [n for n in nodes if n.name != name]
+            return self.master_addr(first)
+
+        def spawn(
+            world: NewWorld, newcomers: Sequence[Member], envs: Mapping[int, Mapping[str, str]]
+        ) -> None:
+            self.spawn(attempt, world, newcomers, envs, hosts)
+
+        return Resetter(
+            hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
+            max_restarts=options.max_restarts, master_addr=address_of, note=self.relay.note,
+            done_before=len(self.resets), max_np=options.max_np, spawn=spawn,
+        )  # fmt: skip
+
+    def spawn(
+        self,
+        attempt: int,
+        world: NewWorld,
+        newcomers: Sequence[Member],
+        envs: Identities,
+        hosts: Sequence[HostAttempt],
+    ) -> None:
+        """Start a reset's newcomers beside the running ranks (ADD), each as rank `world.rank_of` of the new
+        world, under its own id."""
+        first = envs[newcomers[0].rank_id]
+        rdzv = Rendezvous(first["MASTER_ADDR"], int(first["MASTER_PORT"]), (), ())
+        by_name = {host.name: host for host in hosts}
+        nodes = [by_name[node.name] for node in world.plan.nodes]
+        requests = start_requests(
+            self.config, world.plan, rdzv, self.env, local=[h.node.local for h in nodes],
+            facts=[h.facts for h in nodes], placed=None, attempt=attempt, run_id=self.run_id,
+            cwd=self.cwd, workers=(),
+            workdirs=[self.copies[h.name].path for h in nodes] if self.copies else None,
+        )  # fmt: skip
+        wanted = {world.rank_of(member.rank_id): member.rank_id for member in newcomers}
+        for host, request in zip(nodes, requests, strict=True):
+            ranks = [dataclasses.replace(r, rank=wanted[r.rank]) for r in request.ranks if r.rank in wanted]
+            if ranks:
+                host.node.send(ADD, dataclasses.replace(request, ranks=ranks))
+        self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
+        self.relay.set_hosts(dict(self.rank_hosts))
 
     def record(self, number: int, started: float, sup: Supervisor, hosts: Sequence[HostAttempt]) -> None:
         """The attempt's ranks as the agents measured them, for the account and --report."""
         progress = self.watch.stragglers.readings() if self.watch is not None else {}
         ranks = rank_records(
-            [(slot.rank, host.name) for host in hosts for slot in host.slots],
+            sorted(self.rank_hosts.items()),  # the plan's ranks, and an elastic reset's newcomers
             sup.measured,
             progress,
             self.config.output_dir,
@@ -612,6 +681,7 @@ def _write_report(
         perf=perf,
         # t = 0 of the timeline and the samples, on the wall clock (`distrun plot` places attempts by it)
         origin=time.time() - (time.monotonic() - watch.timeline.start) if watch is not None else None,
+        resets=[r.to_json() for r in job.resets] if job is not None and config.restart.elastic else None,
     )
     try:
         slot.write(report_text(report))

@@ -19,12 +19,17 @@ from launcher.agent.protocol import (
     ERR,
     EXIT,
     KILL,
+    OPTED_IN,
     OUT,
+    RANK_READY,
+    RANK_SYNCED,
     SAMPLES,
     STACK_DUMP,
     STOP,
     Frame,
     RankExited,
+    RankSynced,
+    Ready,
     Samples,
     StackReply,
     StopRequest,
@@ -35,6 +40,7 @@ from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import signal_name
+from launcher.job.elastic import Resetter
 from launcher.runtime.control import answer_busy
 from launcher.runtime.loop import NO_DEADLINE, Deadline, Loop, Phase, forward_signal
 from launcher.runtime.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
@@ -60,13 +66,18 @@ class Supervisor(Phase[HostAttempt]):
         grace: float,
         dead_after: float,
         watch: JobWatch | None = None,
+        elastic: Resetter | None = None,
     ) -> None:
-        """`deadline`: the job's (its Loop's), when the attempt is stopped and the job ends as timed out."""
+        """`deadline`: the job's (its Loop's), when the attempt is stopped and the job ends as timed out.
+        `elastic`: an elastic job's driver, which keeps the survivors running where every rank opted in."""
         super().__init__([(host.node, host) for host in hosts], dead_after)
         self.hosts = list(hosts)
         # Stacks on request, at the timeout (before stopping) and on a stall; stragglers. None: none of it.
         self.watch = watch
         self._timeout_stacks = False  # the timeout's stacks were asked for
+        self.elastic = elastic
+        if elastic is not None:
+            self.rank_hosts = elastic.host_of  # one map: a reset's newcomers are the attempt's ranks too
         self.relay = relay
         self.rank_hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.deadline = deadline
@@ -87,6 +98,9 @@ class Supervisor(Phase[HostAttempt]):
             DONE: self._on_done,
             STACK_DUMP: self._on_stacks,
             SAMPLES: self._on_samples,
+            OPTED_IN: self._on_opted_in,
+            RANK_READY: self._on_ready,
+            RANK_SYNCED: self._on_synced,
         }
 
     @property
@@ -97,7 +111,9 @@ class Supervisor(Phase[HostAttempt]):
         return not context.finished
 
     def doing(self, now: float) -> str:
-        return "stopping its ranks" if self.cause is not None else "running its ranks"
+        if self.cause is not None:
+            return "stopping its ranks"
+        return self.elastic.doing() if self.elastic is not None else "running its ranks"
 
     def next_due(self) -> float | None:
         return self.watch.next_deadline() if self.watch is not None else None
@@ -207,9 +223,32 @@ class Supervisor(Phase[HostAttempt]):
         self.measured[rank] = exited
         ended = RankExit(rank, self.rank_hosts.get(rank, host.name), exited.returncode)
         self.exits[rank] = ended
-        if exited.returncode != 0:
+        if exited.returncode != 0 and not self._absorbed([rank], describe_cause(RankFailed(ended)), now):
             done = sum(1 for other in self.exits.values() if other.rank != rank and other.returncode == 0)
             self._stop(lambda stopped: RankFailed(ended, stopped, peers_done=done), now)
+
+    def _absorbed(self, ranks: list[int], why: str, now: float) -> bool:
+        """An elastic job's survivors go on in a smaller world (a reset in place) where they can."""
+        if self.elastic is None or self.cause is not None:
+            return False
+        if self.elastic.absorb(ranks, why, now):
+            return True
+        if self.elastic.refused is not None and self.elastic.opted:
+            # Said only where some rank opted in: a job that never used hvd.elastic restarts as it always did.
+            self.relay.note([f"no reset in place: {self.elastic.refused}"])
+        return False
+
+    def _on_opted_in(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
+        if self.elastic is not None:
+            self.elastic.opted_in(frame.rank)
+
+    def _on_ready(self, host: HostAttempt, now: float, frame: Frame, ready: Ready) -> None:
+        if self.elastic is not None:
+            self.elastic.ready(frame.rank, ready.port, now)
+
+    def _on_synced(self, host: HostAttempt, now: float, frame: Frame, synced: RankSynced) -> None:
+        if self.elastic is not None:
+            self.elastic.synced(frame.rank, synced.seconds, now)
 
     def _on_done(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
         host.finished = True
@@ -230,6 +269,9 @@ class Supervisor(Phase[HostAttempt]):
                 f"{waits:g}s its agents wait for it (--ssh-keepalive x 5, plus {AGENT_MARGIN:g}s); they wait "
                 "however long only for a distrun on a terminal or one stopped with Ctrl-Z"
             )
+        lost = [r for r, name in self.rank_hosts.items() if name == host.name and r not in self.exits]
+        if not ours and self._absorbed(lost, f"lost host {host.name} ({detail})", now):
+            return
         self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
 
     def on_silent(self, host: HostAttempt, seconds: float, now: float) -> None:

@@ -201,12 +201,15 @@ def build_report(
     workdir: dict[str, Any] | None = None,
     perf: dict[str, Any] | None = None,
     origin: float | None = None,
+    resets: Sequence[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The `--report` document: the last attempt's ranks at the top level, every attempt in `attempts`;
     `workdir` (with --workdir): the copy's manifest hash, size, and what syncing sent to each host.
 
     `outcome`: the job's, where it differs from the last attempt's (--timeout during a restart delay).
     `origin`: when distrun started (time.time()), t = 0 of the timeline and of each rank's samples.
+    `resets`: an elastic job's resets in place (launcher.job.elastic.ResetRecord.to_json), its `at` on the
+    wall clock.
     """
     last = attempts[-1] if attempts else None
     extra: dict[str, Any] = {} if workdir is None else {"workdir": workdir}
@@ -214,6 +217,8 @@ def build_report(
         extra["perf"] = perf  # `check --perf`, `--preflight`: launcher.check.perf.PerfResult.record
     if origin is not None:
         extra["origin"] = _iso(origin)
+    if resets is not None:
+        extra["resets"] = [{**reset, "at": _iso(reset["at"])} for reset in resets]
     return {
         **extra,
         "version": REPORT_VERSION,

@@ -22,6 +22,8 @@ LAYERS: list[list[str]] = [
         "collectives.features",
         "collectives.registry",
         "collectives.engine_rounds",
+        "collectives.elastic.channel",
+        "collectives.elastic.failures",
     ],
     ["collectives.placement", "collectives.negotiation", "collectives.grad_buckets"],
     ["collectives.context", "collectives.engine"],
@@ -45,6 +47,9 @@ LAYERS: list[list[str]] = [
     ["collectives.ops"],
     ["collectives.optimizer", "collectives.metrics"],
     ["collectives.lr", "collectives.broadcast_state"],
+    ["collectives.elastic.state", "collectives.elastic.sampler"],
+    ["collectives.elastic.torch_state", "collectives.elastic.run"],
+    ["collectives.elastic"],
     # The package's lazy table of names, which reaches every module below on first use.
     ["collectives"],
     ["collectives.bench"],

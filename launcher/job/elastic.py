@@ -1,0 +1,250 @@
+"""The launcher's elastic driver: resets in place while an attempt runs (docs/elastic.md).
+
+A state of the running attempt's phase (the Supervisor hands it the elastic frames and the failures), never
+a blocking call: while a reset waits for the ranks, the loop still answers `distrun stacks`, signals and the
+deadline. A reset goes: the survivors hear `peer_lost` (NOTICE); each says it is at its last commit
+(RANK_READY, with a port free on its host); every survivor gets its new identity (RESET), the rendezvous on
+the new rank 0's host; each says when the new world's first collective ran (RANK_SYNCED). Who gets which rank
+is `launcher.core.elastic_plan`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from launcher.agent.protocol import NOTICE, RESET, Notice, ResetRequest
+from launcher.core.elastic_plan import Member, NewWorld, new_world, reset_envs
+from launcher.core.hosts import Host
+from launcher.core.plan import plural
+from launcher.runtime.node import HostAttempt
+
+log = logging.getLogger(__name__)
+
+# Starts the newcomers of the new world (its members that had no rank yet); `envs`: every member's identity.
+Spawn = Callable[[NewWorld, Sequence[Member], Mapping[int, Mapping[str, str]]], None]
+
+
+@dataclass(frozen=True)
+class ResetRecord:
+    """One reset, for the console and --report."""
+
+    at: float  # wall clock, when the failure was seen
+    cause: str
+    left: tuple[str, ...]  # hosts whose ranks left the world
+    joined: tuple[str, ...]
+    left_ranks: tuple[int, ...]
+    size: int
+    recovery_s: float  # from the failure to the new world's first collective (the ranks' slowest `synced`)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "at": self.at, "cause": self.cause, "hosts_left": list(self.left),
+            "hosts_joined": list(self.joined),
+            "ranks_left": list(self.left_ranks), "size": self.size, "recovery_s": round(self.recovery_s, 3),
+        }  # fmt: skip
+
+
+@dataclass
+class _Reset:
+    """The reset under way."""
+
+    cause: str
+    began: float  # monotonic
+    at: float
+    left: list[int]
+    survivors: list[int]  # rank ids in their old rank order
+    synced: dict[int, float] = field(default_factory=dict)
+    joined: list[str] = field(default_factory=list)  # the newcomers' hosts
+    size: int = 0  # the new world's, once known
+    sent: bool = False  # the new identities went out: from here another loss cannot be absorbed
+
+
+class Resetter:
+    """Which ranks opted in, where each rank is in the world, and the reset under way, if any."""
+
+    def __init__(
+        self,
+        hosts: Sequence[HostAttempt],
+        *,
+        min_np: int,
+        reset_limit: int | None,
+        run_id: str,
+        max_restarts: int,
+        master_addr: Callable[[str], str],
+        note: Callable[[list[str]], None],
+        done_before: int = 0,
+        max_np: int | None = None,
+        spawn: Spawn | None = None,
+    ) -> None:
+        """`master_addr(host)`: an address of that host every host reaches; `note`: a console line;
+        `spawn(world, newcomers, envs)` starts ranks on free slots of the attempt's hosts, up to `max_np`."""
+        self.hosts = {host.name: host for host in hosts}
+        self.host_of = {slot.rank: host.name for host in hosts for slot in host.slots}
+        self.place = {slot.rank: slot.rank for host in hosts for slot in host.slots}  # rank id -> rank
+        self.host_values: dict[str, Host] = {host.name: host.node.host for host in hosts}
+        self.opted: set[int] = set()
+        # Rank id -> a port free on its host, from each rank at its reset point; kept with no reset under way:
+        # a survivor may see its peer gone before the agent has reaped it.
+        self.at_commit: dict[int, int] = {}
+        self.min_np = min_np
+        self.reset_limit = reset_limit
+        self.run_id = run_id
+        self.max_restarts = max_restarts
+        self.master_addr = master_addr
+        self.note = note
+        self.records: list[ResetRecord] = []
+        self.done_before = done_before
+        self.current: _Reset | None = None
+        self.max_np = max_np
+        self.spawn = spawn
+        self.failed: list[int] = []  # rank ids lost in this attempt
+        self.gone_hosts: set[str] = set()  # lost mid-attempt: no newcomer goes there
+        self.next_id = max(self.host_of, default=-1) + 1
+        self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
+
+    @property
+    def resetting(self) -> bool:
+        return self.current is not None
+
+    def doing(self) -> str:
+        reset = self.current
+        if reset is None:
+            return "running its ranks"
+        waiting = "the new world's first collective" if reset.sent else "the survivors' last commit"
+        return f"resetting the world ({reset.cause}): waiting for {waiting}"
+
+    # -- frames from the agents
+
+    def opted_in(self, rank_id: int) -> None:
+        self.opted.add(rank_id)
+
+    def ready(self, rank_id: int, port: int, now: float) -> None:
+        self.at_commit[rank_id] = port
+        reset = self.current
+        if reset is not None and not reset.sent and set(self.at_commit) >= set(reset.survivors):
+            self._send_new_world(reset)
+
+    def synced(self, rank_id: int, seconds: float, now: float) -> None:
+        reset = self.current
+        if reset is None or not reset.sent or rank_id not in reset.survivors:
+            return
+        reset.synced[rank_id] = seconds
+        if set(reset.synced) >= set(reset.survivors):
+            self._finish(reset, now)
+
+    # -- a loss
+
+    def absorb(self, lost: Sequence[int], cause: str, now: float) -> bool:
+        """Begin (or widen) a reset without the `lost` rank ids; False when the job must stop instead (the
+        reason in `refused`)."""
+        reset = self.current
+        alive = [r for r in self._by_rank() if r not in lost and (reset is None or r in reset.survivors)]
+        refusal = self._refusal(alive, reset)
+        if refusal is not None:
+            self.refused = refusal
+            return False
+        for rank_id in lost:
+            self.place.pop(rank_id, None)
+            self.failed.append(rank_id)
+        if cause.startswith("lost host "):
+            self.gone_hosts.update(self.host_of[r] for r in lost)
+        if reset is None:
+            reset = _Reset(cause, now, time.time(), list(lost), alive)
+            self.current = reset
+            log.info("elastic reset: %s", cause)
+        else:
+            reset.left.extend(lost)
+            reset.survivors = alive
+        by_host: dict[str, list[int]] = {}
+        for rank_id in alive:
+            by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
+        for name, ranks in by_host.items():
+            self.hosts[name].node.send(NOTICE, Notice(ranks))
+        if set(self.at_commit) >= set(alive):
+            self._send_new_world(reset)
+        return True
+
+    def _refusal(self, alive: Sequence[int], reset: _Reset | None) -> str | None:
+        if reset is not None and reset.sent:
+            return "a rank was lost while the new world formed"
+        if not all(rank_id in self.opted for rank_id in alive):
+            return "not every rank uses hvd.elastic"
+        if len(alive) < self.min_np:
+            return f"{plural(len(alive), 'rank', 'ranks')} left, fewer than --min-np {self.min_np}"
+        used = self.done_before + len(self.records)
+        if reset is None and self.reset_limit is not None and used >= self.reset_limit:
+            return f"--reset-limit {self.reset_limit} reached ({plural(used, 'reset', 'resets')} done)"
+        return None
+
+    def _by_rank(self) -> list[int]:
+        return sorted(self.place, key=lambda rank_id: self.place[rank_id])
+
+    def _newcomers(self, survivors: Sequence[int]) -> list[Member]:
+        """New ranks on the spare slots of the attempt's hosts, in host order."""
+        if self.spawn is None or self.max_np is None:
+            return []
+        wanted = self.max_np - len(survivors)
+        used = {name: 0 for name in self.host_values}
+        # A failed rank's slot counts as used: it is left out, not refilled; spares are slots beyond them.
+        for rank_id in [*survivors, *self.failed]:
+            used[self.host_of[rank_id]] += 1
+        members: list[Member] = []
+        for name, host in self.host_values.items():
+            free = 0 if name in self.gone_hosts else host.slots - used[name]
+            while free > 0 and len(members) < wanted:
+                members.append(Member(self.next_id, host))
+                self.host_of[self.next_id] = name
+                self.next_id += 1
+                free -= 1
+        return members
+
+    def _send_new_world(self, reset: _Reset) -> None:
+        newcomers = self._newcomers(reset.survivors)
+        survivors = [Member(r, self.host_values[self.host_of[r]]) for r in reset.survivors]
+        world = new_world(survivors, newcomers)
+        rank0 = reset.survivors[0]
+        envs = reset_envs(
+            world, master_addr=self.master_addr(self.host_of[rank0]), master_port=self.at_commit[rank0],
+            run_id=self.run_id, resets=self.done_before + len(self.records) + 1,
+            max_restarts=self.max_restarts,
+        )  # fmt: skip
+        by_host: dict[str, dict[str, dict[str, str]]] = {}
+        for rank_id in reset.survivors:
+            by_host.setdefault(self.host_of[rank_id], {})[str(rank_id)] = envs[rank_id]
+            self.place[rank_id] = world.rank_of(rank_id)
+        for name, host_envs in by_host.items():
+            self.hosts[name].node.send(RESET, ResetRequest(host_envs))
+        self.at_commit.clear()
+        reset.sent = True
+        if newcomers:
+            assert self.spawn is not None
+            for member in newcomers:
+                self.place[member.rank_id] = world.rank_of(member.rank_id)
+            reset.joined = [member.host.name for member in newcomers]
+            reset.size = world.plan.world_size
+            self.spawn(world, newcomers, envs)
+
+    def _finish(self, reset: _Reset, now: float) -> None:
+        recovery = max(reset.synced.values()) if reset.synced else now - reset.began
+        left_hosts = tuple(dict.fromkeys(self.host_of[r] for r in reset.left))
+        joined = tuple(dict.fromkeys(reset.joined))
+        size = reset.size or len(reset.survivors)
+        record = ResetRecord(reset.at, reset.cause, left_hosts, joined, tuple(reset.left), size, recovery)
+        self.records.append(record)
+        self.current = None
+        self.note([reset_line(self.done_before + len(self.records), record)])
+
+
+def reset_line(number: int, record: ResetRecord) -> str:
+    """The console's one line per reset: why, who left, who joined, the new size, how long it took."""
+    left = ", ".join(f"rank {r}" for r in record.left_ranks) or "none"
+    if record.left:
+        left += f" (on {', '.join(record.left)})"
+    joined = ", ".join(record.joined) or "none"
+    return (
+        f"reset {number}: {record.cause}; left: {left}; joined: {joined}; world size {record.size}; "
+        f"training again {record.recovery_s:.2f}s after the failure"
+    )

@@ -1,0 +1,77 @@
+"""An elastic Horovod-style loop: DIR START_RANK_TO_KILL KILL_AT_BATCH [BATCHES].
+
+Each rank writes DIR/<pid>.start when it starts, DIR/opted.<start rank> once it opted in, and
+DIR/<start rank>.json when it finishes: its pid, its final rank and size, the batch it reached, the world
+sizes its reset callbacks saw, and its weights. ELASTIC_SLOW_S slows each batch (seconds), so a test can act
+mid-run; ELASTIC_TIMEOUT_S bounds a collective's wait for a peer whose link was cut. With ELASTIC_HOLD_RESET
+set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset callback and stays there: a
+reset that does not end, for tests that act during one.
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import collectives as hvd
+
+out, victim, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+batches = int(sys.argv[4]) if len(sys.argv) > 4 else 12
+hvd.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT_S", "1800")))
+start_rank = int(os.environ["DISTRUN_START_RANK"]) if "DISTRUN_START_RANK" in os.environ else hvd.rank()
+(out / f"{os.getpid()}.start").write_text(str(start_rank))
+torch.manual_seed(start_rank)  # different weights everywhere: the sync must make them equal
+model = torch.nn.Linear(4, 2)
+optimizer = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+)
+sizes = []
+
+
+def held() -> None:
+    (out / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    (out / f"held.{start_rank}").write_text("")
+    signal.pause()
+
+
+@hvd.elastic.run
+def train(state):
+    (out / f"opted.{start_rank}").write_text("")  # its hello is sent: the agent knows it opted in
+    while state.batch < batches:
+        if state.batch == kill_at and start_rank == victim and not (out / "killed").exists():
+            (out / "killed").write_text(str(os.getpid()))  # once: a newcomer may start as the same rank
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(float(os.environ.get("ELASTIC_SLOW_S", "0")))
+        optimizer.zero_grad()
+        model(torch.ones(8, 4)).sum().backward()
+        optimizer.step()
+        state.batch += 1
+        state.commit()
+        if state.batch == kill_at and os.environ.get("ELASTIC_WAIT_FOR_HOSTS") and not sizes:
+            # Hold until the host update arrives (unless an earlier commit saw it); the commit raises.
+            state._host_messages.put(state._host_messages.get())
+            state.commit()
+
+
+state = hvd.elastic.TorchState(model, optimizer, batch=0)
+state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
+if os.environ.get("ELASTIC_HOLD_RESET"):
+    state.register_reset_callbacks([held])
+train(state)
+(out / f"{start_rank}.json").write_text(
+    json.dumps(
+        {
+            "pid": os.getpid(),
+            "rank": hvd.rank(),
+            "size": hvd.size(),
+            "horovod_size": os.environ["HOROVOD_SIZE"],
+            "batch": state.batch,
+            "sizes": sizes,
+            "weights": model.weight.detach().flatten().tolist(),
+        }
+    )
+)

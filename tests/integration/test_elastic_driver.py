@@ -1,0 +1,119 @@
+"""The launcher's elastic driver on local ranks: an elastic job (--min-np) whose ranks all use hvd.elastic
+keeps its survivors running through a SIGKILLed rank (same process, same state, a smaller world), says so in
+one line and in the report; --reset-limit ends the job naming the limit; Ctrl-C during a reset stops every
+rank.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import jsonschema
+
+from tests.support import (
+    REPO,
+    SCRIPTS,
+    ask_stacks_until,
+    assert_all_gone,
+    clean_env,
+    never_left_running,
+    run_distrun,
+    start_distrun,
+    wait_for_files,
+)
+
+SCRIPT = SCRIPTS / "elastic_train.py"
+SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
+
+
+def started_pids(out: Path) -> dict[int, int]:
+    """Start rank -> pid, from the files each rank wrote when it started."""
+    return {int(p.read_text()): int(p.stem) for p in out.glob("*.start")}
+
+
+def test_a_killed_ranks_survivors_go_on_in_a_smaller_world(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = run_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "5",
+        timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    pids = started_pids(tmp_path)
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, got in enumerate(results):
+        assert got["pid"] == pids[rank], "the survivor kept its process"
+        assert (got["rank"], got["size"], got["horovod_size"], got["batch"], got["sizes"]) == (
+            rank,
+            2,
+            "2",
+            12,
+            [2],
+        )
+    assert results[0]["weights"] == results[1]["weights"]
+    assert not (tmp_path / "2.json").exists()
+    line = next(line for line in err.splitlines() if "reset 1:" in line)
+    assert "rank 2 (host localhost) was killed by SIGKILL" in line
+    assert "left: rank 2 (on localhost); joined: none; world size 2" in line
+    assert "1 reset in place" in err
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["restarts"] == 0
+    [reset] = doc["resets"]
+    assert (reset["ranks_left"], reset["hosts_left"], reset["size"]) == ([2], ["localhost"], 2)
+    assert reset["recovery_s"] > 0
+
+
+def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = run_distrun(
+        "-H", "localhost:4", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "5",
+        timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    pids = started_pids(tmp_path)
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
+    assert [(got["rank"], got["size"], got["batch"]) for got in results] == [
+        (0, 3, 12),
+        (1, 3, 12),
+        (2, 3, 12),
+    ]
+    assert [got["pid"] for got in results[:2]] == [pids[0], pids[1]], "the survivors kept their processes"
+    assert results[2]["pid"] != int((tmp_path / "killed").read_text()), "rank 2 is a newcomer"
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    assert "joined: localhost; world size 3" in err
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    [reset] = doc["resets"]
+    assert (reset["hosts_joined"], reset["size"]) == (["localhost"], 3)
+    assert [rank["rank"] for rank in doc["ranks"]] == [0, 1, 2, 3]
+
+
+def test_reset_limit_0_ends_the_job_naming_the_limit(tmp_path: Path) -> None:
+    done = run_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--reset-limit", "0", SCRIPT, tmp_path, "2", "5",
+        timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert "--reset-limit 0 reached" in err
+    assert "reset 1:" not in err
+    assert "attempt 1" not in err, "no whole-job restart either"
+
+
+def test_ctrl_c_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
+    proc = start_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", SCRIPT, tmp_path, "2", "5",
+        env=clean_env(ELASTIC_HOLD_RESET="1"),
+    )  # fmt: skip
+    with never_left_running(proc):
+        wait_for_files(tmp_path, "held.*", 2, timeout=240)
+        # The reset is a state of the job's loop: `distrun stacks` answers meanwhile, with the ranks' stacks.
+        assert "held" in ask_stacks_until(proc.pid, "held")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()
+    assert_all_gone(list(started_pids(tmp_path).values()))

@@ -1,0 +1,38 @@
+"""The elastic driver across SSH hosts of the simulated cluster: a rank on one host is SIGKILLed; the ranks on
+the other hosts keep running (same processes, same state) in a smaller world, reset through their agents."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.multihost.cluster import Cluster
+from tests.multihost.support import assert_clean
+from tests.support import REPO, SCRIPTS, run_distrun
+
+pytestmark = pytest.mark.multihost
+
+SCRIPT = SCRIPTS / "elastic_train.py"
+
+
+def test_a_killed_remote_ranks_peers_on_other_hosts_go_on_in_their_processes(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(3)
+    done = run_distrun(
+        "-H", "h1:1,h2:1,h3:1", "--min-np", "2", SCRIPT, tmp_path, "2", "5",
+        env=lab.env(PYTHONPATH=str(REPO)), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    pids = {int(p.read_text()): int(p.stem) for p in tmp_path.glob("*.start")}
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(got["rank"], got["size"], got["batch"]) for got in results] == [(0, 2, 12), (1, 2, 12)]
+    assert [got["pid"] for got in results] == [pids[0], pids[1]], "the survivors kept their processes"
+    assert results[0]["weights"] == results[1]["weights"]
+    assert "reset 1: rank 2 (host h3) was killed by SIGKILL" in err
+    assert "left: rank 2 (on h3); joined: none; world size 2" in err
+    assert_clean(lab)
