@@ -16,6 +16,9 @@ import os
 import selectors
 import socket
 
+from launcher.agent.facts import free_port
+from launcher.agent.protocol import OPTED_IN, RANK_READY, RANK_SYNCED, Notice, RankSynced, Ready
+
 SOCKET_VAR = "DISTRUN_ELASTIC_SOCKET"
 
 
@@ -157,6 +160,33 @@ class ElasticLines:
         if env is None:
             return line.send({"kind": "leave"})
         return line.send({"kind": "reset", "env": env})
+
+    # -- the launcher's frames, and what the ranks said as frames for it
+
+    def on_notice(self, notice: Notice) -> None:
+        if notice.kind == "hosts_updated":
+            self.hosts_updated(notice.timestamp, notice.update, notice.ranks)
+        else:
+            self.peer_lost(notice.ranks)
+
+    def on_reset(self, envs: dict[int, dict[str, str] | None]) -> None:
+        """Each of these ranks' new environment (None: it leaves the job)."""
+        for rank_id, env in envs.items():
+            if rank_id in self.lines:
+                self.reset(rank_id, env)
+
+    def frames(self) -> list[tuple[int, object, int]]:
+        """(kind, message or None, rank) for the launcher, from what the ranks said since the last look."""
+        out: list[tuple[int, object, int]] = []
+        for rank_id in self.poll(0):
+            for news in self.news(rank_id):
+                if news == "hello":
+                    out.append((OPTED_IN, None, rank_id))
+                elif news == "ready":
+                    out.append((RANK_READY, Ready(free_port()), rank_id))
+                else:
+                    out.append((RANK_SYNCED, RankSynced(self.take_synced(rank_id) or 0.0), rank_id))
+        return out
 
     def close(self) -> None:
         for line in self.lines.values():

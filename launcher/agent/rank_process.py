@@ -9,10 +9,14 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import subprocess
 from typing import Any
 
-from launcher.agent.protocol import ERR, OUT
+from launcher.agent.protocol import ERR, OUT, RankExited
+
+# The rank's host, as the launcher names it (launcher/core/env.py's contract).
+HOSTNAME_VAR = "DISTRUN_HOSTNAME"
 
 
 def returncode_of(status: int) -> int:
@@ -73,6 +77,34 @@ class RankProcess:
         self.fds = {proc.stdout.fileno(): OUT, proc.stderr.fileno(): ERR}
         self.files = {proc.stdout.fileno(): proc.stdout, proc.stderr.fileno(): proc.stderr}
 
+    def reaped(self, now: float) -> RankExited | None:
+        """Its exit once it has ended (None while it runs), with its wall time, CPU and peak memory."""
+        # wait4, not poll(): the same reaping, plus the resource usage of the rank and what it waited for.
+        try:
+            pid, status, usage = os.wait4(self.proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            pid, status, usage = -1, 0, None
+        if pid == 0:
+            return None
+        if usage is None:  # reaped elsewhere (cannot happen in the agent, but Popen must not hang)
+            code = self.proc.poll()
+            exited = RankExited(
+                -signal.SIGKILL if code is None else code, self.proc.pid, stopped=self.stopped
+            )
+        else:
+            code = returncode_of(status)
+            self.proc.returncode = code  # so Popen never waits for it again
+            exited = RankExited(
+                code,
+                self.proc.pid,
+                now - self.started,
+                cpu_s=usage.ru_utime + usage.ru_stime,
+                max_rss_kb=usage.ru_maxrss,  # KiB on Linux
+                stopped=self.stopped,
+            )
+        self.returncode = exited.returncode
+        return exited
+
 
 def exec_problem(exc: OSError, argv: list[str]) -> str:
     """Why a command could not run, as a shell says it: `train: is a directory`, `x: Permission denied`
@@ -85,3 +117,15 @@ def exec_problem(exc: OSError, argv: list[str]) -> str:
     if exc.strerror:
         return f"{program}: {exc.strerror}" if program else exc.strerror
     return str(exc)
+
+
+def start_failure(
+    exc: OSError | subprocess.SubprocessError, argv: list[str], cpus: Any, rank: int, env: dict[str, str]
+) -> tuple[int, str]:
+    """The exit code (127: not found, else 126) and the line of a rank that could not be started."""
+    code = 127 if isinstance(exc, FileNotFoundError) else 126
+    # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
+    reason = exec_problem(exc, argv) if isinstance(exc, OSError) else f"cannot pin it to cores {cpus}"
+    # The host as the launcher names it (its summary says `localhost`, not this machine's name).
+    host = env.get(HOSTNAME_VAR) or socket.gethostname()
+    return code, f"distrun: cannot start rank {rank} on {host}: {reason}\n"

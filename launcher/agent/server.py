@@ -3,8 +3,7 @@
 It is stdlib-only and self-contained (with `launcher.agent.protocol`, shipped alongside it: see
 `launcher.backends.bootstrap`), so worker hosts need a Python interpreter and nothing else. The launcher
 talks to it with the frames of `launcher.agent.protocol` on stdin/stdout; everything the agent must know (the
-ranks'
-env included) comes over that channel, never on a command line, so secrets stay out of `ps` and nothing
+ranks' env included) comes over that channel, never on a command line, so secrets stay out of `ps` and nothing
 passes through a shell.
 
 One agent serves every attempt of a job: PROBE -> FACTS, START -> OUT/ERR/EXIT frames while ranks run, DONE
@@ -30,7 +29,7 @@ from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.agent.elastic import SOCKET_VAR, ElasticLines
 from launcher.agent.environment import rank_environment, start_environment
-from launcher.agent.facts import free_port, host_facts
+from launcher.agent.facts import host_facts
 from launcher.agent.protocol import (
     ADD,
     BEAT,
@@ -43,11 +42,8 @@ from launcher.agent.protocol import (
     KILL,
     LEAVE,
     NOTICE,
-    OPTED_IN,
     ORPHAN_GRACE_CAP,
     PROBE,
-    RANK_READY,
-    RANK_SYNCED,
     READ_SIZE,
     RESET,
     SAMPLES,
@@ -66,8 +62,6 @@ from launcher.agent.protocol import (
     Notice,
     ProbeRequest,
     RankExited,
-    RankSynced,
-    Ready,
     ResetRequest,
     SignalRequest,
     StackReply,
@@ -83,10 +77,9 @@ from launcher.agent.protocol import (
 from launcher.agent.rank_process import (
     RankProcess,
     die_with_agent_hook,
-    exec_problem,
     pre_exec,
-    returncode_of,
     signal_number,
+    start_failure,
 )
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
@@ -292,17 +285,8 @@ class Agent:
                     preexec_fn=pre_exec(die_with_agent, r.cpus),
                 )
             except (OSError, subprocess.SubprocessError) as exc:
-                code = 127 if isinstance(exc, FileNotFoundError) else 126
-                # A failing pre-exec hook surfaces as SubprocessError; of ours, only the pinning can fail.
-                reason = (
-                    exec_problem(exc, r.argv)
-                    if isinstance(exc, OSError)
-                    else f"cannot pin it to cores {r.cpus}"
-                )
-                # The host as the launcher names it (its summary says `localhost`, not this machine's name).
-                host = env.get(HOSTNAME_VAR) or socket.gethostname()
-                msg = f"distrun: cannot start rank {r.rank} on {host}: {reason}\n"
-                self.send(ERR, r.rank, msg.encode())
+                code, line = start_failure(exc, r.argv, r.cpus, r.rank, env)
+                self.send(ERR, r.rank, line.encode())
                 self.send_message(EXIT, RankExited(code), r.rank)
                 continue
             entry = RankProcess(r.rank, proc, self.clock())
@@ -319,36 +303,24 @@ class Agent:
             self._spawn(spec)
 
     def notice(self, notice: Notice) -> None:
-        if self.elastic is None:
-            return
-        if notice.kind == "hosts_updated":
-            self.elastic.hosts_updated(notice.timestamp, notice.update, notice.ranks)
-        else:
-            self.elastic.peer_lost(notice.ranks)
+        if self.elastic is not None:
+            self.elastic.on_notice(notice)
 
     def reset(self, request: ResetRequest) -> None:
         if self.elastic is not None:
-            for rank_id, env in request.envs.items():
-                if int(rank_id) in self.elastic.lines:
-                    self.elastic.reset(int(rank_id), env)
+            self.elastic.on_reset({int(rank_id): env for rank_id, env in request.envs.items()})
 
     def leave(self, request: LeaveRequest) -> None:
         if self.elastic is not None:
-            for rank_id in request.ranks:
-                if rank_id in self.elastic.lines:
-                    self.elastic.reset(rank_id, None)
+            self.elastic.on_reset(dict.fromkeys(request.ranks))
 
     def _read_elastic(self) -> None:
         assert self.elastic is not None
-        for rank_id in self.elastic.poll(0):
-            for news in self.elastic.news(rank_id):
-                if news == "hello":
-                    self.send(OPTED_IN, rank_id)
-                elif news == "ready":
-                    self.send_message(RANK_READY, Ready(free_port()), rank_id)
-                else:
-                    seconds = self.elastic.take_synced(rank_id) or 0.0
-                    self.send_message(RANK_SYNCED, RankSynced(seconds), rank_id)
+        for kind, message, rank_id in self.elastic.frames():
+            if message is None:
+                self.send(kind, rank_id)
+            else:
+                self.send_message(kind, message, rank_id)
 
     def _signal_all(self, sig: int, leftovers: bool = False) -> None:
         for entry in self.ranks.values():
@@ -457,30 +429,9 @@ class Agent:
         for entry in self.ranks.values():
             if entry.returncode is not None:
                 continue
-            # wait4, not poll(): the same reaping, plus the resource usage of the rank and what it waited for.
-            try:
-                pid, status, usage = os.wait4(entry.proc.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid, status, usage = -1, 0, None
-            if pid == 0:
+            exited = entry.reaped(self.clock())
+            if exited is None:
                 continue
-            if usage is None:  # reaped elsewhere (cannot happen in the agent, but Popen must not hang)
-                code = entry.proc.poll()
-                exited = RankExited(
-                    -signal.SIGKILL if code is None else code, entry.proc.pid, stopped=entry.stopped
-                )
-            else:
-                code = returncode_of(status)
-                entry.proc.returncode = code  # so Popen never waits for it again
-                exited = RankExited(
-                    code,
-                    entry.proc.pid,
-                    self.clock() - entry.started,
-                    cpu_s=usage.ru_utime + usage.ru_stime,
-                    max_rss_kb=usage.ru_maxrss,  # KiB on Linux
-                    stopped=entry.stopped,
-                )
-            entry.returncode = exited.returncode
             if self.elastic is not None and exited.returncode != 0:
                 # What the rank forked after joining its group (DataLoader workers) holds its sockets open,
                 # so its peers would not see it gone: its process group goes with it, and the survivors'
@@ -621,10 +572,6 @@ class Agent:
                 self._finish_attempt(now)
             if not self.started and (exiting or self.launcher_gone or not control_open):
                 return 0
-
-
-# The rank's host, as the launcher names it (launcher/core/env.py's contract).
-HOSTNAME_VAR = "DISTRUN_HOSTNAME"
 
 
 def serve(in_fd: int, out_fd: int) -> int:

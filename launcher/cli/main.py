@@ -120,7 +120,9 @@ def _run(argv: Sequence[str]) -> int:
             click.echo(format_dry_run(request.config, os.environ))
             return EXIT_OK
         with without_gc():
-            from launcher.job.run import launch  # the runtime (and paramiko) load only when something starts
+            from launcher.job.launch import (
+                launch,  # the runtime (and paramiko) load only when something starts
+            )
 
         return launch(request.config)
     except DistrunError as err:

@@ -11,18 +11,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launcher.agent.protocol import ADD, START, Facts
 from launcher.backends import api as backend
 from launcher.backends.locality import refuse_one_machine_twice
 from launcher.console.progress import progress_line
-from launcher.console.relay import LogOptions, LogRelay
+from launcher.console.relay import LogRelay
 from launcher.core.command import interpreter, script_of
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
@@ -33,16 +32,12 @@ from launcher.core.rendezvous import Rendezvous, choose_rendezvous
 from launcher.core.restart import GiveUp, HostBook, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled
 from launcher.core.start_requests import start_requests
-from launcher.diagnose.watch import JobWatch, WatchOptions, open_control
+from launcher.diagnose.watch import JobWatch
 from launcher.errors import (
-    EXIT_INTERNAL,
-    EXIT_OK,
-    EXIT_SIGINT,
     DeadlineReached,
     DistrunError,
     HostError,
     Interrupted,
-    ReportWriteError,
 )
 from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.elastic import ResetRecord, Resetter
@@ -51,18 +46,13 @@ from launcher.job.supervise import Supervisor, supervise
 from launcher.report.account import (
     Attempt,
     Failure,
-    build_report,
-    format_account,
     rank_records,
-    report_text,
 )
-from launcher.report.file import ReportSlot
 from launcher.report.summary import summarize
 from launcher.runtime.control import ControlServer
 from launcher.runtime.loop import Deadline, Loop
-from launcher.runtime.node import Heartbeat, HostAttempt, Node, agent_patience, close_all, connect
+from launcher.runtime.node import Heartbeat, HostAttempt, Node, agent_patience, connect
 from launcher.runtime.probe import facts_text, probe_on, probe_requests, refuse_unfit
-from launcher.signals import FORWARDED_SIGNALS, caught, signal_pipe
 
 if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
     from launcher.workdir.files import Workdir
@@ -75,83 +65,6 @@ Identities = Mapping[int, Mapping[str, str]]
 # The probe gives up when no agent has answered for this long (see supervise.probe).
 PROBE_STALL = 30.0
 HEARTBEAT = 1.0
-
-
-def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
-    """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
-    plan = build_plan(config.plan_inputs)
-    # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
-    relay = LogRelay(out_fd, err_fd, _rank_hosts(plan), LogOptions.of(config))
-    # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
-    workdir: Workdir | None = None
-    if config.workdir is not None:
-        from launcher.workdir.account import scan_for_launch
-
-        workdir = scan_for_launch(config.workdir, config.workdir_limit, config.command)
-    job: Job | None = None
-    exit_code = EXIT_INTERNAL
-    error: Failure | None = None  # what ended the run before (or instead of) an outcome
-    final: str | None = None  # the job's outcome
-    perf: dict[str, Any] | None = None  # --preflight's figures, for --report
-    watch = JobWatch(relay, WatchOptions.of(config), open_control())
-    slot: ReportSlot | None = None
-    try:
-        # From here the run has started: the earlier run's report goes, and this one's room is held.
-        slot = ReportSlot(config.report) if config.report is not None else None
-        # The first connections open before signals are redirected: Ctrl-C interrupts the handshakes at once.
-        # A SIGUSR1/SIGUSR2 meanwhile has no rank to reach, and its default action would end distrun. (A
-        # handler, not SIG_IGN: an ignored signal would stay ignored in every process started from here.)
-        for signum in caught(FORWARDED_SIGNALS):
-            signal.signal(signum, lambda *_: None)
-        with progress_line(sys.stderr) as line:
-            hook = watch.timeline.hook(line, time.monotonic)
-            nodes = connect(plan.nodes, config, hook, control=watch.control)
-        watch.timeline.connected((node.name for node in nodes), time.monotonic())
-        with signal_pipe() as wake_fd:
-            # --timeout counts from here, the preflight included: one deadline, the loop's.
-            loop = job_loop(config, wake_fd, control=watch.control)
-            if config.preflight:
-                from launcher.check.preflight import preflight
-
-                plan, nodes, perf = preflight(config, plan, nodes, loop)
-            job = Job(config, relay, loop, nodes, workdir, watch=watch)
-            try:
-                with job.heartbeat:
-                    outcome = job.run(plan)
-            finally:
-                # Whatever ended the job, once ranks ran: the account as a table.
-                if job.accounts and len(job.accounts[-1].ranks) > 1:
-                    relay.note(format_account(job.accounts[-1].ranks).splitlines())
-            relay.note(
-                summarize(outcome, relay.stderr_tail) + job.missing_file_lines(outcome) + job.closing_lines()
-            )
-            if job.give_up is not None and job.give_up.below_min_np:
-                raise HostError(job.give_up.message or "too few ranks left")
-            exit_code, final = outcome.exit_code, outcome.name
-            return exit_code
-    except DistrunError as err:
-        exit_code, error = err.exit_code, Failure(None, getattr(err, "host", None), str(err))
-        perf = getattr(err, "perf", perf)  # --preflight's figures, when it named the hosts that ended it
-        raise
-    except KeyboardInterrupt:
-        exit_code, error = EXIT_SIGINT, Failure(None, None, str(Interrupted("SIGINT", EXIT_SIGINT)))
-        raise
-    finally:
-        # Links first: whatever happens to the console or the log files, the agents must hear EOF.
-        try:
-            if job is not None:
-                close_all(list(job.nodes.values()))
-        except KeyboardInterrupt:
-            # Ctrl-C while the agents end (they heard EOF already): no more waiting, and the job's own exit
-            # code and report stand; the agents stop whatever is left when this process is gone.
-            if error is None and final is None:
-                raise
-        finally:
-            watch.close()
-            relay.close()
-            if slot is not None:
-                # Every run given --report writes it, whatever ended it: no earlier run's report stays.
-                _write_report(config, job, exit_code, error, final, slot=slot, perf=perf)
 
 
 def job_loop(config: LaunchConfig, wake_fd: int, *, control: ControlServer | None = None) -> Loop:
@@ -371,7 +284,7 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
-        self.rank_hosts = _rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
+        self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
         self.probe(hosts, master_addr)
@@ -638,7 +551,7 @@ def _facts(host: HostAttempt) -> Facts:
     return host.facts
 
 
-def _rank_hosts(plan: Plan) -> dict[int, str]:
+def rank_hosts(plan: Plan) -> dict[int, str]:
     return {s.rank: s.host.name for s in plan.slots}
 
 
@@ -648,47 +561,3 @@ def _ranks_on_hosts(plan: Plan) -> str:
 
 def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
     return [plan.node_slots(i) for i in range(plan.node_count)]
-
-
-def _write_report(
-    config: LaunchConfig,
-    job: Job | None,
-    exit_code: int,
-    error: Failure | None,
-    outcome: str | None,
-    *,
-    slot: ReportSlot,
-    perf: dict[str, Any] | None = None,
-) -> None:
-    assert config.report is not None
-    workdir = None
-    if job is not None and job.workdir is not None:
-        from launcher.workdir.account import workdir_record
-
-        workdir = workdir_record(job.workdir, job.synced)
-    watch = job.watch if job is not None else None
-    report = build_report(
-        run_id=job.run_id if job is not None else os.urandom(6).hex(),
-        command=config.command,
-        exit_code=exit_code,
-        attempts=job.accounts if job is not None else [],
-        failure=(job.failure if job is not None else None) or error,
-        outcome=outcome,
-        workdir=workdir,
-        stacks=watch.dumps if watch is not None else (),
-        stragglers=watch.named if watch is not None else (),
-        timeline=watch.timeline.to_json() if watch is not None else (),
-        perf=perf,
-        # t = 0 of the timeline and the samples, on the wall clock (`distrun plot` places attempts by it)
-        origin=time.time() - (time.monotonic() - watch.timeline.start) if watch is not None else None,
-        resets=[r.to_json() for r in job.resets] if job is not None and config.restart.elastic else None,
-    )
-    try:
-        slot.write(report_text(report))
-    except (OSError, DistrunError) as err:
-        said = f"cannot write the report {config.report}: {getattr(err, 'strerror', None) or err}"
-        # A job that succeeded must not exit 0 without the report asked for; a failed one keeps its own code,
-        # which says more. Either way no report is under the name (ReportSlot removed the earlier one).
-        if outcome is not None and exit_code == EXIT_OK:
-            raise ReportWriteError(said) from None
-        log.error("%s", said)

@@ -11,7 +11,7 @@ import pytest
 from launcher.backends import api as backend
 from launcher.core.config import LaunchConfig
 from launcher.core.hosts import Host
-from launcher.job.run import launch
+from launcher.job.launch import launch
 from tests import fake_backend
 from tests.fakes import CapturedFd
 from tests.support import SCRIPTS, clean_env, run_distrun

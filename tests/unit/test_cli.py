@@ -20,16 +20,16 @@ from tests.unit.cli_support import no_distrun_env, run  # noqa: F401  (the autou
 
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LaunchConfig]]:
-    """Stand in for launcher.job.run so a non-dry run records its config and starts nothing."""
+    """Stand in for launcher.job.launch so a non-dry run records its config and starts nothing."""
     configs: list[LaunchConfig] = []
-    fake = types.ModuleType("launcher.job.run")
+    fake = types.ModuleType("launcher.job.launch")
 
     def launch(config: LaunchConfig) -> int:
         configs.append(config)
         return 7
 
     fake.launch = launch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
+    monkeypatch.setitem(sys.modules, "launcher.job.launch", fake)
     yield configs
 
 
@@ -184,26 +184,26 @@ def test_cli_hostfile_beats_config_hosts(
 def test_launch_errors_become_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = types.ModuleType("launcher.job.run")
+    fake = types.ModuleType("launcher.job.launch")
 
     def launch(config: LaunchConfig) -> int:
         raise HostError("node9: ssh: connection refused")
 
     fake.launch = launch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
+    monkeypatch.setitem(sys.modules, "launcher.job.launch", fake)
     assert run(capsys, "x") == (3, "", "distrun: error: node9: ssh: connection refused\n")
 
 
 def test_interrupt_before_launch_is_one_line(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake = types.ModuleType("launcher.job.run")
+    fake = types.ModuleType("launcher.job.launch")
 
     def launch(config: LaunchConfig) -> int:
         raise KeyboardInterrupt
 
     fake.launch = launch  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "launcher.job.run", fake)
+    monkeypatch.setitem(sys.modules, "launcher.job.launch", fake)
     said = "distrun: error: interrupted by SIGINT before any rank started\n"
     assert run(capsys, "x") == (130, "", said)
 
