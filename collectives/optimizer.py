@@ -27,7 +27,6 @@ import logging
 import warnings
 import weakref
 import zlib
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from collectives.grad_buckets import _Bucket, _views
 from collectives.negotiation import Call, Kind
 from collectives.objects import broadcast_object
 from collectives.ops import sparse_allreduce_async
+from collectives.optimizer_args import fixed_groups, parameter_names
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 from collectives.registry import _Groups
@@ -156,7 +156,7 @@ class DistributedOptimizer:
         self._process_set_arg = process_set
         self._local_groups = set_groups if self._local else None
         self._divisor = set_groups.size * self._passes if op is ReduceOp.AVERAGE else 1
-        self._names = self._names_of(optimizer, named_parameters)
+        self._names = parameter_names(optimizer, named_parameters)
         # Horovod's attribute of the same name: parameter -> name.
         self._parameter_names = self._names
         self._name_by_id = {id(p): name for p, name in self._names.items()}
@@ -169,7 +169,7 @@ class DistributedOptimizer:
         self._buckets: list[_Bucket] = []
         self._slot_of: dict[int, tuple[_Bucket, int]] = {}
         self._index_of = {id(p): index for index, p in enumerate(params)}
-        fixed = self._fixed_groups(params, groups if groups is not None else (num_groups or None))
+        fixed = fixed_groups(params, groups if groups is not None else (num_groups or None))
         self._fixed = fixed
         if fixed is None:
             # For the first step, reverse registration order: gradients become ready roughly last layer
@@ -218,29 +218,6 @@ class DistributedOptimizer:
             getattr(compression, "name", type(compression).__name__),
             self._passes,
         )
-
-    @staticmethod
-    def _fixed_groups(
-        params: list[torch.nn.Parameter], groups: int | Sequence[Sequence[torch.nn.Parameter]] | None
-    ) -> list[list[torch.nn.Parameter]] | None:
-        """Horovod's ``groups``: a number of equal runs of parameters, or explicit lists (the rest alone)."""
-        if groups is None:
-            return None
-        if isinstance(groups, int):
-            if groups <= 0:
-                raise ArgumentError(f"groups must be a positive number or lists of parameters, got {groups}")
-            per = -(-len(params) // groups)
-            runs = [params[i : i + per] for i in range(0, len(params), per)]
-        else:
-            known = {id(p) for p in params}
-            runs = [[p for p in group if id(p) in known] for group in groups]
-            grouped = {id(p) for run in runs for p in run}
-            runs += [[p] for p in params if id(p) not in grouped]
-        out: list[list[torch.nn.Parameter]] = []
-        for run in runs:
-            # A bucket holds one dtype and device.
-            out.extend(assign_buckets(run))
-        return [run for run in out if run]
 
     def _lay_out(self, params: Sequence[torch.nn.Parameter]) -> None:
         """Cut ``params``, in the order their gradients are expected, into buckets."""
@@ -313,33 +290,6 @@ class DistributedOptimizer:
             # Two sets of hooks on one parameter would count each gradient twice; the newest wrapper wins.
             _log.info("parameters wrapped by a new DistributedOptimizer: removing the hooks of %r", owner)
             owner.remove_hooks()
-
-    @staticmethod
-    def _names_of(
-        optimizer: torch.optim.Optimizer,
-        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None,
-    ) -> dict[torch.nn.Parameter, str]:
-        in_optimizer = [p for group in optimizer.param_groups for p in group["params"]]
-        if named_parameters is None:
-            return {
-                p: f"param_groups[{g}][{i}]"
-                for g, group in enumerate(optimizer.param_groups)
-                for i, p in enumerate(group["params"])
-            }
-        named = list(named_parameters)
-        names = [name for name, _ in named]
-        duplicates = sorted(n for n, count in Counter(names).items() if count > 1)
-        if duplicates:
-            raise ArgumentError(f"named_parameters has duplicate names: {duplicates}")
-        by_param = {p: name for name, p in named}
-        missing = [i for i, p in enumerate(in_optimizer) if p not in by_param]
-        if missing:
-            raise ArgumentError(
-                f"{len(missing)} parameter(s) of the optimizer are missing from named_parameters; pass "
-                "model.named_parameters() for the same model the optimizer was built from"
-            )
-        # Order and membership follow the optimizer: those are the gradients step() consumes.
-        return {p: by_param[p] for p in in_optimizer}
 
     # The hook runs on autograd's thread once a parameter's .grad is final for this backward pass.
     def _on_grad_ready(self, param: torch.Tensor) -> None:

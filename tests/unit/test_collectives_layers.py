@@ -25,7 +25,12 @@ LAYERS: list[list[str]] = [
         "collectives.elastic.channel",
         "collectives.elastic.failures",
     ],
-    ["collectives.placement", "collectives.negotiation", "collectives.grad_buckets"],
+    [
+        "collectives.placement",
+        "collectives.negotiation",
+        "collectives.grad_buckets",
+        "collectives.optimizer_args",
+    ],
     ["collectives.context", "collectives.engine"],
     [
         "collectives.process_sets",
