@@ -67,6 +67,8 @@ __all__ = [
 _log = logging.getLogger("collectives")
 
 _MAX_IDLE_WAIT_S = 0.02
+# How many cycles a burst of submissions may keep the engine thread's round waiting for more of it.
+_BURST_CYCLES = 8
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
 
@@ -218,6 +220,7 @@ class Engine:
         self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
         self._cond = threading.Condition()
         self._new: list[_Entry] = []
+        self._woken = False  # the engine thread was woken for what is in _new
         self._local: dict[int, _Entry] = {}
         self._queue: collections.deque[tuple[int, list[list[int]]]] = collections.deque()
         self._table = Table(groups.size)
@@ -237,6 +240,7 @@ class Engine:
         self.stand_in: Callable[[list[int]], Callable[[Agreement], Any] | None] | None = None
         self._last_round = 0.0
         self._first_new_at = 0.0
+        self._last_new_at = 0.0
         self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
         self._thread.start()
 
@@ -313,10 +317,15 @@ class Engine:
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
             entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, driven=not notify)
             self._local[key] = entry
+            now = time.monotonic()
             if not self._new:
-                self._first_new_at = time.monotonic()
+                self._first_new_at = now
+            self._last_new_at = now
             self._new.append(entry)
-            if notify:
+            if notify and not self._woken:
+                # The first of a burst wakes the engine thread, which then gathers the rest for one cycle:
+                # a wake-up per submission would only hand the interpreter back and forth.
+                self._woken = True
                 self._cond.notify_all()
 
     def _release(self, turn: Turn) -> None:
@@ -338,8 +347,12 @@ class Engine:
                         return
                     # Horovod's cycle: a burst of submissions gathers for one round rather than trickling
                     # into several, each of which would fuse only part of it.
+                    # The cycle runs on while submissions keep coming (one burst, one round), up to a few
+                    # cycles from the first; a caller that waits meanwhile runs the round itself at once.
                     while self._new and not self._stopping and not self._abandoned:
-                        delay = self._first_new_at + self.settings.cycle_time_s - time.monotonic()
+                        cycle = self.settings.cycle_time_s
+                        deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
+                        delay = deadline - time.monotonic()
                         if delay <= 0:
                             break
                         self._cond.wait(delay)
@@ -398,6 +411,7 @@ class Engine:
         with self._cond:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
+            self._woken = False
             stop = self._stopping
         timeout = self.settings.gloo_timeout_s
         result = exchange(
