@@ -341,7 +341,8 @@ class Engine:
         try:
             while True:
                 with self._cond:
-                    if not self._new and not self._stopping and not self._abandoned:
+                    # Entries that a caller drives are no work of this thread's: it sleeps beside them.
+                    if not self._undriven_new() and not self._stopping and not self._abandoned:
                         self._cond.wait(idle_wait)
                     if self._abandoned:
                         return
@@ -349,7 +350,7 @@ class Engine:
                     # into several, each of which would fuse only part of it.
                     # The cycle runs on while submissions keep coming (one burst, one round), up to a few
                     # cycles from the first; a caller that waits meanwhile runs the round itself at once.
-                    while self._new and not self._stopping and not self._abandoned:
+                    while self._undriven_new() and not self._stopping and not self._abandoned:
                         cycle = self.settings.cycle_time_s
                         deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
                         delay = deadline - time.monotonic()
@@ -357,15 +358,23 @@ class Engine:
                             break
                         self._cond.wait(delay)
                 with self._round_lock:
-                    if self._driven_lately(idle_wait):
-                        # A caller ran a round meanwhile (it drives), and what is new it drives itself.
-                        continue
-                    busy, stop = self._round()
+                    skip = self._driven_lately(idle_wait)
+                    if not skip:
+                        busy, stop = self._round()
+                if skip:
+                    # A caller ran a round meanwhile (it drives), and what is new it drives itself: back off
+                    # as when idle, rather than wake each cycle to contend with the drivers for the lock.
+                    idle_wait = min(idle_wait * 2, _MAX_IDLE_WAIT_S)
+                    continue
                 if stop:
                     return
                 idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
         except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
             self._fail_round(error)
+
+    def _undriven_new(self) -> bool:
+        """Whether something submitted since the last round waits for this thread (the caller holds _cond)."""
+        return any(not e.driven for e in self._new)
 
     def _driven_lately(self, idle_wait: float) -> bool:
         with self._cond:
