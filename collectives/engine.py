@@ -16,7 +16,9 @@ the engine thread's name, which ``distrun stacks`` prints.
 Rounds pair up across ranks by their count, not by the thread that runs them: a caller that waits for its
 own operation (a blocking call, ``synchronize``, a turn) runs the rounds itself under the round lock, and the
 engine thread runs them only for work nobody waits on yet (``_async`` submissions, the optimizer's buckets),
-gathering a burst of submissions for one ``HOROVOD_CYCLE_TIME`` first.
+gathering a burst of submissions first: its round starts one ``HOROVOD_CYCLE_TIME`` after the last of them
+(at most 8 cycles after the first). Beside entries that their callers drive it sleeps, and backs off as when
+idle while drivers run the rounds.
 
 Code that must issue on the data group itself (objects, join, barrier) takes a :class:`Turn`: an ordered
 entry that, once agreed, holds the engine's data issue until released. While a rank has joined, ``join()``
