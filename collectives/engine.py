@@ -16,7 +16,9 @@ the engine thread's name, which ``distrun stacks`` prints.
 Rounds pair up across ranks by their count, not by the thread that runs them: a caller that waits for its
 own operation (a blocking call, ``synchronize``, a turn) runs the rounds itself under the round lock, and the
 engine thread runs them only for work nobody waits on yet (``_async`` submissions, the optimizer's buckets),
-gathering a burst of submissions for one ``HOROVOD_CYCLE_TIME`` first.
+gathering a burst of submissions first: its round starts one ``HOROVOD_CYCLE_TIME`` after the last of them
+(at most 8 cycles after the first). Beside entries that their callers drive it sleeps, and backs off as when
+idle while drivers run the rounds.
 
 Code that must issue on the data group itself (objects, join, barrier) takes a :class:`Turn`: an ordered
 entry that, once agreed, holds the engine's data issue until released. While a rank has joined, ``join()``
@@ -67,6 +69,8 @@ __all__ = [
 _log = logging.getLogger("collectives")
 
 _MAX_IDLE_WAIT_S = 0.02
+# How many cycles a burst of submissions may keep the engine thread's round waiting for more of it.
+_BURST_CYCLES = 8
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
 
@@ -99,44 +103,63 @@ class Settings:
 
 
 class Ticket:
-    """The engine's side of a handle: what starting the operation gave (or the error), once it has run."""
+    """The engine's side of a handle: what starting the operation gave (or the error), once it has run.
+
+    A driver settles its own ticket on its own thread, so the ticket holds no Event: one is made only for a
+    caller that has to wait while another thread settles it (created on first need, under the lock).
+    """
+
+    __slots__ = ("_callbacks", "_done", "_engine", "_error", "_event", "_lock", "_value")
 
     def __init__(self, engine: Engine | None = None) -> None:
         self._engine = engine
-        self._event = threading.Event()
+        self._done = False
+        self._event: threading.Event | None = None
         self._value: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[], None]] = []
+        self._callbacks: list[Callable[[], None]] | None = None
         self._lock = threading.Lock()
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def result(self) -> Any:
         """Block until the operation has been issued, running the engine's rounds on this thread meanwhile
         (see :meth:`Engine.drive`); its start's value, or raise its error."""
-        if self._engine is not None and not self._event.is_set():
-            self._engine.drive(self)
-        self._event.wait()
+        if not self._done:
+            if self._engine is not None:
+                self._engine.drive(self)
+            if not self._done:
+                with self._lock:
+                    if not self._done and self._event is None:
+                        self._event = threading.Event()
+                    event = self._event
+                if event is not None:
+                    event.wait()
         if self._error is not None:
             raise self._error
         return self._value
 
     def on_done(self, callback: Callable[[], None]) -> None:
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
                 self._callbacks.append(callback)
                 return
         callback()
 
     def _settle(self, value: Any, error: BaseException | None) -> None:
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return
             self._value, self._error = value, error
-            self._event.set()
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
+            self._done = True
+            event, self._event = self._event, None
+            callbacks, self._callbacks = self._callbacks, None
+        if event is not None:
+            event.set()
+        for callback in callbacks or ():
             callback()
 
 
@@ -199,6 +222,7 @@ class Engine:
         self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
         self._cond = threading.Condition()
         self._new: list[_Entry] = []
+        self._woken = False  # the engine thread was woken for what is in _new
         self._local: dict[int, _Entry] = {}
         self._queue: collections.deque[tuple[int, list[list[int]]]] = collections.deque()
         self._table = Table(groups.size)
@@ -218,6 +242,7 @@ class Engine:
         self.stand_in: Callable[[list[int]], Callable[[Agreement], Any] | None] | None = None
         self._last_round = 0.0
         self._first_new_at = 0.0
+        self._last_new_at = 0.0
         self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
         self._thread.start()
 
@@ -294,10 +319,15 @@ class Engine:
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
             entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, driven=not notify)
             self._local[key] = entry
+            now = time.monotonic()
             if not self._new:
-                self._first_new_at = time.monotonic()
+                self._first_new_at = now
+            self._last_new_at = now
             self._new.append(entry)
-            if notify:
+            if notify and not self._woken:
+                # The first of a burst wakes the engine thread, which then gathers the rest for one cycle:
+                # a wake-up per submission would only hand the interpreter back and forth.
+                self._woken = True
                 self._cond.notify_all()
 
     def _release(self, turn: Turn) -> None:
@@ -313,27 +343,40 @@ class Engine:
         try:
             while True:
                 with self._cond:
-                    if not self._new and not self._stopping and not self._abandoned:
+                    # Entries that a caller drives are no work of this thread's: it sleeps beside them.
+                    if not self._undriven_new() and not self._stopping and not self._abandoned:
                         self._cond.wait(idle_wait)
                     if self._abandoned:
                         return
                     # Horovod's cycle: a burst of submissions gathers for one round rather than trickling
                     # into several, each of which would fuse only part of it.
-                    while self._new and not self._stopping and not self._abandoned:
-                        delay = self._first_new_at + self.settings.cycle_time_s - time.monotonic()
+                    # The cycle runs on while submissions keep coming (one burst, one round), up to a few
+                    # cycles from the first; a caller that waits meanwhile runs the round itself at once.
+                    while self._undriven_new() and not self._stopping and not self._abandoned:
+                        cycle = self.settings.cycle_time_s
+                        deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
+                        delay = deadline - time.monotonic()
                         if delay <= 0:
                             break
                         self._cond.wait(delay)
                 with self._round_lock:
-                    if self._driven_lately(idle_wait):
-                        # A caller ran a round meanwhile (it drives), and what is new it drives itself.
-                        continue
-                    busy, stop = self._round()
+                    skip = self._driven_lately(idle_wait)
+                    if not skip:
+                        busy, stop = self._round()
+                if skip:
+                    # A caller ran a round meanwhile (it drives), and what is new it drives itself: back off
+                    # as when idle, rather than wake each cycle to contend with the drivers for the lock.
+                    idle_wait = min(idle_wait * 2, _MAX_IDLE_WAIT_S)
+                    continue
                 if stop:
                     return
                 idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
         except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
             self._fail_round(error)
+
+    def _undriven_new(self) -> bool:
+        """Whether something submitted since the last round waits for this thread (the caller holds _cond)."""
+        return any(not e.driven for e in self._new)
 
     def _driven_lately(self, idle_wait: float) -> bool:
         with self._cond:
@@ -379,6 +422,7 @@ class Engine:
         with self._cond:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
+            self._woken = False
             stop = self._stopping
         timeout = self.settings.gloo_timeout_s
         result = exchange(

@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 __all__ = ["Announcement", "RoundResult", "Table", "exchange", "name_key"]
 
-INLINE = 8
+# A blocking call announces one operation: the round's first gather carries one, a burst the rest in a second.
+INLINE = 1
 _HEADER = 2  # (number of announcements, wants to stop)
 
 
@@ -105,13 +106,13 @@ def exchange(
     announcements to ``table`` in set order."""
     for announcement in mine:
         table.labels.setdefault(announcement.key, announcement.label)
-    head = torch.full((_HEADER + INLINE * width,), -1, dtype=torch.int64)
-    head[0], head[1] = len(mine), int(stop)
-    for i, announcement in enumerate(mine[:INLINE]):
-        head[_HEADER + i * width : _HEADER + (i + 1) * width] = torch.tensor(
-            [announcement.key, *announcement.row], dtype=torch.int64
-        )
-    gathered = _gather(head, table.size, group, timeout)
+    # One list, one tensor: the header, then the first INLINE announcements (the rest padded with -1).
+    flat = [len(mine), int(stop)]
+    for announcement in mine[:INLINE]:
+        flat.append(announcement.key)
+        flat.extend(announcement.row)
+    flat.extend([-1] * (_HEADER + INLINE * width - len(flat)))
+    gathered = _gather(torch.tensor(flat, dtype=torch.int64), table.size, group, timeout)
     counts = [row[0] for row in gathered]
     announced: list[list[list[int]]] = [
         [row[_HEADER + i * width : _HEADER + (i + 1) * width] for i in range(min(n, INLINE))]
@@ -119,13 +120,16 @@ def exchange(
     ]
     extra = max(counts) - INLINE
     if extra > 0:
-        tail = torch.full((extra * width,), -1, dtype=torch.int64)
-        for i, announcement in enumerate(mine[INLINE:]):
-            tail[i * width : (i + 1) * width] = torch.tensor(
-                [announcement.key, *announcement.row], dtype=torch.int64
-            )
+        rest: list[int] = []
+        for announcement in mine[INLINE:]:
+            rest.append(announcement.key)
+            rest.extend(announcement.row)
+        rest.extend([-1] * (extra * width - len(rest)))
         for position_rows, row, n in zip(
-            announced, _gather(tail, table.size, group, timeout), counts, strict=True
+            announced,
+            _gather(torch.tensor(rest, dtype=torch.int64), table.size, group, timeout),
+            counts,
+            strict=True,
         ):
             position_rows.extend(row[i * width : (i + 1) * width] for i in range(max(0, n - INLINE)))
     ready: list[int] = []
