@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.context import _Context, _require
-from collectives.engine import engine_for
+from collectives.engines import engine_for
 from collectives.negotiation import _AGREED, Agreement, Call, Kind, _joined_seen, dtype_of, op_of
 from collectives.ops._handle import _agree, _turn
 from collectives.process_sets import ProcessSet, global_process_set, groups_of

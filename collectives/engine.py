@@ -29,9 +29,10 @@ Two entry points for a failure and for the elastic reset:
 * any exception in a round or in issuing turns into :class:`HorovodInternalError`, raised from every pending
   and later handle of that engine (never a hang: a peer's death ends the round's gloo exchange with an error,
   and ``HOROVOD_GLOO_TIMEOUT_SECONDS``, when set, bounds it);
-* :func:`reset_engines` fails every pending handle with :class:`HorovodInternalError`, stops the threads
-  without talking to peers, and forgets the engines: the next operation on a fresh process group starts a new
-  one. :func:`shutdown_engines` is the orderly stop that every rank makes together.
+* :func:`collectives.engines.reset_engines` fails every pending handle with :class:`HorovodInternalError`,
+  stops the threads without talking to peers, and forgets the engines: the next operation on a fresh process
+  group starts a new one. :func:`collectives.engines.shutdown_engines` is the orderly stop that every rank
+  makes together.
 """
 
 from __future__ import annotations
@@ -40,31 +41,20 @@ import collections
 import dataclasses
 import datetime
 import logging
-import os
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
+from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
-from collectives.registry import _Groups, _teardown_hooks
+from collectives.registry import _Groups
 
-__all__ = [
-    "Engine",
-    "Fusion",
-    "Settings",
-    "Ticket",
-    "Turn",
-    "engine_for",
-    "reset_engines",
-    "shutdown_engines",
-    "stall_report",
-    "stop_engine",
-]
+__all__ = ["Engine", "Ticket", "Turn"]
 
 _log = logging.getLogger("collectives")
 
@@ -73,33 +63,6 @@ _MAX_IDLE_WAIT_S = 0.02
 _BURST_CYCLES = 8
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    return float(raw) if raw else default
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-    """Horovod's tuning variables, with Horovod's meanings and defaults."""
-
-    fusion_threshold: int = 128 * 1024 * 1024
-    cycle_time_s: float = 0.001
-    stall_check_s: float = 60.0
-    stall_check: bool = True
-    gloo_timeout_s: float | None = None
-
-    @classmethod
-    def from_env(cls) -> Settings:
-        timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
-        return cls(
-            fusion_threshold=int(_env_float("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024)),
-            cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", 1.0) / 1000.0,
-            stall_check_s=_env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
-            stall_check=os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0").strip() in ("", "0"),
-            gloo_timeout_s=float(timeout) if timeout else None,
-        )
 
 
 class Ticket:
@@ -184,16 +147,6 @@ class Turn:
         if not self._released:
             self._released = True
             self._engine._release(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fusion:
-    """How an allreduce joins others in one buffer: entries with equal ``key`` fuse, ``issue`` reduces a list
-    of tensors as one collective and gives one start value per tensor."""
-
-    key: Hashable
-    tensor: torch.Tensor
-    issue: Callable[[list[torch.Tensor]], list[Any]]
 
 
 @dataclasses.dataclass
@@ -632,60 +585,3 @@ class Engine:
             # A thread inside a gloo exchange leaves when the old group is aborted or its peer is gone; it
             # is a daemon and touches nothing once abandoned.
             self._thread.join(1.0)
-
-
-_engines: dict[int, Engine] = {}
-_engines_lock = threading.Lock()
-
-
-def engine_for(groups: _Groups) -> Engine:
-    """The engine of ``groups``' process set, started on first use."""
-    engine = _engines.get(groups.set_id)
-    if engine is not None and engine.groups is groups:
-        return engine
-    with _engines_lock:
-        engine = _engines.get(groups.set_id)
-        if engine is None or engine.groups is not groups:
-            engine = _engines[groups.set_id] = Engine(groups, Settings.from_env())
-        return engine
-
-
-def shutdown_engines(wait_s: float | None) -> None:
-    """The orderly stop of every engine, all ranks together (``collectives.shutdown()`` and exit)."""
-    with _engines_lock:
-        engines = list(_engines.values())
-        _engines.clear()
-    for engine in engines:
-        if wait_s == 0:
-            engine.reset(
-                HorovodInternalError("collectives left the process group with this operation pending")
-            )
-        else:
-            engine.shutdown(wait_s)
-
-
-def stop_engine(set_id: int) -> None:
-    """The orderly stop of one set's engine, its members together (``remove_process_set``)."""
-    with _engines_lock:
-        engine = _engines.pop(set_id, None)
-    if engine is not None:
-        engine.shutdown(None)
-
-
-def reset_engines(error: HorovodInternalError | None = None) -> None:
-    """For the elastic reset: fail every pending handle with ``error``, stop every engine thread without
-    talking to peers, and forget the engines; the next operation starts a fresh engine on the new groups."""
-    failure = error or HorovodInternalError("the process group was reset with this operation pending")
-    with _engines_lock:
-        engines = list(_engines.values())
-        _engines.clear()
-    for engine in engines:
-        engine.reset(failure)
-
-
-def stall_report() -> dict[int, str]:
-    """Process set id -> which ranks miss which operations, for every engine that has found a stall."""
-    return {set_id: e.stall_report() for set_id, e in _engines.items() if e.stall_report()}
-
-
-_teardown_hooks.append(shutdown_engines)

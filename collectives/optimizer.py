@@ -37,7 +37,8 @@ from collectives import coordination
 from collectives.buckets import assign_buckets
 from collectives.compression import Compression, Compressor
 from collectives.context import _require
-from collectives.engine import Ticket, engine_for
+from collectives.engine import Ticket
+from collectives.engines import engine_for
 from collectives.errors import ArgumentError, CollectivesError, GradientSyncError, HorovodInternalError
 from collectives.grad_buckets import _Bucket, _views
 from collectives.negotiation import Call, Kind

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch.distributed as dist
 
 from collectives.context import _Context, _require
-from collectives.engine import stop_engine
+from collectives.engines import stop_engine
 from collectives.errors import ArgumentError, CollectivesError
 from collectives.registry import (
     ProcessSet,

@@ -41,9 +41,9 @@ def is_peer_failure(error: BaseException, peer_lost: bool) -> bool:
 
 def stop_engine() -> None:
     """Fail the background engines' pending handles and stop their threads before the group goes: the one
-    place a reset reaches the engine (``collectives.engine.reset_engines``). Looked up among the loaded
+    place a reset reaches the engine (``collectives.engines.reset_engines``). Looked up among the loaded
     modules, not imported: a process that never ran a collective has no engine to stop."""
-    engine = sys.modules.get("collectives.engine")
+    engine = sys.modules.get("collectives.engines")
     reset = getattr(engine, "reset_engines", None) if engine is not None else None
     if callable(reset):
         reset()

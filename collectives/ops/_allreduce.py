@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
-from collectives.engine import Fusion
+from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
 from collectives.ops._handle import Handle, _submit

@@ -17,7 +17,9 @@ from typing import Any, Generic, TypeVar
 import torch
 import torch.distributed as dist
 
-from collectives.engine import Fusion, Ticket, engine_for
+from collectives.engine import Ticket
+from collectives.engine_values import Fusion
+from collectives.engines import engine_for
 from collectives.errors import ArgumentError, CollectivesError, HorovodInternalError
 from collectives.negotiation import Agreement, Call
 from collectives.registry import _Groups

@@ -21,6 +21,7 @@ LAYERS: list[list[str]] = [
         "collectives.buckets",
         "collectives.features",
         "collectives.registry",
+        "collectives.engine_values",
         "collectives.engine_rounds",
         "collectives.elastic.channel",
         "collectives.elastic.failures",
@@ -32,6 +33,7 @@ LAYERS: list[list[str]] = [
         "collectives.optimizer_args",
     ],
     ["collectives.context", "collectives.engine"],
+    ["collectives.engines"],
     [
         "collectives.process_sets",
         "collectives.data",

@@ -1,0 +1,50 @@
+"""The engine's plain values: its settings (Horovod's tuning variables, with Horovod's meanings and defaults)
+and how an allreduce fuses with others (:class:`Fusion`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+__all__ = ["Fusion", "Settings"]
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Horovod's tuning variables, with Horovod's meanings and defaults."""
+
+    fusion_threshold: int = 128 * 1024 * 1024
+    cycle_time_s: float = 0.001
+    stall_check_s: float = 60.0
+    stall_check: bool = True
+    gloo_timeout_s: float | None = None
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        timeout = os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "").strip()
+        return cls(
+            fusion_threshold=int(_env_float("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024)),
+            cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", 1.0) / 1000.0,
+            stall_check_s=_env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+            stall_check=os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0").strip() in ("", "0"),
+            gloo_timeout_s=float(timeout) if timeout else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Fusion:
+    """How an allreduce joins others in one buffer: entries with equal ``key`` fuse, ``issue`` reduces a list
+    of tensors as one collective and gives one start value per tensor."""
+
+    key: Hashable
+    tensor: torch.Tensor
+    issue: Callable[[list[torch.Tensor]], list[Any]]

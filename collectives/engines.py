@@ -1,0 +1,69 @@
+"""The process's engines (:mod:`collectives.engine`): one per process set, started on first use, stopped
+together at ``shutdown()``, one at ``remove_process_set``, and reset together by an elastic reset."""
+
+from __future__ import annotations
+
+import threading
+
+from collectives.engine import Engine
+from collectives.engine_values import Settings
+from collectives.errors import HorovodInternalError
+from collectives.registry import _Groups, _teardown_hooks
+
+__all__ = ["engine_for", "reset_engines", "shutdown_engines", "stall_report", "stop_engine"]
+
+_engines: dict[int, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def engine_for(groups: _Groups) -> Engine:
+    """The engine of ``groups``' process set, started on first use."""
+    engine = _engines.get(groups.set_id)
+    if engine is not None and engine.groups is groups:
+        return engine
+    with _engines_lock:
+        engine = _engines.get(groups.set_id)
+        if engine is None or engine.groups is not groups:
+            engine = _engines[groups.set_id] = Engine(groups, Settings.from_env())
+        return engine
+
+
+def shutdown_engines(wait_s: float | None) -> None:
+    """The orderly stop of every engine, all ranks together (``collectives.shutdown()`` and exit)."""
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        if wait_s == 0:
+            engine.reset(
+                HorovodInternalError("collectives left the process group with this operation pending")
+            )
+        else:
+            engine.shutdown(wait_s)
+
+
+def stop_engine(set_id: int) -> None:
+    """The orderly stop of one set's engine, its members together (``remove_process_set``)."""
+    with _engines_lock:
+        engine = _engines.pop(set_id, None)
+    if engine is not None:
+        engine.shutdown(None)
+
+
+def reset_engines(error: HorovodInternalError | None = None) -> None:
+    """For the elastic reset: fail every pending handle with ``error``, stop every engine thread without
+    talking to peers, and forget the engines; the next operation starts a fresh engine on the new groups."""
+    failure = error or HorovodInternalError("the process group was reset with this operation pending")
+    with _engines_lock:
+        engines = list(_engines.values())
+        _engines.clear()
+    for engine in engines:
+        engine.reset(failure)
+
+
+def stall_report() -> dict[int, str]:
+    """Process set id -> which ranks miss which operations, for every engine that has found a stall."""
+    return {set_id: e.stall_report() for set_id, e in _engines.items() if e.stall_report()}
+
+
+_teardown_hooks.append(shutdown_engines)
