@@ -245,8 +245,9 @@ class DistributedOptimizer:
         groups = self._groups
         coordination.joinable_optimizers.pop(self._digest, None)
         self._divisor = groups.size * self._passes if self._op is ReduceOp.AVERAGE else 1
+        # The buckets' names keep their instance number: a newcomer's optimizer, made in the new world, has
+        # the same place in its script's order as a survivor's.
         self._digest = self._digest_of(groups.ranks)
-        _instances[self._digest] = self._instance = _instances.get(self._digest, 0) + 1
         coordination.joinable_optimizers[self._digest] = self
         if self._ready_order is None and self._fixed is None:
             self._lay_out(self._params[::-1])

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 import collectives as hvd
-from collectives import engine
+from collectives import engines
 
 
 class _StallSeen(logging.Handler):
@@ -59,11 +59,11 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
         out["mismatch"] = "no error"
     except hvd.MismatchError as error:
         out["mismatch"] = str(error)
-    issued = engine._engines[0].collectives_issued
+    issued = engines._engines[0].collectives_issued
     small = [torch.full((64,), float(rank)) for _ in range(32)]
     for h in [hvd.allreduce_async_(t, name=f"fuse.{i}", op=hvd.Sum) for i, t in enumerate(small)]:
         hvd.synchronize(h)
-    out["fused_collectives"] = engine._engines[0].collectives_issued - issued
+    out["fused_collectives"] = engines._engines[0].collectives_issued - issued
     out["fused_values"] = sorted({t[0].item() for t in small})
     stall = _StallSeen()
     logging.getLogger("collectives").addHandler(stall)
