@@ -59,14 +59,7 @@ DENIED: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
 # torchrun's and distrun's rank identity is among them: the contract sets distrun's own.
 LEFTOVER_NAMES = OWNED_NAMES | frozenset(
     {
-        # Horovod's rank identity: horovod.init() and DeepSpeed read these before anything else.
-        "HOROVOD_RANK",
-        "HOROVOD_SIZE",
-        "HOROVOD_LOCAL_RANK",
-        "HOROVOD_LOCAL_SIZE",
-        "HOROVOD_CROSS_RANK",
-        "HOROVOD_CROSS_SIZE",
-        "HOROVOD_HOSTNAME",
+        # Horovod's gloo rendezvous (its rank identity is among OWNED_NAMES: distrun sets it).
         "HOROVOD_GLOO_RENDEZVOUS_ADDR",
         "HOROVOD_GLOO_RENDEZVOUS_PORT",
         # MPICH's per-rank variables.
