@@ -156,7 +156,12 @@ def _no_such_option(err: click.NoSuchOption) -> str:
     )
     possibilities = [name for name in err.possibilities or () if name not in hidden]
     close = difflib.get_close_matches(err.option_name, possibilities, n=3, cutoff=SUGGEST_CUTOFF)
-    return click.NoSuchOption(err.option_name, err.message, close, err.ctx).format_message()
+    # Our own words, not click's: its wording changed between the releases our range allows (8.1: "No such
+    # option: --x").
+    line = f"No such option '{err.option_name}'."
+    if len(close) == 1:
+        return f"{line} Did you mean '{close[0]}'?"
+    return f"{line} (Possible options: {', '.join(sorted(close))})" if close else line
 
 
 def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Parameter]) -> list[str]:
