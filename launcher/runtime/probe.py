@@ -16,7 +16,7 @@ from launcher.agent.protocol import FACTS, PROBE, Facts, Frame, ProbeRequest
 from launcher.core.plan import plural
 from launcher.core.progress import Progress, ProgressFn, StallDeadline
 from launcher.errors import CommandNotFound, HostError
-from launcher.runtime.loop import Deadline, Loop, Phase
+from launcher.runtime.loop import Loop, Phase
 from launcher.runtime.node import HostAttempt, Node
 from launcher.runtime.startup import StartupWatch
 
@@ -134,7 +134,6 @@ def probe(
     wake_fd: int | Loop,
     progress: ProgressFn | None = None,
     *,
-    deadline: Deadline | None = None,
     startup: float | None = None,
 ) -> list[Facts]:
     """Send each agent its preflight question; every agent's answer, in order (one round-trip, in parallel).
@@ -143,12 +142,12 @@ def probe(
     hundreds of agents starting on busy hosts get the time they need while answers keep coming, and a dead
     host is named `stall` seconds after the last answer. `progress` hears the count after every answer.
     A stopping signal meanwhile raises Interrupted: nothing has started yet, so there is nothing to stop.
-    `wake_fd`: the job's Loop (or a signal pipe's fd, for a loop of its own that ends at `deadline`, which
-    raises DeadlineReached).
+    `wake_fd`: the job's Loop (its deadline raises DeadlineReached), or a signal pipe's fd for a loop of its
+    own without one.
     `startup`: --startup-timeout; a host still alive (logging in) is then waited for past the stall time, up
     to that many seconds (launcher.runtime.startup).
     """
-    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, deadline=deadline, check_every=1.0)
+    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, check_every=1.0)
     return probe_on(loop, nodes, requests, stall, progress, startup=startup)[0]
 
 

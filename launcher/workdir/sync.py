@@ -319,7 +319,7 @@ def sync(
     `wake_fd`: the job's loop (--timeout, signals, `distrun stacks`), or a signal pipe's fd for a loop of
     its own.
     """
-    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, deadline=None, check_every=1.0)
+    loop = wake_fd if isinstance(wake_fd, Loop) else Loop(wake_fd, check_every=1.0)
     token = os.urandom(16).hex() if relay else ""
     request = SyncRequest(project_key(str(workdir.root)), workdir.entries, workdir.manifest_hash, keep, token)
     for node in nodes:
