@@ -184,6 +184,12 @@ class Resetter:
         self.host_values[host.name] = host.node.host
         self.gone_hosts.discard(host.name)
 
+    def drop_newcomers(self, hosts: set[str]) -> None:
+        """The planned reset's newcomers on these hosts do not come (the hosts could not be reached)."""
+        reset = self.current
+        if reset is not None and reset.planned is not None and not reset.sent:
+            reset.planned = [member for member in reset.planned if member.host.name not in hosts]
+
     def members(self) -> list[tuple[int, str]]:
         """(rank id, host) of every rank of the world, in rank order."""
         return [(rank_id, self.host_of[rank_id]) for rank_id in self._by_rank()]
@@ -193,7 +199,7 @@ class Resetter:
         next commit; then those leaving get LEAVE, those staying RESET, and the newcomers start. None when it
         began, else why not (the world stays as it is)."""
         staying, leaving = regrouped.staying, regrouped.leaving
-        newcomers = [self.host_values[host.name] for host in regrouped.newcomers]
+        newcomers = regrouped.newcomers
         alive = self._by_rank()
         refusal = self._refusal(list(staying), None, len(staying) + len(newcomers), alive)
         if refusal is None and not staying:

@@ -142,25 +142,32 @@ class HostWatch:
         if not all(rank_id in resetter.opted for rank_id, _ in members):
             self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic")
             return
-        new = [host for host in hosts if host.name in update.added and host.name not in resetter.hosts]
-        if new:
-            joined = self.join(new)
-            assert self.sup is not None
-            for host in joined:
-                self.sup.add_host(host)
-                resetter.add_host(host)
-            missing = {host.name for host in new} - {host.name for host in joined}
-            if missing:
-                self.unreachable |= missing
-                return  # the update is formed again without them at the next pass
         refusal = resetter.change_hosts(update.cause, update.kind, regroup(members, hosts, self.max_np), now)
         if refusal is None:
+            # The ranks heard of it and go on to their next commit while the added hosts are reached.
             self.known = hosts
             self.said = None
+            self._join([h for h in hosts if h.name in update.added and h.name not in resetter.hosts])
             return
         if refusal.startswith("--reset-limit"):
             raise ResetLimitReached(f"the job ends: {refusal} ({update.cause})")
         self._wait_because(f"{update.cause}: no reset in place: {refusal}")
+
+    def _join(self, new: Sequence[Host]) -> None:
+        """Connect to and probe the added hosts; the newcomers of those that could not be reached do not come,
+        and the hosts stay out while the script lists them."""
+        if not new:
+            return
+        joined = self.join(new)
+        assert self.sup is not None
+        for host in joined:
+            self.sup.add_host(host)
+            self.resetter.add_host(host)
+        missing = {host.name for host in new} - {host.name for host in joined}
+        if missing:
+            self.unreachable |= missing
+            self.known = tuple(host for host in self.known if host.name not in missing)
+            self.resetter.drop_newcomers(missing)
 
     def _wait_because(self, why: str) -> None:
         if why != self.said:

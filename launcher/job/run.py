@@ -335,7 +335,8 @@ class Job:
             return None
 
         def address_of(name: str) -> str:
-            first = [n for n in nodes if n.name == name] + [n for n in nodes if n.name != name]
+            # self.nodes: a host the discovery script added mid-attempt is among them, not among `nodes`.
+            first = [self.nodes[name]] + [n for n in nodes if n.name != name]
             return self.master_addr(first)
 
         def spawn(
