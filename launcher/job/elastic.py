@@ -151,7 +151,8 @@ class Resetter:
             return True
         reset = self.current
         alive = [r for r in self._by_rank() if r not in lost and (reset is None or r in reset.survivors)]
-        refusal = self._refusal(alive, reset)
+        planned = len(reset.planned or ()) if reset is not None else 0
+        refusal = self._refusal(alive, reset, len(alive) + planned)
         if refusal is not None:
             self.refused = refusal
             return False

@@ -140,7 +140,7 @@ class HostWatch:
             return
         members = resetter.members()
         if not all(rank_id in resetter.opted for rank_id, _ in members):
-            self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic")
+            self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic", logging.INFO)
             return
         refusal = resetter.change_hosts(update.cause, update.kind, regroup(members, hosts, self.max_np), now)
         if refusal is None:
@@ -169,10 +169,10 @@ class HostWatch:
             self.known = tuple(host for host in self.known if host.name not in missing)
             self.resetter.drop_newcomers(missing)
 
-    def _wait_because(self, why: str) -> None:
+    def _wait_because(self, why: str, level: int = logging.WARNING) -> None:
         if why != self.said:
             self.said = why
-            log.warning("%s", why)
+            log.log(level, "%s", why)
 
     def close(self) -> None:
         if self.polling is not None:
