@@ -81,6 +81,7 @@ class HostWatch:
         # Added hosts that could not be joined, left out while the script lists them.
         self.unreachable: set[str] = set()
         self.said: str | None = None  # the last reason an update waits, said once
+        self.fatal: DistrunError | None = None  # what ends the job, once its ranks are stopped
 
     def attach(self, sup: Supervisor) -> None:
         self.sup = sup
@@ -126,8 +127,16 @@ class HostWatch:
 
     def _failed(self, error: DiscoveryError) -> None:
         if not self.answered:
-            raise DiscoveryError(f"{error} (its first call: the job ends)")
+            self._end(DiscoveryError(f"{error} (its first call: the job ends)"), time.monotonic())
+            return
         log.warning("%s; running it again in %gs", error, self.every)
+
+    def _end(self, error: DistrunError, now: float) -> None:
+        """Every rank is stopped; the job raises `error` once they are (launcher.job.run)."""
+        self.fatal = error
+        self.latest = None
+        assert self.sup is not None
+        self.sup.end_job(now)
 
     def _apply(self, now: float) -> None:
         """Form the new world when the hosts changed, no reset is under way and every rank opted in."""
@@ -150,7 +159,8 @@ class HostWatch:
             self._join([h for h in hosts if h.name in update.added and h.name not in resetter.hosts])
             return
         if refusal.startswith("--reset-limit"):
-            raise ResetLimitReached(f"the job ends: {refusal} ({update.cause})")
+            self._end(ResetLimitReached(f"the job ends: {refusal}; the next: {update.cause}"), now)
+            return
         self._wait_because(f"{update.cause}: no reset in place: {refusal}")
 
     def _join(self, new: Sequence[Host]) -> None:

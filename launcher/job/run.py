@@ -315,6 +315,8 @@ class Job:
             self.watch.attempt_started(hosts, time.monotonic())
         try:
             outcome = supervise(sup, self.loop)
+            if host_watch is not None and host_watch.fatal is not None:
+                raise host_watch.fatal
         finally:
             if self.watch is not None:
                 self.watch.attempt_ended()

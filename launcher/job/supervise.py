@@ -126,6 +126,10 @@ class Supervisor(Phase[HostAttempt]):
             due = polled if due is None else min(due, polled)
         return due
 
+    def end_job(self, now: float) -> None:
+        """Stop every rank for a reason of the job's own: the host watch's error, raised once they stopped."""
+        self._stop(lambda stopped: Signalled(signal.SIGTERM, stopped), now)
+
     def add_host(self, host: HostAttempt) -> None:
         """A host the discovery script added while the attempt runs (its ranks come with the next reset)."""
         self.hosts.append(host)

@@ -131,3 +131,20 @@ echo localhost:3
     assert done.returncode == 0, err
     assert err.count("exited with code 3: inventory down; running it again in 1s") == 2
     assert [got["size"] for got in _results(out, range(3))] == [3, 3, 3]
+
+
+def test_a_hosts_change_past_the_reset_limit_ends_the_job_naming_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    script = _script(tmp_path, f"[ -f {out}/opted.1 ] && echo localhost:3 || echo localhost:2\n")
+    done = run_distrun(
+        "--min-np", "1", "--max-np", "3", "--reset-limit", "0", "--host-discovery-script", script,
+        SCRIPT, out, "-1", "3", "8", env=WAIT, timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    said = "distrun: error: the job ends: --reset-limit 0 reached (0 resets done); the next: hosts added"
+    assert said in err
+    assert "reset 1:" not in err and "attempt 1" not in err
+    assert not list(out.glob("*.json")), "the ranks were stopped"
+    assert_all_gone(list(_pids(out).values()))
