@@ -220,7 +220,9 @@ class Job:
         if left <= 0:
             return ()  # --timeout has expired: the job ends before any restart
         try:
-            phase = Discovering(script, left, list(self.nodes.values()), self.dead_after)
+            phase = Discovering(
+                script, left, list(self.nodes.values()), self.dead_after, self.config.restart.slots_per_host
+            )
             try:
                 self.loop.run(phase)
             finally:
