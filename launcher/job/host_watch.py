@@ -143,20 +143,29 @@ class HostWatch:
         resetter = self.resetter
         if self.latest is None or resetter.resetting:
             return
-        hosts = tuple(host for host in self.latest if host.name not in self.unreachable)
-        update = hosts_update(self.known, hosts)
+        # A host whose ranks all left runs no attempt any more: listed again, it joins at the next restart.
+        done = {name for name, host in resetter.hosts.items() if host.finished}
+        hosts = tuple(host for host in self.latest if host.name not in self.unreachable | done)
+        update = hosts_update([host for host in self.known if host.name not in done], hosts)
         if update is None:
             return
         members = resetter.members()
         if not all(rank_id in resetter.opted for rank_id, _ in members):
             self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic", logging.INFO)
             return
-        refusal = resetter.change_hosts(update.cause, update.kind, regroup(members, hosts, self.max_np), now)
+        regrouped = regroup(members, hosts, self.max_np)
+        if not regrouped.leaving and not regrouped.newcomers:
+            # Added slots beyond --max-np: spares, no reset (an agent with no rank would hold the attempt); a
+            # later loss leaves room for them.
+            self._wait_because(f"{update.cause}: no rank to start (--max-np {self.max_np})", logging.INFO)
+            return
+        refusal = resetter.change_hosts(update.cause, update.kind, regrouped, now)
         if refusal is None:
             # The ranks heard of it and go on to their next commit while the added hosts are reached.
             self.known = hosts
             self.said = None
-            self._join([h for h in hosts if h.name in update.added and h.name not in resetter.hosts])
+            coming = {host.name for host in regrouped.newcomers}
+            self._join([h for h in hosts if h.name in coming and h.name not in resetter.hosts])
             return
         if refusal.startswith("--reset-limit"):
             self._end(ResetLimitReached(f"the job ends: {refusal}; the next: {update.cause}"), now)
@@ -211,6 +220,9 @@ def join_hosts(
     joined = [HostAttempt(node, ()) for node in fresh]
     try:
         job.probe(joined, master_addr)
+        if job.workdir is not None:
+            job.copies.update(job.sync(fresh, job.workdir))
+        job.same_software([*hosts, *joined])
     except DistrunError as err:
         log.warning("cannot add %s: %s", names, err)
         for node in fresh:
