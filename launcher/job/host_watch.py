@@ -82,6 +82,7 @@ class HostWatch:
         self.unreachable: set[str] = set()
         self.said: str | None = None  # the last reason an update waits, said once
         self.fatal: DistrunError | None = None  # what ends the job, once its ranks are stopped
+        self.changed = False  # a hosts update formed a new world: `known` are the job's hosts now
 
     def attach(self, sup: Supervisor) -> None:
         self.sup = sup
@@ -163,6 +164,7 @@ class HostWatch:
         if refusal is None:
             # The ranks heard of it and go on to their next commit while the added hosts are reached.
             self.known = hosts
+            self.changed = True
             self.said = None
             coming = {host.name for host in regrouped.newcomers}
             self._join([h for h in hosts if h.name in coming and h.name not in resetter.hosts])

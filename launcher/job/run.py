@@ -134,6 +134,7 @@ class Job:
         self.resets: list[ResetRecord] = []  # every reset in place, across attempts
         self._reset_limit_hit: str | None = None
         self.rank_hosts: dict[int, str] = {}
+        self.world_hosts: tuple[Host, ...] = ()  # the last attempt's hosts, where its host watch changed them
 
     def run(self, plan: Plan) -> Outcome:
         """Attempts until one ends the job; the last attempt's outcome."""
@@ -157,7 +158,7 @@ class Job:
                 outcome,
                 restarts_done=index,
                 options=options,
-                hosts=plan.nodes,
+                hosts=self.world_hosts or plan.nodes,  # as the discovery script last formed the world
                 num_proc=plan.world_size,
                 book=self.book,
                 now=time.monotonic(),
@@ -324,6 +325,7 @@ class Job:
                 self.watch.attempt_ended()
             if host_watch is not None:
                 host_watch.close()
+                self.world_hosts = host_watch.known if host_watch.changed else ()
             self.record(attempt, started, sup, hosts)
             if elastic is not None:
                 self.resets.extend(elastic.records)
