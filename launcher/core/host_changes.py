@@ -8,7 +8,7 @@ leave, the others stay in their old order, and newcomers fill the new slots up t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.core.hosts import Host
@@ -60,9 +60,15 @@ class Regrouping:
     newcomers: tuple[Host, ...]
 
 
-def regroup(members: Sequence[tuple[int, str]], hosts: Sequence[Host], max_np: int) -> Regrouping:
+def regroup(
+    members: Sequence[tuple[int, str]],
+    hosts: Sequence[Host],
+    max_np: int,
+    failed: Mapping[str, int] | None = None,
+) -> Regrouping:
     """`members`: (rank id, host name) in rank order. A host keeps its lowest ranks up to its slots; the new
-    slots are filled in the script's host order while the world is smaller than `max_np`."""
+    slots are filled in the script's host order while the world is smaller than `max_np`, never the slot of
+    a rank that failed (`failed`: how many on each host) in this attempt."""
     slots = {host.name: host.slots for host in hosts}
     used: dict[str, int] = {}
     staying: list[int] = []
@@ -75,7 +81,7 @@ def regroup(members: Sequence[tuple[int, str]], hosts: Sequence[Host], max_np: i
             leaving.append(rank_id)
     newcomers: list[Host] = []
     for host in hosts:
-        free = host.slots - used.get(host.name, 0)
+        free = host.slots - used.get(host.name, 0) - (failed or {}).get(host.name, 0)
         while free > 0 and len(staying) + len(newcomers) < max_np:
             newcomers.append(host)
             free -= 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -154,7 +155,8 @@ class HostWatch:
         if not all(rank_id in resetter.opted for rank_id, _ in members):
             self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic", logging.INFO)
             return
-        regrouped = regroup(members, hosts, self.max_np)
+        failed = Counter(resetter.host_of[rank_id] for rank_id in resetter.failed)
+        regrouped = regroup(members, hosts, self.max_np, failed)
         if not regrouped.leaving and not regrouped.newcomers:
             # Added slots beyond --max-np: spares, no reset (an agent with no rank would hold the attempt); a
             # later loss leaves room for them.

@@ -35,3 +35,9 @@ def test_newcomers_fill_new_slots_in_the_scripts_order_up_to_max_np() -> None:
     regrouped = regroup([(0, "a"), (1, "a")], hosts, max_np=5)
     assert [host.name for host in regrouped.newcomers] == ["c", "c", "b"]
     assert regroup([(0, "a"), (1, "a")], hosts, max_np=2).newcomers == ()
+
+
+def test_a_failed_ranks_slot_is_not_refilled_a_new_hosts_slot_is() -> None:
+    hosts = [Host("a", 2), Host("b", 2), Host("c", 2)]
+    regrouped = regroup([(1, "a"), (2, "b"), (3, "b")], hosts, max_np=4, failed={"a": 1})
+    assert [host.name for host in regrouped.newcomers] == ["c"]
