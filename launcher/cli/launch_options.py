@@ -156,7 +156,14 @@ OPTIONS: tuple[Callable[[Any], Any], ...] = (
     option(
         "--host-discovery-script",
         metavar="PATH",
-        help="Elastic: executable printing 'host[:slots]' lines; new hosts join at the next restart.",
+        help="Elastic: executable printing 'host[:slots]' lines, polled every second; hosts join and leave "
+        "at the ranks' next commit (hvd.elastic), else at the next restart.",
+    ),
+    option(
+        "--slots-per-host",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Elastic: slots of a discovered host whose line names none [default: 1].",
     ),
     option(
         "--grace-period",

@@ -86,9 +86,35 @@ def _word(value: str | None, option: str) -> str | None:
     return value
 
 
-def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions:
+def _discovery_script(value: str | None) -> Path | None:
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UsageError(f"--host-discovery-script {value}: not an executable file")
+    return path.resolve()
+
+
+def _first_discovery(values: Mapping[str, Any]) -> tuple[Host, ...] | None:
+    """An elastic job given a discovery script and no hosts starts on the hosts it lists (its first call: a
+    failure ends the job before anything starts)."""
+    script = _discovery_script(values["host_discovery_script"])
+    if script is None or values["min_np"] is None:
+        return None
+    from launcher.job.discovery import DiscoveryError, discover
+
+    hosts = discover(script, slots_per_host=values.get("slots_per_host"))
+    if not hosts:
+        raise DiscoveryError(f"--host-discovery-script {script}: its first call listed no hosts")
+    return hosts
+
+
+def _restart_options(values: Mapping[str, Any], num_proc: int, discovered: bool = False) -> RestartOptions:
     min_np, max_np = values["min_np"], values["max_np"]
     script = values["host_discovery_script"]
+    slots_per_host = values.get("slots_per_host")
+    if slots_per_host is not None and script is None:
+        raise UsageError("--slots-per-host is for the hosts of --host-discovery-script; give one")
     reset_limit = values.get("reset_limit")
     if min_np is None and (max_np is not None or script is not None or reset_limit is not None):
         given = (
@@ -102,11 +128,7 @@ def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions
             raise UsageError(
                 f"--min-np {min_np}, -np {num_proc} and --max-np {max_np} must satisfy min <= np <= max"
             )
-    if script is not None:
-        path = Path(script).expanduser()
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise UsageError(f"--host-discovery-script {script}: not an executable file")
-        script = path.resolve()
+    script = _discovery_script(script)
     max_restarts = values["max_restarts"]
     if max_restarts is None:
         max_restarts = 3 if min_np is not None else 0
@@ -115,7 +137,7 @@ def _restart_options(values: Mapping[str, Any], num_proc: int) -> RestartOptions
         raise UsageError(f"--restart-delay must be zero or a positive number of seconds, got {delay:g}")
     return RestartOptions(
         max_restarts=max_restarts, delay=delay, min_np=min_np, max_np=max_np, discovery_script=script,
-        reset_limit=reset_limit,
+        reset_limit=reset_limit, slots_per_host=slots_per_host, discovered_first=discovered,
     )  # fmt: skip
 
 
@@ -203,6 +225,10 @@ def build_request(values: Mapping[str, Any], sources: Sources, backends: Sequenc
     chosen = None if launcher is None else backend.get(launcher)
     if chosen is not None:
         chosen.check_options(hosts, os.environ)
+    discovered = hosts is None and (hosts := _first_discovery(values)) is not None
+    if discovered and hosts and values["max_np"] is not None:
+        # Horovod's driver: the world takes every discovered slot, up to --max-np.
+        num_proc = max(num_proc or 0, min(values["max_np"], sum(host.slots for host in hosts)))
     if hosts is None:
         chosen, found = _found_hosts(chosen, backends, options)
         if found is not None:
@@ -248,7 +274,7 @@ def build_request(values: Mapping[str, Any], sources: Sources, backends: Sequenc
         straggler_window=positive_seconds(
             values["straggler_after"], label("straggler_after", "--straggler-after")
         ),
-        restart=_restart_options(values, plan.world_size),
+        restart=_restart_options(values, plan.world_size, discovered),
         python=_word(values["python"], label("python", "--python")),
         network_interface=_word(
             values["network_interface"], label("network_interface", "--network-interface")

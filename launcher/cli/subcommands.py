@@ -58,6 +58,7 @@ LAUNCH_ONLY = frozenset(
         "max_np",
         "reset_limit",
         "host_discovery_script",
+        "slots_per_host",
         "grace_period",
         "progress_interval",
         "gpus_per_rank",

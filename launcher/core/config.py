@@ -31,6 +31,10 @@ class RestartOptions:
     cooldown: float = 60.0
     # Resets in place (ranks that opted in to hvd.elastic) the job may make; None: no limit.
     reset_limit: int | None = None
+    # --slots-per-host: slots of a discovered host whose line names none; `discovered_first`: the job's first
+    # hosts came from the discovery script (its first call answered).
+    slots_per_host: int | None = None
+    discovered_first: bool = False
 
     @property
     def elastic(self) -> bool:

@@ -7,9 +7,11 @@ hosts and `distrun stacks` are handled meanwhile as in every other phase; `disco
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -28,8 +30,9 @@ class DiscoveryError(UsageError):
     """The discovery script failed or printed something that is not a host."""
 
 
-def parse_discovery_output(text: str, script: Path) -> tuple[Host, ...]:
-    """Blank lines and `#` comments are skipped; a host listed twice is kept once (the first)."""
+def parse_discovery_output(text: str, script: Path, slots_per_host: int | None = None) -> tuple[Host, ...]:
+    """Blank lines and `#` comments are skipped; a host listed twice is kept once (the first). A line without
+    `:slots` gets `slots_per_host` (--slots-per-host), else 1."""
     hosts: dict[str, Host] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -39,11 +42,13 @@ def parse_discovery_output(text: str, script: Path) -> tuple[Host, ...]:
             host = parse_host_entry(line, f"{script}:{number}")
         except ValueError as err:
             raise DiscoveryError(f"{script} output line {number} {line!r}: {err}") from None
+        if slots_per_host is not None and ":" not in line.rpartition("]")[2]:
+            host = dataclasses.replace(host, slots=slots_per_host)
         hosts.setdefault(host.name, host)
     return tuple(hosts.values())
 
 
-def _start(script: Path) -> subprocess.Popen[bytes]:
+def _start(script: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
     """Its argv is the path alone: nothing passes through a shell. It runs in a process group of its own, so
     that when it overruns its time the whole group goes (a `sleep` it started, a pipeline), not only the
     script, and nothing of it keeps running or holds its pipes."""
@@ -52,7 +57,7 @@ def _start(script: Path) -> subprocess.Popen[bytes]:
             [str(script)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=stderr,
             start_new_session=True,
         )
     except OSError as err:
@@ -66,15 +71,17 @@ def _overran(script: Path, timeout: float) -> DiscoveryError:
     )
 
 
-def _result(script: Path, returncode: int, out: bytes, err_out: bytes) -> tuple[Host, ...]:
+def _result(
+    script: Path, returncode: int, out: bytes, err_out: bytes, slots_per_host: int | None = None
+) -> tuple[Host, ...]:
     if returncode != 0:
         said = err_out.decode(errors="replace").strip().splitlines()
         detail = f": {said[-1]}" if said else ""
         raise DiscoveryError(f"--host-discovery-script {script} exited with code {returncode}{detail}")
-    return parse_discovery_output(out.decode(errors="replace"), script)
+    return parse_discovery_output(out.decode(errors="replace"), script, slots_per_host)
 
 
-def discover(script: Path, timeout: float = TIMEOUT) -> tuple[Host, ...]:
+def discover(script: Path, timeout: float = TIMEOUT, slots_per_host: int | None = None) -> tuple[Host, ...]:
     """The hosts the script lists now; DiscoveryError when it fails or overruns `timeout`."""
     proc = _start(script)
     try:
@@ -84,7 +91,7 @@ def discover(script: Path, timeout: float = TIMEOUT) -> tuple[Host, ...]:
         proc.communicate()  # reaps it; its pipes closed with the group
         raise _overran(script, timeout) from None
     _kill_group(proc)  # what it left running in its group (a background `sleep &`)
-    return _result(script, proc.returncode, out, err_out)
+    return _result(script, proc.returncode, out, err_out, slots_per_host)
 
 
 class Discovering(BetweenAttempts):
@@ -92,9 +99,17 @@ class Discovering(BetweenAttempts):
     exited, `error` when it failed or overran `timeout`; or the job's `outcome` (a signal, --timeout), which
     stops it at once."""
 
-    def __init__(self, script: Path, timeout: float, nodes: Sequence[Node], dead_after: float) -> None:
+    def __init__(
+        self,
+        script: Path,
+        timeout: float,
+        nodes: Sequence[Node],
+        dead_after: float,
+        slots_per_host: int | None = None,
+    ) -> None:
         super().__init__(nodes, dead_after)
         self.script = script
+        self.slots_per_host = slots_per_host
         self.limit = timeout
         self.end = time.monotonic() + timeout
         self.proc = _start(script)
@@ -140,7 +155,9 @@ class Discovering(BetweenAttempts):
             self.error = _overran(self.script, self.limit)
         else:
             try:
-                self.hosts = _result(self.script, returncode, bytes(self._out), bytes(self._err))
+                self.hosts = _result(
+                    self.script, returncode, bytes(self._out), bytes(self._err), self.slots_per_host
+                )
             except DiscoveryError as err:
                 self.error = err
         self._ended = True
@@ -164,3 +181,66 @@ class Discovering(BetweenAttempts):
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+class Polling:
+    """One run of the script while an attempt runs (launcher.job.host_watch): its stdout read by the job's
+    loop as it comes (`on_readable`), its stderr kept in a file; `finished` once it exited (then `hosts`, or
+    `error`), or `overran` it is stopped with its group."""
+
+    def __init__(self, script: Path, timeout: float, slots_per_host: int | None = None) -> None:
+        self.script = script
+        self.limit = timeout
+        self.end = time.monotonic() + timeout
+        self.slots_per_host = slots_per_host
+        self._err_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by `close`, after the run
+        try:
+            self.proc = _start(script, stderr=self._err_file)
+        except DiscoveryError:
+            self._err_file.close()
+            raise
+        assert self.proc.stdout is not None
+        self.stdout = self.proc.stdout
+        self._out = bytearray()
+        self.finished = False
+        self.hosts: tuple[Host, ...] = ()
+        self.error: DiscoveryError | None = None
+
+    def on_readable(self, now: float) -> bool:
+        """Read what it printed; False once its stdout closed (it exited: the result is set)."""
+        data = os.read(self.stdout.fileno(), 65536)
+        if data:
+            self._out += data
+            return True
+        if self.error is not None:  # it overran: `check` stopped its group, which closed the pipe
+            self.finished = True
+            return False
+        try:
+            returncode = self.proc.wait(timeout=max(0.0, self.end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.error = _overran(self.script, self.limit)
+        else:
+            self._err_file.seek(0)
+            try:
+                self.hosts = _result(
+                    self.script, returncode, bytes(self._out), self._err_file.read(), self.slots_per_host
+                )
+            except DiscoveryError as err:
+                self.error = err
+        self.finished = True
+        return False
+
+    def check(self, now: float) -> None:
+        """Past its time: its group is stopped, which closes its stdout (the loop then calls `on_readable`,
+        which ends the run with the error)."""
+        if not self.finished and self.error is None and now >= self.end:
+            self.error = _overran(self.script, self.limit)
+            _kill_group(self.proc)
+
+    def close(self) -> None:
+        """Nothing it started keeps running; its pipe and file closed (once the loop stopped watching)."""
+        _kill_group(self.proc)
+        if self.proc.poll() is None:
+            self.proc.wait()
+        self.stdout.close()
+        self._err_file.close()

@@ -15,8 +15,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from launcher.agent.protocol import NOTICE, RESET, Notice, ResetRequest
+from launcher.agent.protocol import LEAVE, NOTICE, RESET, LeaveRequest, Notice, ResetRequest
 from launcher.core.elastic_plan import Member, NewWorld, new_world, reset_envs
+from launcher.core.host_changes import Regrouping
 from launcher.core.hosts import Host
 from launcher.core.plan import plural
 from launcher.runtime.node import HostAttempt
@@ -38,6 +39,7 @@ class ResetRecord:
     left_ranks: tuple[int, ...]
     size: int
     recovery_s: float  # from the failure to the new world's first collective (the ranks' slowest `synced`)
+    planned: bool = False  # the discovery script's hosts changed: no failure, every rank at the same commit
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -60,6 +62,9 @@ class _Reset:
     joined: list[str] = field(default_factory=list)  # the newcomers' hosts
     size: int = 0  # the new world's, once known
     sent: bool = False  # the new identities went out: from here another loss cannot be absorbed
+    # A hosts update's (launcher.job.host_watch): the newcomers chosen with it, and the ranks that leave.
+    planned: list[Member] | None = None
+    leaving: list[int] = field(default_factory=list)
 
 
 class Resetter:
@@ -104,6 +109,7 @@ class Resetter:
         self.gone_hosts: set[str] = set()  # lost mid-attempt: no newcomer goes there
         self.next_id = max(self.host_of, default=-1) + 1
         self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
+        self.leavers: set[int] = set()  # told to leave by a hosts update: their end is no loss
 
     @property
     def resetting(self) -> bool:
@@ -140,9 +146,13 @@ class Resetter:
     def absorb(self, lost: Sequence[int], cause: str, now: float) -> bool:
         """Begin (or widen) a reset without the `lost` rank ids; False when the job must stop instead (the
         reason in `refused`)."""
+        lost = [r for r in lost if r not in self.leavers]
+        if not lost:
+            return True
         reset = self.current
         alive = [r for r in self._by_rank() if r not in lost and (reset is None or r in reset.survivors)]
-        refusal = self._refusal(alive, reset)
+        planned = len(reset.planned or ()) if reset is not None else 0
+        refusal = self._refusal(alive, reset, len(alive) + planned)
         if refusal is not None:
             self.refused = refusal
             return False
@@ -167,13 +177,72 @@ class Resetter:
             self._send_new_world(reset)
         return True
 
-    def _refusal(self, alive: Sequence[int], reset: _Reset | None) -> str | None:
+    # -- a planned change (the discovery script's hosts)
+
+    def add_host(self, host: HostAttempt) -> None:
+        """A host the discovery script added, connected and probed: newcomers may start there."""
+        self.hosts[host.name] = host
+        self.host_values[host.name] = host.node.host
+        self.gone_hosts.discard(host.name)
+
+    def drop_newcomers(self, hosts: set[str]) -> None:
+        """The planned reset's newcomers on these hosts do not come (the hosts could not be reached)."""
+        reset = self.current
+        if reset is not None and reset.planned is not None and not reset.sent:
+            reset.planned = [member for member in reset.planned if member.host.name not in hosts]
+
+    def members(self) -> list[tuple[int, str]]:
+        """(rank id, host) of every rank of the world, in rank order."""
+        return [(rank_id, self.host_of[rank_id]) for rank_id in self._by_rank()]
+
+    def change_hosts(self, cause: str, update: int, regrouped: Regrouping, now: float) -> str | None:
+        """Begin a planned reset: every rank hears `hosts_updated` and raises HostsUpdatedInterrupt at its
+        next commit; then those leaving get LEAVE, those staying RESET, and the newcomers start. None when it
+        began, else why not (the world stays as it is)."""
+        staying, leaving = regrouped.staying, regrouped.leaving
+        newcomers = regrouped.newcomers
+        alive = self._by_rank()
+        refusal = self._refusal(list(staying), None, len(staying) + len(newcomers), alive)
+        if refusal is None and not staying:
+            refusal = "no rank of the world stays to hand its state on"
+        if refusal is not None:
+            self.refused = refusal
+            return refusal
+        members = []
+        for host in newcomers:
+            members.append(Member(self.next_id, host))
+            self.host_of[self.next_id] = host.name
+            self.next_id += 1
+        for rank_id in leaving:
+            self.place.pop(rank_id, None)
+        self.leavers.update(leaving)
+        self.at_commit.clear()  # a port from before the update would be stale
+        self.current = _Reset(
+            cause, now, time.time(), list(leaving), list(staying), planned=members, leaving=list(leaving)
+        )
+        log.info("elastic reset: %s", cause)
+        by_host: dict[str, list[int]] = {}
+        for rank_id in alive:
+            by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
+        stamp = time.time()
+        for name, ranks in by_host.items():
+            self.hosts[name].node.send(NOTICE, Notice(ranks, "hosts_updated", stamp, update))
+        return None
+
+    def _refusal(
+        self,
+        alive: Sequence[int],
+        reset: _Reset | None,
+        size: int | None = None,
+        opting: Sequence[int] | None = None,
+    ) -> str | None:
         if reset is not None and reset.sent:
             return "a rank was lost while the new world formed"
-        if not all(rank_id in self.opted for rank_id in alive):
+        if not all(rank_id in self.opted for rank_id in (alive if opting is None else opting)):
             return "not every rank uses hvd.elastic"
-        if len(alive) < self.min_np:
-            return f"{plural(len(alive), 'rank', 'ranks')} left, fewer than --min-np {self.min_np}"
+        size = len(alive) if size is None else size
+        if size < self.min_np:
+            return f"{plural(size, 'rank', 'ranks')} left, fewer than --min-np {self.min_np}"
         used = self.done_before + len(self.records)
         if reset is None and self.reset_limit is not None and used >= self.reset_limit:
             return f"--reset-limit {self.reset_limit} reached ({plural(used, 'reset', 'resets')} done)"
@@ -202,7 +271,7 @@ class Resetter:
         return members
 
     def _send_new_world(self, reset: _Reset) -> None:
-        newcomers = self._newcomers(reset.survivors)
+        newcomers = reset.planned if reset.planned is not None else self._newcomers(reset.survivors)
         survivors = [Member(r, self.host_values[self.host_of[r]]) for r in reset.survivors]
         world = new_world(survivors, newcomers)
         rank0 = reset.survivors[0]
@@ -217,8 +286,14 @@ class Resetter:
             self.place[rank_id] = world.rank_of(rank_id)
         for name, host_envs in by_host.items():
             self.hosts[name].node.send(RESET, ResetRequest(host_envs))
+        leaving: dict[str, list[int]] = {}
+        for rank_id in reset.leaving:
+            leaving.setdefault(self.host_of[rank_id], []).append(rank_id)
+        for name, ranks in leaving.items():
+            self.hosts[name].node.send(LEAVE, LeaveRequest(ranks))
         self.at_commit.clear()
         reset.sent = True
+        reset.size = world.plan.world_size
         if newcomers:
             assert self.spawn is not None
             for member in newcomers:
@@ -232,7 +307,10 @@ class Resetter:
         left_hosts = tuple(dict.fromkeys(self.host_of[r] for r in reset.left))
         joined = tuple(dict.fromkeys(reset.joined))
         size = reset.size or len(reset.survivors)
-        record = ResetRecord(reset.at, reset.cause, left_hosts, joined, tuple(reset.left), size, recovery)
+        record = ResetRecord(
+            reset.at, reset.cause, left_hosts, joined, tuple(reset.left), size, recovery,
+            planned=reset.planned is not None,
+        )  # fmt: skip
         self.records.append(record)
         self.current = None
         self.note([reset_line(self.done_before + len(self.records), record)])
@@ -246,5 +324,5 @@ def reset_line(number: int, record: ResetRecord) -> str:
     joined = ", ".join(record.joined) or "none"
     return (
         f"reset {number}: {record.cause}; left: {left}; joined: {joined}; world size {record.size}; "
-        f"training again {record.recovery_s:.2f}s after the failure"
+        f"training again {record.recovery_s:.2f}s after the {'commit' if record.planned else 'failure'}"
     )

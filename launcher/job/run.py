@@ -41,6 +41,7 @@ from launcher.errors import (
 )
 from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.elastic import ResetRecord, Resetter
+from launcher.job.host_watch import watch_hosts
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
 from launcher.report.account import (
@@ -133,6 +134,7 @@ class Job:
         self.resets: list[ResetRecord] = []  # every reset in place, across attempts
         self._reset_limit_hit: str | None = None
         self.rank_hosts: dict[int, str] = {}
+        self.world_hosts: tuple[Host, ...] = ()  # the last attempt's hosts, where its host watch changed them
 
     def run(self, plan: Plan) -> Outcome:
         """Attempts until one ends the job; the last attempt's outcome."""
@@ -156,7 +158,7 @@ class Job:
                 outcome,
                 restarts_done=index,
                 options=options,
-                hosts=plan.nodes,
+                hosts=self.world_hosts or plan.nodes,  # as the discovery script last formed the world
                 num_proc=plan.world_size,
                 book=self.book,
                 now=time.monotonic(),
@@ -219,7 +221,9 @@ class Job:
         if left <= 0:
             return ()  # --timeout has expired: the job ends before any restart
         try:
-            phase = Discovering(script, left, list(self.nodes.values()), self.dead_after)
+            phase = Discovering(
+                script, left, list(self.nodes.values()), self.dead_after, self.config.restart.slots_per_host
+            )
             try:
                 self.loop.run(phase)
             finally:
@@ -284,6 +288,7 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
+        self.began: set[str] = set()  # hosts added mid-attempt whose agent has started ranks
         self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
@@ -295,6 +300,7 @@ class Job:
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
         elastic = self.resetter(attempt, hosts, nodes)
+        host_watch = watch_hosts(self, plan, hosts, elastic, master_addr)
         sup = Supervisor(
             hosts,
             self.relay,
@@ -303,15 +309,23 @@ class Job:
             dead_after=self.dead_after,
             watch=self.watch,
             elastic=elastic,
+            host_watch=host_watch,
         )
+        if host_watch is not None:
+            host_watch.attach(sup)
         started = time.time()
         if self.watch is not None:
             self.watch.attempt_started(hosts, time.monotonic())
         try:
             outcome = supervise(sup, self.loop)
+            if host_watch is not None and host_watch.fatal is not None:
+                raise host_watch.fatal
         finally:
             if self.watch is not None:
                 self.watch.attempt_ended()
+            if host_watch is not None:
+                host_watch.close()
+                self.world_hosts = host_watch.known if host_watch.changed else ()
             self.record(attempt, started, sup, hosts)
             if elastic is not None:
                 self.resets.extend(elastic.records)
@@ -327,7 +341,8 @@ class Job:
             return None
 
         def address_of(name: str) -> str:
-            first = [n for n in nodes if n.name == name] + [n for n in nodes if n.name != name]
+            # self.nodes: a host the discovery script added mid-attempt is among them, not among `nodes`.
+            first = [self.nodes[name]] + [n for n in nodes if n.name != name]
             return self.master_addr(first)
 
         def spawn(
@@ -365,7 +380,10 @@ class Job:
         for host, request in zip(nodes, requests, strict=True):
             ranks = [dataclasses.replace(r, rank=wanted[r.rank]) for r in request.ranks if r.rank in wanted]
             if ranks:
-                host.node.send(ADD, dataclasses.replace(request, ranks=ranks))
+                # A host the discovery script added runs no attempt yet: its first ranks START one.
+                kind = ADD if host.slots or host.name in self.began else START
+                self.began.add(host.name)
+                host.node.send(kind, dataclasses.replace(request, ranks=ranks))
         self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
         self.relay.set_hosts(dict(self.rank_hosts))
 

@@ -41,6 +41,7 @@ from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signal
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import signal_name
 from launcher.job.elastic import Resetter
+from launcher.job.host_watch import HostWatch
 from launcher.runtime.control import answer_busy
 from launcher.runtime.loop import NO_DEADLINE, Deadline, Loop, Phase, forward_signal
 from launcher.runtime.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
@@ -67,19 +68,22 @@ class Supervisor(Phase[HostAttempt]):
         dead_after: float,
         watch: JobWatch | None = None,
         elastic: Resetter | None = None,
+        host_watch: HostWatch | None = None,
     ) -> None:
         """`deadline`: the job's (its Loop's), when the attempt is stopped and the job ends as timed out.
-        `elastic`: an elastic job's driver, which keeps the survivors running where every rank opted in."""
+        `elastic`: an elastic job's driver, which keeps the survivors running where every rank opted in;
+        `host_watch`: its --host-discovery-script, polled while the ranks run."""
         super().__init__([(host.node, host) for host in hosts], dead_after)
         self.hosts = list(hosts)
         # Stacks on request, at the timeout (before stopping) and on a stall; stragglers. None: none of it.
         self.watch = watch
         self._timeout_stacks = False  # the timeout's stacks were asked for
         self.elastic = elastic
-        if elastic is not None:
-            self.rank_hosts = elastic.host_of  # one map: a reset's newcomers are the attempt's ranks too
+        self.host_watch = host_watch
         self.relay = relay
         self.rank_hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
+        if elastic is not None:
+            self.rank_hosts = elastic.host_of  # one map: a reset's newcomers are the attempt's ranks too
         self.deadline = deadline
         self.grace = grace
         for host in self.hosts:
@@ -116,7 +120,21 @@ class Supervisor(Phase[HostAttempt]):
         return self.elastic.doing() if self.elastic is not None else "running its ranks"
 
     def next_due(self) -> float | None:
-        return self.watch.next_deadline() if self.watch is not None else None
+        due = self.watch.next_deadline() if self.watch is not None else None
+        if self.host_watch is not None and self.cause is None:
+            polled = self.host_watch.next_due()
+            due = polled if due is None else min(due, polled)
+        return due
+
+    def end_job(self, now: float) -> None:
+        """Stop every rank for a reason of the job's own: the host watch's error, raised once they stopped."""
+        self._stop(lambda stopped: Signalled(signal.SIGTERM, stopped), now)
+
+    def add_host(self, host: HostAttempt) -> None:
+        """A host the discovery script added while the attempt runs (its ranks come with the next reset)."""
+        self.hosts.append(host)
+        host.node.attempt_began()
+        self.add_source(host.node, host)
 
     def next_wake(self) -> float | None:
         return self.relay.next_deadline()  # a partial line's quiet spell, a held-back redraw
@@ -312,6 +330,8 @@ class Supervisor(Phase[HostAttempt]):
     def on_tick(self, now: float) -> None:
         if self.watch is not None:
             self.watch.tick(now)
+        if self.host_watch is not None and self.cause is None:
+            self.host_watch.tick(now)
         self._check_timeout(now)
         # Local agents need no heartbeat: a dead one closes its pipe, which the loop sees at once.
         self.check_liveness(now)

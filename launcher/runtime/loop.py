@@ -46,6 +46,10 @@ class Phase(Generic[C]):
         self._node_of = {id(context): node for node, context in self.sources}
         self.dead_after = dead_after
         self.handlers: Handlers = {}
+        # Hosts and fds it began to listen to while the loop ran (an elastic job's new host, the discovery
+        # script's next run): the loop registers them at its next pass.
+        self.added: list[tuple[Node, C]] = []
+        self.added_watches: list[tuple[Any, Callable[[float], bool]]] = []
 
     # -- what it is waiting for
 
@@ -81,6 +85,16 @@ class Phase(Generic[C]):
 
     def node_of(self, context: C) -> Node:
         return self._node_of[id(context)]
+
+    def add_source(self, node: Node, context: C) -> None:
+        """A host it listens to from now on (registered by the loop at its next pass)."""
+        self.sources.append((node, context))
+        self._node_of[id(context)] = node
+        self.added.append((node, context))
+
+    def add_watch(self, fileobj: Any, on_ready: Callable[[float], bool]) -> None:
+        """An fd it waits on from now on, as `watches` (registered by the loop at its next pass)."""
+        self.added_watches.append((fileobj, on_ready))
 
     def check_liveness(self, now: float) -> None:
         """Hosts it listens to that have been silent longer than their agents' heartbeats allow are lost."""
@@ -219,6 +233,16 @@ class Loop:
             ran = now  # the last instant this loop is known to have run
             while not phase.done:
                 now = time.monotonic()
+                while phase.added_watches:
+                    fileobj, on_ready = phase.added_watches.pop(0)
+                    waiter.register(fileobj, (fileobj, on_ready))
+                while phase.added:
+                    node, context = phase.added.pop(0)
+                    node.excuse(now)
+                    if not node.lost and phase.listening(context):
+                        fd = node.link.fileno()
+                        waiter.register(fd, (node, context))
+                        registered[id(node)] = fd
                 if now - ran > self.check_every:
                     # Stopped between two passes: by Ctrl-Z (a phase suspends us after its events), or by a
                     # SIGSTOP at that instant. Nobody could be heard meanwhile.

@@ -68,3 +68,10 @@ def test_a_script_that_cannot_run_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(DiscoveryError) as caught:
         discover(path, timeout=10.0)
     assert str(caught.value) == f"--host-discovery-script {path}: cannot run it: No such file or directory"
+
+
+def test_slots_per_host_is_for_lines_without_slots(tmp_path: Path) -> None:
+    script = _script(tmp_path, "echo h1\necho h2:3\necho '[::1]'\necho 'u@h4'\n")
+    hosts = discover(script, timeout=10.0, slots_per_host=4)
+    assert [(h.name, h.slots) for h in hosts] == [("h1", 4), ("h2", 3), ("::1", 4), ("h4", 4)]
+    assert [h.slots for h in discover(script, timeout=10.0)] == [1, 3, 1, 1]

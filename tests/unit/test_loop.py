@@ -117,3 +117,37 @@ def test_a_silent_host_is_lost_by_the_same_rule_in_any_phase() -> None:
     ):
         Loop(wake_fd, check_every=0.05).run(Waiting([(nodes[0], nodes[0])], dead_after=0.2))
     assert nodes[0].lost
+
+
+def test_an_fd_a_phase_begins_to_watch_while_the_loop_runs_is_read() -> None:
+    """`Phase.add_watch` mid-run (the discovery script's next run while ranks run): the loop reads it from its
+    next pass, and stops watching it when its reader says so."""
+    nodes = [h.node for h in fake_hosts({"a": 1})]
+    read_fd, write_fd = os.pipe()
+    got: list[bytes] = []
+
+    class Watching(Pause):
+        began = False
+
+        def on_tick(self, now: float) -> None:
+            super().on_tick(now)
+            if not self.began:
+                self.began = True
+                self.add_watch(read_fd, self.read)
+                os.write(write_fd, b"h1:2\n")
+                os.close(write_fd)
+
+        def read(self, now: float) -> bool:
+            data = os.read(read_fd, 100)
+            got.append(data)
+            return bool(data)
+
+        @property
+        def done(self) -> bool:
+            return (bool(got) and got[-1] == b"") or self.outcome is not None
+
+    with signal_pipe() as wake_fd:
+        phase = Watching(nodes, 60.0, 60.0)
+        Loop(wake_fd, deadline=Deadline(30.0, time.monotonic()), check_every=0.05).run(phase)
+    os.close(read_fd)
+    assert got == [b"h1:2\n", b""]

@@ -1,0 +1,104 @@
+"""The host watch's planned reset with fake agents (launcher.job.host_watch, launcher.job.elastic): what each
+agent is sent when the discovery script's hosts change, and when nothing is sent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+from launcher.agent.protocol import LEAVE, NOTICE, RESET, LeaveRequest, Notice, ResetRequest, decode_frame
+from launcher.core.hosts import Host
+from launcher.job.elastic import Resetter
+from launcher.job.host_watch import HostWatch
+from launcher.runtime.node import HostAttempt
+from tests.fakes import FakeLink, fake_hosts
+
+
+def _resetter(hosts: list[HostAttempt], lines: list[str], reset_limit: int | None = None) -> Resetter:
+    resetter = Resetter(
+        hosts, min_np=1, reset_limit=reset_limit, run_id="r", max_restarts=0,
+        master_addr=lambda name: f"addr-{name}", note=lines.extend, max_np=4,
+    )  # fmt: skip
+    for rank_id in resetter.host_of:
+        resetter.opted_in(rank_id)
+    return resetter
+
+
+def _sent(host: HostAttempt, kind: int) -> list[Any]:
+    link = cast(FakeLink, host.node.link)
+    return [decode_frame(frame) for frame in link.sent if frame.kind == kind]
+
+
+class _Sup:
+    """What the watch asks of the Supervisor."""
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def end_job(self, now: float) -> None:
+        self.ended = True
+
+
+def _watch(resetter: Resetter, known: list[Host], latest: list[Host]) -> tuple[HostWatch, _Sup]:
+    watch = HostWatch(Path("/bin/true"), known, resetter, lambda new: [], max_np=4, called_before=True)
+    sup = _Sup()
+    watch.attach(cast(Any, sup))
+    watch.latest = tuple(latest)
+    return watch, sup
+
+
+def test_a_removed_hosts_ranks_get_leave_and_the_others_their_new_places() -> None:
+    hosts = fake_hosts({"a": 2, "b": 2})
+    lines: list[str] = []
+    resetter = _resetter(hosts, lines)
+    watch, _ = _watch(resetter, [Host("a", 2), Host("b", 2)], [Host("b", 2)])
+    watch.tick(0.0)
+    notices = [n for host in hosts for n in _sent(host, NOTICE)]
+    assert notices == [
+        Notice([0, 1], "hosts_updated", notices[0].timestamp, 1),
+        Notice([2, 3], "hosts_updated", notices[0].timestamp, 1),
+    ], "every rank hears it, those leaving too"
+    assert not _sent(hosts[1], RESET), "nothing moves before the staying ranks are at their commit"
+    resetter.ready(2, 4000, 1.0)
+    resetter.ready(3, 4001, 1.0)
+    [reset] = _sent(hosts[1], RESET)
+    assert isinstance(reset, ResetRequest)
+    assert {rank_id: (env["RANK"], env["WORLD_SIZE"]) for rank_id, env in reset.envs.items()} == {
+        "2": ("0", "2"),
+        "3": ("1", "2"),
+    }
+    assert reset.envs["2"]["MASTER_ADDR"] == "addr-b" and reset.envs["2"]["MASTER_PORT"] == "4000"
+    assert _sent(hosts[0], LEAVE) == [LeaveRequest([0, 1])]
+    resetter.synced(2, 0.5, 2.0)
+    resetter.synced(3, 0.5, 2.0)
+    assert lines == [
+        "reset 1: hosts removed: a (--host-discovery-script); left: rank 0, rank 1 (on a); joined: none; "
+        "world size 2; training again 0.50s after the commit"
+    ]
+    assert resetter.absorb([0], "rank 0 exited", 3.0), "a leaving rank's end is no loss"
+
+
+def test_nothing_is_sent_until_every_rank_opted_in_nor_for_slots_beyond_max_np() -> None:
+    hosts = fake_hosts({"a": 2, "b": 2})
+    resetter = _resetter(hosts, [])
+    resetter.opted.discard(3)
+    watch, _ = _watch(resetter, [Host("a", 2), Host("b", 2)], [Host("a", 2)])
+    watch.tick(0.0)
+    assert not any(_sent(host, NOTICE) for host in hosts)
+    resetter.opted_in(3)
+    full, _ = _watch(resetter, [Host("a", 2), Host("b", 2)], [Host("a", 2), Host("b", 2), Host("c", 4)])
+    full.tick(0.0)
+    assert not any(_sent(host, NOTICE) for host in hosts), "--max-np 4 is reached: c is a spare"
+
+
+def test_a_change_past_the_reset_limit_stops_the_job_naming_it() -> None:
+    hosts = fake_hosts({"a": 2, "b": 2})
+    resetter = _resetter(hosts, [], reset_limit=0)
+    watch, sup = _watch(resetter, [Host("a", 2), Host("b", 2)], [Host("b", 2)])
+    watch.tick(0.0)
+    assert sup.ended and watch.fatal is not None
+    assert str(watch.fatal) == (
+        "the job ends: --reset-limit 0 reached (0 resets done); the next: hosts removed: a "
+        "(--host-discovery-script)"
+    )
+    assert not any(_sent(host, NOTICE) for host in hosts)
