@@ -49,7 +49,8 @@ from typing import Any
 import torch
 
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
-from collectives.engine_values import Fusion, Settings
+from collectives.engine_tickets import Ticket
+from collectives.engine_values import Fusion, Payload, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
 from collectives.registry import _Groups
@@ -63,67 +64,6 @@ _MAX_IDLE_WAIT_S = 0.02
 _BURST_CYCLES = 8
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
-
-
-class Ticket:
-    """The engine's side of a handle: what starting the operation gave (or the error), once it has run.
-
-    A driver settles its own ticket on its own thread, so the ticket holds no Event: one is made only for a
-    caller that has to wait while another thread settles it (created on first need, under the lock).
-    """
-
-    __slots__ = ("_callbacks", "_done", "_engine", "_error", "_event", "_lock", "_value")
-
-    def __init__(self, engine: Engine | None = None) -> None:
-        self._engine = engine
-        self._done = False
-        self._event: threading.Event | None = None
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._callbacks: list[Callable[[], None]] | None = None
-        self._lock = threading.Lock()
-
-    def done(self) -> bool:
-        return self._done
-
-    def result(self) -> Any:
-        """Block until the operation has been issued, running the engine's rounds on this thread meanwhile
-        (see :meth:`Engine.drive`); its start's value, or raise its error."""
-        if not self._done:
-            if self._engine is not None:
-                self._engine.drive(self)
-            if not self._done:
-                with self._lock:
-                    if not self._done and self._event is None:
-                        self._event = threading.Event()
-                    event = self._event
-                if event is not None:
-                    event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def on_done(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def _settle(self, value: Any, error: BaseException | None) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._value, self._error = value, error
-            self._done = True
-            event, self._event = self._event, None
-            callbacks, self._callbacks = self._callbacks, None
-        if event is not None:
-            event.set()
-        for callback in callbacks or ():
-            callback()
 
 
 class Turn:
@@ -161,9 +101,12 @@ class _Entry:
     cuda_event: Any = None
     device: int | None = None
     driven: bool = False
+    payload: Payload | None = None
 
     def announcement(self) -> Announcement:
-        return Announcement(self.key, self.call.row(), self.label)
+        return Announcement(
+            self.key, self.call.row(), self.label, None if self.payload is None else self.payload.data
+        )
 
 
 class Engine:
@@ -173,11 +116,15 @@ class Engine:
         self.groups = groups
         self.settings = settings
         self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
+        self.reduced_in_round = 0  # allreduces reduced from the payloads their round carried
         self._cond = threading.Condition()
         self._new: list[_Entry] = []
         self._woken = False  # the engine thread was woken for what is in _new
         self._local: dict[int, _Entry] = {}
-        self._queue: collections.deque[tuple[int, list[list[int]]]] = collections.deque()
+        # Agreed operations in issue order: key, every rank's row, every rank's payload (or None).
+        self._queue: collections.deque[tuple[int, list[list[int]], list[torch.Tensor] | None]] = (
+            collections.deque()
+        )
         self._table = Table(groups.size)
         self._sequence = 0
         self._held: Turn | None = None
@@ -214,15 +161,24 @@ class Engine:
         fusion: Fusion | None = None,
         cuda_tensor: torch.Tensor | None = None,
         drive: bool = False,
+        payload: Payload | None = None,
     ) -> Ticket:
         """Enqueue ``call``; ``start(agreement)`` runs on the engine thread once every rank has submitted it.
 
         ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
+        ``payload``: the operation may instead be finished from every rank's payload (see :class:`Payload`).
         """
         ticket = Ticket(self)
         self._enqueue(
-            call, start, ticket, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive
+            call,
+            start,
+            ticket,
+            named=named,
+            fusion=fusion,
+            cuda_tensor=cuda_tensor,
+            notify=not drive,
+            payload=payload,
         )
         if drive:
             self.drive(ticket)
@@ -253,6 +209,7 @@ class Engine:
         turn: Turn | None = None,
         cuda_tensor: torch.Tensor | None = None,
         notify: bool = True,
+        payload: Payload | None = None,
     ) -> None:
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
@@ -270,7 +227,7 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, driven=not notify)
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, payload)
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
@@ -388,7 +345,8 @@ class Engine:
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
         )
         for key in result.ready:
-            self._queue.append((key, self._table.take(key)))
+            payloads = self._table.take_payloads(key)
+            self._queue.append((key, self._table.take(key), payloads))
         if self.stand_in is not None:
             self._stand_in_for_named()
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
@@ -443,7 +401,7 @@ class Engine:
             with self._cond:
                 if self._held is not None or self._abandoned:
                     return
-            key, rows = self._queue.popleft()
+            key, rows, payloads = self._queue.popleft()
             with self._cond:
                 entry = self._local.pop(key)
             try:
@@ -467,6 +425,9 @@ class Engine:
             if entry.start is None:
                 entry.ticket._settle(agreement, None)
                 continue
+            if payloads is not None and entry.payload is not None and not agreement.joined:
+                self._reduce_in_round(entry, payloads)
+                continue
             # With a rank joined, each operation is matched one by one by its zeros: no fusion.
             fusable = entry.fusion is not None and not agreement.joined
             fused = [entry, *self._fusable_after(entry)] if fusable else [entry]
@@ -481,10 +442,12 @@ class Engine:
         taken: list[_Entry] = []
         total = first.fusion.tensor.numel() * first.fusion.tensor.element_size()
         while self._queue:
-            key, rows = self._queue[0]
+            key, rows, payloads = self._queue[0]
             entry = self._local.get(key)
             if entry is None or entry.fusion is None or entry.fusion.key != first.fusion.key:
                 break
+            if payloads is not None:
+                break  # reduced from its payloads, on its own
             size = entry.fusion.tensor.numel() * entry.fusion.tensor.element_size()
             if total + size > self.settings.fusion_threshold:
                 break
@@ -515,6 +478,21 @@ class Engine:
             )
             return
         self.collectives_issued += 1
+        entry.ticket._settle(value, None)
+
+    def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
+        assert entry.payload is not None
+        try:
+            value = entry.payload.reduce(payloads)
+        except CollectivesError as error:
+            entry.ticket._settle(None, error)
+            return
+        except Exception as error:
+            entry.ticket._settle(
+                None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}")
+            )
+            return
+        self.reduced_in_round += 1
         entry.ticket._settle(value, None)
 
     def _issue_fused(self, entries: list[_Entry]) -> None:

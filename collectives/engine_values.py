@@ -1,5 +1,6 @@
 """The engine's plain values: its settings (Horovod's tuning variables, with Horovod's meanings and defaults)
-and how an allreduce fuses with others (:class:`Fusion`)."""
+how an allreduce fuses with others (:class:`Fusion`), and how a small one rides in the agreement round
+(:class:`Payload`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Fusion", "Settings"]
+__all__ = ["Fusion", "Payload", "Settings"]
 
 
 def _env_float(name: str, default: float) -> float:
@@ -48,3 +49,13 @@ class Fusion:
     key: Hashable
     tensor: torch.Tensor
     issue: Callable[[list[torch.Tensor]], list[Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """A small CPU allreduce carried inside the agreement round: ``data`` is its tensor's bytes (uint8), and
+    ``reduce`` turns every rank's bytes, in set order, into the start value, with no collective of its own.
+    Every rank reduces the same bytes in the same order, so every rank gets the same bits."""
+
+    data: torch.Tensor
+    reduce: Callable[[list[torch.Tensor]], Any]

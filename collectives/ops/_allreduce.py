@@ -9,9 +9,10 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
-from collectives.engine_values import Fusion
+from collectives.engine_rounds import payload_fits
+from collectives.engine_values import Fusion, Payload
 from collectives.negotiation import Agreement, Call, Kind
-from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
+from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled
 from collectives.ops._handle import Handle, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
@@ -48,10 +49,43 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
         return _fused_handles(work, flat, tensors, divisor, postscale)
 
-    fusion = None
+    fusion = payload = None
     if tensor.is_contiguous() and groups.size > 1:
         fusion = Fusion((tensor.dtype, tensor.device, op, prescale, postscale), tensor, issue_fused)
-    return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor)
+        if (
+            prescale == 1.0
+            and tensor.device.type == "cpu"
+            and tensor.dtype in _CARRIED
+            and payload_fits(tensor.numel() * tensor.element_size(), groups.size)
+        ):
+            payload = Payload(tensor.reshape(-1).view(torch.uint8), _reduce_payloads(tensor, op, postscale))
+    return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, payload=payload)
+
+
+_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.AVERAGE: torch.add,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.PRODUCT: torch.mul,
+}
+
+
+def _reduce_payloads(
+    tensor: torch.Tensor, op: ReduceOp, postscale: float
+) -> Callable[[list[torch.Tensor]], Handle[torch.Tensor]]:
+    """Reduce every rank's bytes of ``tensor`` into it, in set order: the same bits on every rank."""
+
+    def reduce(payloads: list[torch.Tensor]) -> Handle[torch.Tensor]:
+        parts = [p.view(tensor.dtype).view(tensor.shape) for p in payloads]
+        combine = _COMBINE[op]
+        combine(parts[0], parts[1], out=tensor)
+        for part in parts[2:]:
+            combine(tensor, part, out=tensor)
+        divisor = len(parts) if op is ReduceOp.AVERAGE else 1
+        return Handle([], lambda: _postscaled(tensor, divisor, postscale))
+
+    return reduce
 
 
 def _fused_handles(
