@@ -50,9 +50,9 @@ import torch
 
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
 from collectives.engine_tickets import Ticket
-from collectives.engine_values import Fusion, Payload, Settings
+from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
-from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
+from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
 from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
@@ -89,7 +89,7 @@ class Turn:
             self._engine._release(self)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Entry:
     key: int
     call: Call
@@ -101,12 +101,11 @@ class _Entry:
     cuda_event: Any = None
     device: int | None = None
     driven: bool = False
-    payload: Payload | None = None
 
     def announcement(self) -> Announcement:
-        return Announcement(
-            self.key, self.call.row(), self.label, None if self.payload is None else self.payload.data
-        )
+        fusion = self.fusion
+        payload = fusion.tensor if fusion is not None and fusion.reduce is not None else None
+        return Announcement(self.key, row_of(self.call), self.label, payload)
 
 
 class Engine:
@@ -161,13 +160,11 @@ class Engine:
         fusion: Fusion | None = None,
         cuda_tensor: torch.Tensor | None = None,
         drive: bool = False,
-        payload: Payload | None = None,
     ) -> Ticket:
         """Enqueue ``call``; ``start(agreement)`` runs on the engine thread once every rank has submitted it.
 
         ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
-        ``payload``: the operation may instead be finished from every rank's payload (see :class:`Payload`).
         """
         ticket = Ticket(self)
         self._enqueue(
@@ -178,7 +175,6 @@ class Engine:
             fusion=fusion,
             cuda_tensor=cuda_tensor,
             notify=not drive,
-            payload=payload,
         )
         if drive:
             self.drive(ticket)
@@ -209,7 +205,6 @@ class Engine:
         turn: Turn | None = None,
         cuda_tensor: torch.Tensor | None = None,
         notify: bool = True,
-        payload: Payload | None = None,
     ) -> None:
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
@@ -227,7 +222,7 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, payload)
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify)
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
@@ -425,7 +420,7 @@ class Engine:
             if entry.start is None:
                 entry.ticket._settle(agreement, None)
                 continue
-            if payloads is not None and entry.payload is not None and not agreement.joined:
+            if payloads is not None and entry.fusion is not None and not agreement.joined:
                 self._reduce_in_round(entry, payloads)
                 continue
             # With a rank joined, each operation is matched one by one by its zeros: no fusion.
@@ -481,9 +476,9 @@ class Engine:
         entry.ticket._settle(value, None)
 
     def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
-        assert entry.payload is not None
+        assert entry.fusion is not None and entry.fusion.reduce is not None
         try:
-            value = entry.payload.reduce(payloads)
+            value = entry.fusion.reduce(payloads)
         except CollectivesError as error:
             entry.ticket._settle(None, error)
             return

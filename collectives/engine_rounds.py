@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import hashlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ _FIRST_BYTES_ALL_RANKS = 128 * 1024
 _PAYLOAD_BYTES_ALL_RANKS = 8 * 1024
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def name_key(name: str) -> int:
     """A positive int64 naming ``name`` identically in every process; ordered operations use negative keys."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big") + 1
@@ -50,10 +52,9 @@ def payload_fits(nbytes: int, size: int) -> bool:
     return nbytes * size <= _PAYLOAD_BYTES_ALL_RANKS
 
 
-@dataclasses.dataclass(frozen=True)
-class Announcement:
-    """One operation announced: its key, its row, its label for the stall report, and optionally a payload
-    (a contiguous CPU tensor whose bytes every rank receives)."""
+class Announcement(NamedTuple):
+    """One operation announced: its key, its row (trailing -1s may be left out), its label for the stall
+    report, and optionally a payload (a contiguous CPU tensor whose bytes every rank receives)."""
 
     key: int
     row: list[int]
@@ -132,16 +133,9 @@ def first_words(size: int) -> int:
 
 
 def _records(mine: list[Announcement]) -> list[list[int]]:
-    """Each announcement as (key, n, the row's first n values): trailing -1s (the row's padding) are left out
-    and restored on arrival."""
-    out = []
-    for announcement in mine:
-        row = announcement.row
-        n = len(row)
-        while n and row[n - 1] == -1:
-            n -= 1
-        out.append([announcement.key, n, *row[:n]])
-    return out
+    """Each announcement as (key, n, its row's n values): rows come without their trailing -1s (their
+    padding), restored on arrival."""
+    return [[a.key, len(a.row), *a.row] for a in mine]
 
 
 def _pack_first(
@@ -156,18 +150,21 @@ def _pack_first(
             break
         used += len(record) + 2
         count += 1
-    payload_words = [0 if a.payload is None else (a.payload.numel() + 7) // 8 for a in mine[:count]]
+    payload_bytes = [0 if a.payload is None else a.payload.numel() * a.payload.element_size() for a in mine]
+    payload_words = [(n + 7) // 8 for n in payload_bytes[:count]]
     carried = count == len(mine) and any(a.payload is not None for a in mine)
     carried = carried and used + sum(payload_words) <= words
     flat: list[int] = [0] * _HEADER
     tail = words
     placed: list[tuple[int, torch.Tensor]] = []
-    for announcement, record, size in zip(mine[:count], records, payload_words, strict=False):
+    for announcement, record, size, nbytes in zip(
+        mine[:count], records, payload_words, payload_bytes, strict=False
+    ):
         flat.extend(record)
         if carried and announcement.payload is not None:
             tail -= size
-            placed.append((tail, announcement.payload))
-            flat.extend((announcement.payload.numel(), tail))
+            placed.append((tail, announcement.payload.reshape(-1).view(torch.uint8)))
+            flat.extend((nbytes, tail))
         else:
             flat.extend((-1, -1))
     buffer = torch.empty(words, dtype=torch.int64)

@@ -1,6 +1,5 @@
 """The engine's plain values: its settings (Horovod's tuning variables, with Horovod's meanings and defaults)
-how an allreduce fuses with others (:class:`Fusion`), and how a small one rides in the agreement round
-(:class:`Payload`)."""
+how an allreduce fuses with others, or rides in the agreement round (:class:`Fusion`)."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Fusion", "Payload", "Settings"]
+__all__ = ["Fusion", "Settings"]
 
 
 def _env_float(name: str, default: float) -> float:
@@ -44,18 +43,13 @@ class Settings:
 @dataclasses.dataclass(frozen=True)
 class Fusion:
     """How an allreduce joins others in one buffer: entries with equal ``key`` fuse, ``issue`` reduces a list
-    of tensors as one collective and gives one start value per tensor."""
+    of tensors as one collective and gives one start value per tensor.
+
+    ``reduce``, for a small CPU tensor: it may ride in the agreement round instead (its bytes carried to
+    every rank), and ``reduce`` turns every rank's bytes (uint8, in set order) into the start value, with no
+    collective of its own. Every rank reduces the same bytes in the same order: the same bits everywhere."""
 
     key: Hashable
     tensor: torch.Tensor
     issue: Callable[[list[torch.Tensor]], list[Any]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Payload:
-    """A small CPU allreduce carried inside the agreement round: ``data`` is its tensor's bytes (uint8), and
-    ``reduce`` turns every rank's bytes, in set order, into the start value, with no collective of its own.
-    Every rank reduces the same bytes in the same order, so every rank gets the same bits."""
-
-    data: torch.Tensor
-    reduce: Callable[[list[torch.Tensor]], Any]
+    reduce: Callable[[list[torch.Tensor]], Any] | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
 from collectives.engine_rounds import payload_fits
-from collectives.engine_values import Fusion, Payload
+from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled
 from collectives.ops._handle import Handle, _submit
@@ -44,22 +45,27 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
 
     def issue_fused(tensors: list[torch.Tensor]) -> list[Handle[torch.Tensor]]:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        views = [t.view(-1) for t in tensors]  # contiguous, or they would not fuse
+        flat = torch.cat(views)
         torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
-        return _fused_handles(work, flat, tensors, divisor, postscale)
+        return _fused_handles(work, flat, tensors, views, divisor, postscale)
 
-    fusion = payload = None
-    if tensor.is_contiguous() and groups.size > 1:
-        fusion = Fusion((tensor.dtype, tensor.device, op, prescale, postscale), tensor, issue_fused)
-        if (
+    fusion = None
+    if groups.size > 1 and tensor.is_contiguous():
+        rides = (
             prescale == 1.0
             and tensor.device.type == "cpu"
             and tensor.dtype in _CARRIED
             and payload_fits(tensor.numel() * tensor.element_size(), groups.size)
-        ):
-            payload = Payload(tensor.reshape(-1).view(torch.uint8), _reduce_payloads(tensor, op, postscale))
-    return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, payload=payload)
+        )
+        fusion = Fusion(
+            (tensor.dtype, tensor.device, op, prescale, postscale),
+            tensor,
+            issue_fused,
+            _reduce_payloads(tensor, op, postscale) if rides else None,
+        )
+    return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor)
 
 
 _COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
@@ -88,26 +94,34 @@ def _reduce_payloads(
     return reduce
 
 
-def _fused_handles(
-    work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
+def _fused_handles(  # noqa: PLR0917
+    work: dist.Work,
+    flat: torch.Tensor,
+    tensors: list[torch.Tensor],
+    views: list[torch.Tensor],
+    divisor: int,
+    postscale: float,
 ) -> list[Handle[torch.Tensor]]:
-    """One handle per fused tensor; the first to finish scales the buffer once for all of them."""
-    scaled: list[bool] = []
-    offsets = [0]
-    for t in tensors:
-        offsets.append(offsets[-1] + t.numel())
+    """One handle per fused tensor; the first to be waited for waits for the collective and copies every
+    tensor out of the buffer at once, so the others wait for nothing."""
+    pending = [work]  # shared: emptied once the collective has been waited for
+    lock = threading.Lock()
+
+    def finish_all() -> None:
+        with lock:
+            if pending:
+                _postscaled(flat, divisor, postscale)
+                torch._foreach_copy_(views, list(torch.split(flat, [v.numel() for v in views])))
+                pending.clear()
 
     def finisher(i: int) -> Callable[[], torch.Tensor]:
         def finish() -> torch.Tensor:
-            if not scaled:
-                _postscaled(flat, divisor, postscale)
-                scaled.append(True)
-            tensors[i].copy_(flat[offsets[i] : offsets[i + 1]].view_as(tensors[i]))
+            finish_all()
             return tensors[i]
 
         return finish
 
-    return [Handle([work], finisher(i)) for i in range(len(tensors))]
+    return [Handle(pending, finisher(i)) for i in range(len(tensors))]
 
 
 def allreduce_async_(  # noqa: PLR0917 (Horovod's signature)

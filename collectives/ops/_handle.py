@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.engine import Ticket
-from collectives.engine_values import Fusion, Payload
+from collectives.engine_values import Fusion
 from collectives.engines import engine_for
 from collectives.errors import ArgumentError, CollectivesError, HorovodInternalError
 from collectives.negotiation import Agreement, Call
@@ -52,7 +52,8 @@ class Handle(Generic[T]):
         ticket: Ticket | None = None,
         parts: Sequence[Handle[Any]] = (),
     ) -> None:
-        self._works = list(works)
+        # A list is kept as given: fused handles share one, emptied once its collective has been waited for.
+        self._works = works if isinstance(works, list) else list(works)
         self._finish = finish
         self._result: T | None = None
         self._done = False
@@ -126,7 +127,6 @@ def _submit(
     claim: bool,
     fusion: Fusion | None = None,
     tensor: torch.Tensor | None = None,
-    payload: Payload | None = None,
 ) -> Handle[T]:
     """Submit ``call`` to the set's engine; ``issue(agreement)`` starts the communication once every rank has
     submitted it. ``claim``: an ``_async`` operation, matched by its name and holding it until synchronized;
@@ -142,7 +142,7 @@ def _submit(
     else:
         # A blocking call runs the rounds on its own thread; an _async one leaves them to the engine thread.
         ticket = engine_for(groups).submit(
-            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim, payload=payload
+            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim
         )
     return Handle([], _unreachable, call.name if claim else None, ticket)
 
