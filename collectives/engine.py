@@ -119,6 +119,9 @@ class Engine:
         self._cond = threading.Condition()
         self._new: list[_Entry] = []
         self._woken = False  # the engine thread was woken for what is in _new
+        self._undriven = 0  # entries in _new that nobody drives: the engine thread's work
+        # Something in _new that fuses with nothing (a gradient bucket, an agreement): no burst to wait for.
+        self._urgent = False
         self._local: dict[int, _Entry] = {}
         # Agreed operations in issue order: key, every rank's row, every rank's payload (or None).
         self._queue: collections.deque[tuple[int, list[list[int]], list[torch.Tensor] | None]] = (
@@ -229,7 +232,11 @@ class Engine:
                 self._first_new_at = now
             self._last_new_at = now
             self._new.append(entry)
-            if notify and not self._woken:
+            if notify:
+                self._undriven += 1
+                if fusion is None:
+                    self._urgent = True
+            if notify and (not self._woken or fusion is None):
                 # The first of a burst wakes the engine thread, which then gathers the rest for one cycle:
                 # a wake-up per submission would only hand the interpreter back and forth.
                 self._woken = True
@@ -257,7 +264,14 @@ class Engine:
                     # into several, each of which would fuse only part of it.
                     # The cycle runs on while submissions keep coming (one burst, one round), up to a few
                     # cycles from the first; a caller that waits meanwhile runs the round itself at once.
-                    while self._undriven_new() and not self._stopping and not self._abandoned:
+                    # An entry that fuses with nothing (a gradient bucket, an agreement) gains nothing from
+                    # the wait: its round starts at once.
+                    while (
+                        self._undriven_new()
+                        and not self._urgent
+                        and not self._stopping
+                        and not self._abandoned
+                    ):
                         cycle = self.settings.cycle_time_s
                         deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
                         delay = deadline - time.monotonic()
@@ -281,11 +295,11 @@ class Engine:
 
     def _undriven_new(self) -> bool:
         """Whether something submitted since the last round waits for this thread (the caller holds _cond)."""
-        return any(not e.driven for e in self._new)
+        return self._undriven > 0
 
     def _driven_lately(self, idle_wait: float) -> bool:
         with self._cond:
-            if self._stopping or any(not e.driven for e in self._new):
+            if self._stopping or self._undriven:
                 return False
             return time.monotonic() - self._last_round < idle_wait
 
@@ -327,6 +341,8 @@ class Engine:
         with self._cond:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
+            self._undriven = 0
+            self._urgent = False
             self._woken = False
             stop = self._stopping
         timeout = self.settings.gloo_timeout_s
@@ -377,6 +393,7 @@ class Engine:
                 entry = _Entry(key, Call(Kind.JOIN), label, start, Ticket())
                 self._local[key] = entry
                 self._new.append(entry)
+                self._undriven += 1
 
     def _fail_round(self, error: BaseException) -> None:
         if not self._abandoned:
@@ -435,7 +452,7 @@ class Engine:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
         taken: list[_Entry] = []
-        total = first.fusion.tensor.numel() * first.fusion.tensor.element_size()
+        total = first.fusion.tensor.nbytes
         while self._queue:
             key, rows, payloads = self._queue[0]
             entry = self._local.get(key)
@@ -443,7 +460,7 @@ class Engine:
                 break
             if payloads is not None:
                 break  # reduced from its payloads, on its own
-            size = entry.fusion.tensor.numel() * entry.fusion.tensor.element_size()
+            size = entry.fusion.tensor.nbytes
             if total + size > self.settings.fusion_threshold:
                 break
             try:
@@ -452,12 +469,13 @@ class Engine:
             except CollectivesError:
                 break  # it fails on its own, in order
             self._queue.popleft()
-            with self._cond:
-                self._local.pop(key)
             if entry.cuda_event is not None:
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             taken.append(entry)
             total += size
+        with self._cond:
+            for entry in taken:
+                self._local.pop(entry.key)
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
@@ -532,6 +550,7 @@ class Engine:
             entries = list(self._local.values())
             self._local.clear()
             self._new.clear()
+            self._undriven = 0
             self._queue.clear()
             self._held = None
             self._cond.notify_all()

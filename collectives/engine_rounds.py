@@ -17,6 +17,7 @@ a burst too large for that goes without them, to be fused into one collective in
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import datetime
 import functools
@@ -138,59 +139,76 @@ def _records(mine: list[Announcement]) -> list[list[int]]:
     return [[a.key, len(a.row), *a.row] for a in mine]
 
 
-def _pack_first(
-    mine: list[Announcement], records: list[list[int]], words: int
-) -> tuple[torch.Tensor, int, int, bool]:
-    """The first buffer: the header's room, then as many records as fit, then (from the back) every
-    announcement's payload if all of them fit; (buffer, records held, their words, payloads carried)."""
-    used = _HEADER
+def _fit(records: list[list[int]], words: int) -> tuple[int, int]:
+    """How many records fit in the first buffer after its header, and the words they take there."""
+    used = 0
     count = 0
     for record in records:
-        if used + len(record) + 2 > words:
+        if _HEADER + used + len(record) + 2 > words:
             break
         used += len(record) + 2
         count += 1
-    payload_bytes = [0 if a.payload is None else a.payload.numel() * a.payload.element_size() for a in mine]
-    payload_words = [(n + 7) // 8 for n in payload_bytes[:count]]
-    carried = count == len(mine) and any(a.payload is not None for a in mine)
-    carried = carried and used + sum(payload_words) <= words
-    flat: list[int] = [0] * _HEADER
+    return count, used
+
+
+def _int64(values: list[int]) -> torch.Tensor:
+    # Through an array: torch.tensor() of a list of a thousand ints costs a tenth of a round.
+    return torch.frombuffer(array.array("q", values), dtype=torch.int64)
+
+
+def _pack_first(
+    mine: list[Announcement], records: list[list[int]], header: list[int], words: int
+) -> torch.Tensor:
+    """The first buffer: ``header``, then the first ``header[2]`` records, then (from the back) every
+    announcement's payload if all the announcements are here and their payloads fit behind the records."""
+    count, used = header[2], header[3]
+    placed: list[tuple[int, int, torch.Tensor]] = []
     tail = words
-    placed: list[tuple[int, torch.Tensor]] = []
-    for announcement, record, size, nbytes in zip(
-        mine[:count], records, payload_words, payload_bytes, strict=False
-    ):
+    if count == len(mine):
+        for index, announcement in enumerate(mine):
+            payload = announcement.payload
+            if payload is None:
+                continue
+            tail -= (payload.nbytes + 7) // 8
+            if tail < _HEADER + used:
+                placed = []
+                break
+            placed.append((index, tail, payload))
+    carried = {index: (payload.nbytes, offset) for index, offset, payload in placed}
+    flat = list(header)
+    for index, record in enumerate(records[:count]):
         flat.extend(record)
-        if carried and announcement.payload is not None:
-            tail -= size
-            placed.append((tail, announcement.payload.reshape(-1).view(torch.uint8)))
-            flat.extend((nbytes, tail))
-        else:
-            flat.extend((-1, -1))
+        flat.extend(carried.get(index, (-1, -1)))  # payload bytes and offset, or none
     buffer = torch.empty(words, dtype=torch.int64)
-    buffer[: len(flat)] = torch.tensor(flat, dtype=torch.int64)
-    for offset, payload in placed:
-        buffer[offset:].view(torch.uint8)[: payload.numel()].copy_(payload)
-    return buffer, count, used - _HEADER, carried
+    buffer[: len(flat)] = _int64(flat)
+    for _, offset, payload in placed:
+        buffer[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
+    return buffer
 
 
 def _unpack(
     gathered: torch.Tensor, position: int, ints: list[int], count: int, width: int
-) -> list[tuple[list[int], torch.Tensor | None]]:
-    """One rank's (key and row, payload bytes or None) from its records ``ints`` (in ``gathered``'s row
+) -> list[tuple[int, list[int], torch.Tensor | None]]:
+    """One rank's (key, row, payload bytes or None) from its records ``ints`` (in ``gathered``'s row
     ``position``, where its payloads lie)."""
-    entries: list[tuple[list[int], torch.Tensor | None]] = []
+    entries: list[tuple[int, list[int], torch.Tensor | None]] = []
     at = 0
+    padding = [-1] * (width - 1)
+    data: torch.Tensor | None = None
     for _ in range(count):
         n = ints[at + 1]
-        row = [ints[at], *ints[at + 2 : at + 2 + n]]
-        row.extend([-1] * (width - 1 - n))
-        nbytes, offset = ints[at + 2 + n], ints[at + 3 + n]
-        at += n + 4
+        end = at + 2 + n
+        row = ints[at + 2 : end]
+        row += padding[n:]
+        nbytes = ints[end]
         payload = None
         if nbytes >= 0:
-            payload = gathered[position, offset:].view(torch.uint8)[:nbytes]
-        entries.append((row, payload))
+            if data is None:
+                data = gathered[position].view(torch.uint8)
+            start = ints[end + 1] * 8
+            payload = data[start : start + nbytes]
+        entries.append((ints[at], row, payload))
+        at = end + 2
     return entries
 
 
@@ -208,13 +226,14 @@ def exchange(
     for announcement in mine:
         table.labels.setdefault(announcement.key, announcement.label)
     records = _records(mine)
-    first, inline, inline_words, _ = _pack_first(mine, records, first_words(table.size))
+    words = first_words(table.size)
+    inline, inline_words = _fit(records, words)
     rest: list[int] = []
     for record in records[inline:]:
         rest.extend(record)
         rest.extend((-1, -1))
-    first[:_HEADER] = torch.tensor([len(mine), int(stop), inline, inline_words, len(rest)], dtype=torch.int64)
-    gathered = _gather(first, table.size, group, timeout)
+    header = [len(mine), int(stop), inline, inline_words, len(rest)]
+    gathered = _gather(_pack_first(mine, records, header, words), table.size, group, timeout)
     headers = gathered[:, :_HEADER].tolist()
     announced = [
         _unpack(gathered, p, gathered[p, _HEADER : _HEADER + h[3]].tolist(), h[2], width)
@@ -223,12 +242,12 @@ def exchange(
     longest = max(h[4] for h in headers)
     if longest > 0:
         rest.extend([-1] * (longest - len(rest)))
-        more = _gather(torch.tensor(rest, dtype=torch.int64), table.size, group, timeout)
+        more = _gather(_int64(rest), table.size, group, timeout)
         for p, h in enumerate(headers):
             announced[p].extend(_unpack(more, p, more[p, : h[4]].tolist(), h[0] - h[2], width))
     ready: list[int] = []
     for p, entries in enumerate(announced):
-        for row, payload in entries:
-            if table.add(p, row[0], row[1:], payload):
-                ready.append(row[0])
+        for key, row, payload in entries:
+            if table.add(p, key, row, payload):
+                ready.append(key)
     return RoundResult(ready, all(h[1] == 1 for h in headers))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,8 +40,7 @@ class Settings:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Fusion:
+class Fusion(NamedTuple):
     """How an allreduce joins others in one buffer: entries with equal ``key`` fuse, ``issue`` reduces a list
     of tensors as one collective and gives one start value per tensor.
 

@@ -21,6 +21,12 @@ from collectives.reduce_op import ReduceOp
 __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
 
 
+# The requests seen lately, by their facts: a loop that reduces the same named tensors every step builds
+# each one once (Horovod caches its responses per tensor name).
+_calls: dict[tuple[Any, ...], Call] = {}
+_CALLS_LIMIT = 4096
+
+
 def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     tensor: torch.Tensor,
     op: ReduceOp,
@@ -33,7 +39,13 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
 ) -> Handle[torch.Tensor]:
     """Reduce ``tensor`` in place; ``blocking``: matched in order rather than by name."""
     context, groups = context_and_groups(process_set, what)
-    call = Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape))
+    device = tensor.device
+    facts = (name, tensor.dtype, device.type, op, tuple(tensor.shape))
+    call = _calls.get(facts)
+    if call is None:
+        if len(_calls) >= _CALLS_LIMIT:
+            _calls.clear()
+        call = _calls[facts] = Call(Kind.ALLREDUCE, name, facts[1], facts[2], op, shape=facts[4])
 
     def issue(agreement: Agreement) -> Handle[torch.Tensor]:
         torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
@@ -55,12 +67,12 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     if groups.size > 1 and tensor.is_contiguous():
         rides = (
             prescale == 1.0
-            and tensor.device.type == "cpu"
+            and device.type == "cpu"
             and tensor.dtype in _CARRIED
             and payload_fits(tensor.numel() * tensor.element_size(), groups.size)
         )
         fusion = Fusion(
-            (tensor.dtype, tensor.device, op, prescale, postscale),
+            (facts[1], device, op, prescale, postscale),
             tensor,
             issue_fused,
             _reduce_payloads(tensor, op, postscale) if rides else None,
