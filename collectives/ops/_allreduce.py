@@ -57,11 +57,10 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
 
     def issue_fused(tensors: list[torch.Tensor]) -> list[Handle[torch.Tensor]]:
-        views = [t.view(-1) for t in tensors]  # contiguous, or they would not fuse
-        flat = torch.cat(views)
+        flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
         torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
-        return _fused_handles(work, flat, tensors, views, divisor, postscale)
+        return _fused_handles(work, flat, tensors, divisor, postscale)
 
     fusion = None
     if groups.size > 1 and tensor.is_contiguous():
@@ -106,13 +105,8 @@ def _reduce_payloads(
     return reduce
 
 
-def _fused_handles(  # noqa: PLR0917
-    work: dist.Work,
-    flat: torch.Tensor,
-    tensors: list[torch.Tensor],
-    views: list[torch.Tensor],
-    divisor: int,
-    postscale: float,
+def _fused_handles(
+    work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
 ) -> list[Handle[torch.Tensor]]:
     """One handle per fused tensor; the first to be waited for waits for the collective and copies every
     tensor out of the buffer at once, so the others wait for nothing."""
@@ -123,7 +117,10 @@ def _fused_handles(  # noqa: PLR0917
         with lock:
             if pending:
                 _postscaled(flat, divisor, postscale)
-                torch._foreach_copy_(views, list(torch.split(flat, [v.numel() for v in views])))
+                parts = torch.split(flat, [t.numel() for t in tensors])
+                # Fused tensors are contiguous (or they would not fuse): flat views of them take the parts.
+                targets = tensors if all(t.dim() == 1 for t in tensors) else [t.view(-1) for t in tensors]
+                torch._foreach_copy_(targets, list(parts))
                 pending.clear()
 
     def finisher(i: int) -> Callable[[], torch.Tensor]:
