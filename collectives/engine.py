@@ -5,9 +5,11 @@ alone, small allreduces fused into one collective.
 A rank's collective calls enqueue an entry and return at once; the set's engine thread
 (``collectives-engine-<set id>``) runs agreement rounds (``collectives.engine_rounds``) on its own gloo group,
 every ``HOROVOD_CYCLE_TIME`` ms while there is work, and issues each operation that every rank has submitted,
-in the order all ranks derive from the same round. A named ``_async`` operation is keyed by its name; blocking
-and unnamed operations by their place in the set's ordered sequence, so they keep the in-order contract (and a
-name mismatch between blocking calls is a :class:`MismatchError`). Rows that disagree raise
+in the order all ranks derive from the same round. A small CPU allreduce may instead ride in the round
+itself (see ``collectives.engine_rounds``): every rank reduces the same bytes, and no collective is issued.
+A named ``_async`` operation is keyed by its name; blocking and unnamed operations by their place in the
+set's ordered sequence, so they keep the in-order contract (and a name mismatch between blocking calls is a
+:class:`MismatchError`). Rows that disagree raise
 :class:`MismatchError` from the operation's handle on every rank. Ready allreduces of the same dtype, device,
 op and scaling are fused up to ``HOROVOD_FUSION_THRESHOLD`` bytes. An operation that some ranks submitted and
 others did not for ``HOROVOD_STALL_CHECK_TIME_SECONDS`` is logged (which ranks miss which names) and shown in
@@ -16,9 +18,9 @@ the engine thread's name, which ``distrun stacks`` prints.
 Rounds pair up across ranks by their count, not by the thread that runs them: a caller that waits for its
 own operation (a blocking call, ``synchronize``, a turn) runs the rounds itself under the round lock, and the
 engine thread runs them only for work nobody waits on yet (``_async`` submissions, the optimizer's buckets),
-gathering a burst of submissions first: its round starts one ``HOROVOD_CYCLE_TIME`` after the last of them
-(at most 8 cycles after the first). Beside entries that their callers drive it sleeps, and backs off as when
-idle while drivers run the rounds.
+gathering a burst of fusable submissions first: its round starts one ``HOROVOD_CYCLE_TIME`` after the last
+of them (at most 8 cycles after the first), and at once for work that fuses with nothing. Beside entries
+that their callers drive it sleeps, and backs off as when idle while drivers run the rounds.
 
 Code that must issue on the data group itself (objects, join, barrier) takes a :class:`Turn`: an ordered
 entry that, once agreed, holds the engine's data issue until released. While a rank has joined, ``join()``
