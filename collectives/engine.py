@@ -5,9 +5,11 @@ alone, small allreduces fused into one collective.
 A rank's collective calls enqueue an entry and return at once; the set's engine thread
 (``collectives-engine-<set id>``) runs agreement rounds (``collectives.engine_rounds``) on its own gloo group,
 every ``HOROVOD_CYCLE_TIME`` ms while there is work, and issues each operation that every rank has submitted,
-in the order all ranks derive from the same round. A named ``_async`` operation is keyed by its name; blocking
-and unnamed operations by their place in the set's ordered sequence, so they keep the in-order contract (and a
-name mismatch between blocking calls is a :class:`MismatchError`). Rows that disagree raise
+in the order all ranks derive from the same round. A small CPU allreduce may instead ride in the round
+itself (see ``collectives.engine_rounds``): every rank reduces the same bytes, and no collective is issued.
+A named ``_async`` operation is keyed by its name; blocking and unnamed operations by their place in the
+set's ordered sequence, so they keep the in-order contract (and a name mismatch between blocking calls is a
+:class:`MismatchError`). Rows that disagree raise
 :class:`MismatchError` from the operation's handle on every rank. Ready allreduces of the same dtype, device,
 op and scaling are fused up to ``HOROVOD_FUSION_THRESHOLD`` bytes. An operation that some ranks submitted and
 others did not for ``HOROVOD_STALL_CHECK_TIME_SECONDS`` is logged (which ranks miss which names) and shown in
@@ -16,9 +18,9 @@ the engine thread's name, which ``distrun stacks`` prints.
 Rounds pair up across ranks by their count, not by the thread that runs them: a caller that waits for its
 own operation (a blocking call, ``synchronize``, a turn) runs the rounds itself under the round lock, and the
 engine thread runs them only for work nobody waits on yet (``_async`` submissions, the optimizer's buckets),
-gathering a burst of submissions first: its round starts one ``HOROVOD_CYCLE_TIME`` after the last of them
-(at most 8 cycles after the first). Beside entries that their callers drive it sleeps, and backs off as when
-idle while drivers run the rounds.
+gathering a burst of fusable submissions first: its round starts one ``HOROVOD_CYCLE_TIME`` after the last
+of them (at most 8 cycles after the first), and at once for work that fuses with nothing. Beside entries
+that their callers drive it sleeps, and backs off as when idle while drivers run the rounds.
 
 Code that must issue on the data group itself (objects, join, barrier) takes a :class:`Turn`: an ordered
 entry that, once agreed, holds the engine's data issue until released. While a rank has joined, ``join()``
@@ -49,9 +51,10 @@ from typing import Any
 import torch
 
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
+from collectives.engine_tickets import Ticket
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
-from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
+from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
 from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
@@ -63,67 +66,6 @@ _MAX_IDLE_WAIT_S = 0.02
 _BURST_CYCLES = 8
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
-
-
-class Ticket:
-    """The engine's side of a handle: what starting the operation gave (or the error), once it has run.
-
-    A driver settles its own ticket on its own thread, so the ticket holds no Event: one is made only for a
-    caller that has to wait while another thread settles it (created on first need, under the lock).
-    """
-
-    __slots__ = ("_callbacks", "_done", "_engine", "_error", "_event", "_lock", "_value")
-
-    def __init__(self, engine: Engine | None = None) -> None:
-        self._engine = engine
-        self._done = False
-        self._event: threading.Event | None = None
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._callbacks: list[Callable[[], None]] | None = None
-        self._lock = threading.Lock()
-
-    def done(self) -> bool:
-        return self._done
-
-    def result(self) -> Any:
-        """Block until the operation has been issued, running the engine's rounds on this thread meanwhile
-        (see :meth:`Engine.drive`); its start's value, or raise its error."""
-        if not self._done:
-            if self._engine is not None:
-                self._engine.drive(self)
-            if not self._done:
-                with self._lock:
-                    if not self._done and self._event is None:
-                        self._event = threading.Event()
-                    event = self._event
-                if event is not None:
-                    event.wait()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-    def on_done(self, callback: Callable[[], None]) -> None:
-        with self._lock:
-            if not self._done:
-                if self._callbacks is None:
-                    self._callbacks = []
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def _settle(self, value: Any, error: BaseException | None) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._value, self._error = value, error
-            self._done = True
-            event, self._event = self._event, None
-            callbacks, self._callbacks = self._callbacks, None
-        if event is not None:
-            event.set()
-        for callback in callbacks or ():
-            callback()
 
 
 class Turn:
@@ -149,7 +91,7 @@ class Turn:
             self._engine._release(self)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class _Entry:
     key: int
     call: Call
@@ -163,7 +105,9 @@ class _Entry:
     driven: bool = False
 
     def announcement(self) -> Announcement:
-        return Announcement(self.key, self.call.row(), self.label)
+        fusion = self.fusion
+        payload = fusion.tensor if fusion is not None and fusion.reduce is not None else None
+        return Announcement(self.key, row_of(self.call), self.label, payload)
 
 
 class Engine:
@@ -173,11 +117,18 @@ class Engine:
         self.groups = groups
         self.settings = settings
         self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
+        self.reduced_in_round = 0  # allreduces reduced from the payloads their round carried
         self._cond = threading.Condition()
         self._new: list[_Entry] = []
         self._woken = False  # the engine thread was woken for what is in _new
+        self._undriven = 0  # entries in _new that nobody drives: the engine thread's work
+        # Something in _new that fuses with nothing (a gradient bucket, an agreement): no burst to wait for.
+        self._urgent = False
         self._local: dict[int, _Entry] = {}
-        self._queue: collections.deque[tuple[int, list[list[int]]]] = collections.deque()
+        # Agreed operations in issue order: key, every rank's row, every rank's payload (or None).
+        self._queue: collections.deque[tuple[int, list[list[int]], list[torch.Tensor] | None]] = (
+            collections.deque()
+        )
         self._table = Table(groups.size)
         self._sequence = 0
         self._held: Turn | None = None
@@ -222,7 +173,13 @@ class Engine:
         """
         ticket = Ticket(self)
         self._enqueue(
-            call, start, ticket, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive
+            call,
+            start,
+            ticket,
+            named=named,
+            fusion=fusion,
+            cuda_tensor=cuda_tensor,
+            notify=not drive,
         )
         if drive:
             self.drive(ticket)
@@ -270,14 +227,18 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, driven=not notify)
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify)
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
                 self._first_new_at = now
             self._last_new_at = now
             self._new.append(entry)
-            if notify and not self._woken:
+            if notify:
+                self._undriven += 1
+                if fusion is None:
+                    self._urgent = True
+            if notify and (not self._woken or fusion is None):
                 # The first of a burst wakes the engine thread, which then gathers the rest for one cycle:
                 # a wake-up per submission would only hand the interpreter back and forth.
                 self._woken = True
@@ -305,7 +266,14 @@ class Engine:
                     # into several, each of which would fuse only part of it.
                     # The cycle runs on while submissions keep coming (one burst, one round), up to a few
                     # cycles from the first; a caller that waits meanwhile runs the round itself at once.
-                    while self._undriven_new() and not self._stopping and not self._abandoned:
+                    # An entry that fuses with nothing (a gradient bucket, an agreement) gains nothing from
+                    # the wait: its round starts at once.
+                    while (
+                        self._undriven_new()
+                        and not self._urgent
+                        and not self._stopping
+                        and not self._abandoned
+                    ):
                         cycle = self.settings.cycle_time_s
                         deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
                         delay = deadline - time.monotonic()
@@ -329,11 +297,11 @@ class Engine:
 
     def _undriven_new(self) -> bool:
         """Whether something submitted since the last round waits for this thread (the caller holds _cond)."""
-        return any(not e.driven for e in self._new)
+        return self._undriven > 0
 
     def _driven_lately(self, idle_wait: float) -> bool:
         with self._cond:
-            if self._stopping or any(not e.driven for e in self._new):
+            if self._stopping or self._undriven:
                 return False
             return time.monotonic() - self._last_round < idle_wait
 
@@ -375,6 +343,8 @@ class Engine:
         with self._cond:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
+            self._undriven = 0
+            self._urgent = False
             self._woken = False
             stop = self._stopping
         timeout = self.settings.gloo_timeout_s
@@ -388,7 +358,8 @@ class Engine:
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
         )
         for key in result.ready:
-            self._queue.append((key, self._table.take(key)))
+            payloads = self._table.take_payloads(key)
+            self._queue.append((key, self._table.take(key), payloads))
         if self.stand_in is not None:
             self._stand_in_for_named()
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
@@ -424,6 +395,7 @@ class Engine:
                 entry = _Entry(key, Call(Kind.JOIN), label, start, Ticket())
                 self._local[key] = entry
                 self._new.append(entry)
+                self._undriven += 1
 
     def _fail_round(self, error: BaseException) -> None:
         if not self._abandoned:
@@ -443,7 +415,7 @@ class Engine:
             with self._cond:
                 if self._held is not None or self._abandoned:
                     return
-            key, rows = self._queue.popleft()
+            key, rows, payloads = self._queue.popleft()
             with self._cond:
                 entry = self._local.pop(key)
             try:
@@ -467,6 +439,9 @@ class Engine:
             if entry.start is None:
                 entry.ticket._settle(agreement, None)
                 continue
+            if payloads is not None and entry.fusion is not None and not agreement.joined:
+                self._reduce_in_round(entry, payloads)
+                continue
             # With a rank joined, each operation is matched one by one by its zeros: no fusion.
             fusable = entry.fusion is not None and not agreement.joined
             fused = [entry, *self._fusable_after(entry)] if fusable else [entry]
@@ -479,13 +454,15 @@ class Engine:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
         taken: list[_Entry] = []
-        total = first.fusion.tensor.numel() * first.fusion.tensor.element_size()
+        total = first.fusion.tensor.nbytes
         while self._queue:
-            key, rows = self._queue[0]
+            key, rows, payloads = self._queue[0]
             entry = self._local.get(key)
             if entry is None or entry.fusion is None or entry.fusion.key != first.fusion.key:
                 break
-            size = entry.fusion.tensor.numel() * entry.fusion.tensor.element_size()
+            if payloads is not None:
+                break  # reduced from its payloads, on its own
+            size = entry.fusion.tensor.nbytes
             if total + size > self.settings.fusion_threshold:
                 break
             try:
@@ -494,12 +471,13 @@ class Engine:
             except CollectivesError:
                 break  # it fails on its own, in order
             self._queue.popleft()
-            with self._cond:
-                self._local.pop(key)
             if entry.cuda_event is not None:
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             taken.append(entry)
             total += size
+        with self._cond:
+            for entry in taken:
+                self._local.pop(entry.key)
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
@@ -515,6 +493,21 @@ class Engine:
             )
             return
         self.collectives_issued += 1
+        entry.ticket._settle(value, None)
+
+    def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
+        assert entry.fusion is not None and entry.fusion.reduce is not None
+        try:
+            value = entry.fusion.reduce(payloads)
+        except CollectivesError as error:
+            entry.ticket._settle(None, error)
+            return
+        except Exception as error:
+            entry.ticket._settle(
+                None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}")
+            )
+            return
+        self.reduced_in_round += 1
         entry.ticket._settle(value, None)
 
     def _issue_fused(self, entries: list[_Entry]) -> None:
@@ -559,6 +552,7 @@ class Engine:
             entries = list(self._local.values())
             self._local.clear()
             self._new.clear()
+            self._undriven = 0
             self._queue.clear()
             self._held = None
             self._cond.notify_all()

@@ -1,42 +1,66 @@
 """One agreement round of a process set's engine: every rank announces the operations it submitted since the
 last round, and every rank learns which operations all ranks have now submitted (Horovod's coordinator).
 
-A round is one all_gather of a fixed, small buffer on the engine's own gloo group (a header and the first
-``INLINE`` announcements of each rank), plus a second one only when some rank has more to announce. Each
-rank then holds every rank's announcements, adds them to the same table in the same order, and so reaches
-the same list of ready operations in the same order, with no coordinator: that order is the order in which
-the operations are issued on the data group. An operation is keyed by its name (or, unnamed, by its place
-in the set's sequence of ordered operations), so ranks may submit named operations in any order.
+A round is one all_gather of a fixed, small buffer on the engine's own gloo group (a header and as many
+announcements as fit, each row without its padding), plus a second one, as long as the longest rank's rest,
+only when some rank has more to announce. Each rank then holds every rank's announcements, adds them to the
+same table in the same order, and so reaches the same list of ready operations in the same order, with no
+coordinator: that order is the order in which the operations are issued on the data group. An operation is
+keyed by its name (or, unnamed, by its place in the set's sequence of ordered operations), so ranks may
+submit named operations in any order.
+
+An announcement may carry a payload: the bytes of a small tensor, which every rank then holds once the round
+is over (a small allreduce is reduced from them, with no collective of its own). Payloads ride in the first
+buffer only, behind the records, and only when every announcement of the round fits there with its payload:
+a burst too large for that goes without them, to be fused into one collective instead.
 """
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import datetime
+import functools
 import hashlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Announcement", "RoundResult", "Table", "exchange", "name_key"]
+__all__ = ["Announcement", "RoundResult", "Table", "exchange", "name_key", "payload_fits"]
 
-# A blocking call announces one operation: the round's first gather carries one, a burst the rest in a second.
-INLINE = 1
-_HEADER = 2  # (number of announcements, wants to stop)
+# (announcements in all, wants to stop, announcements in the first buffer, their records' words, the rest's
+# words: the length of the second buffer this rank needs, 0 for none)
+_HEADER = 5
+# The first buffer's length in words. An all_gather of 8 KB costs what one of a few hundred bytes does here,
+# and holds a blocking call's announcement with a small payload, or some 80 announcements of a burst; it
+# shrinks as the set grows, since every rank receives every rank's buffer.
+_FIRST_WORDS = 1024
+_FIRST_BYTES_ALL_RANKS = 128 * 1024
+# A payload rides in the round when every rank receiving it costs no more than a small all_gather.
+_PAYLOAD_BYTES_ALL_RANKS = 8 * 1024
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def name_key(name: str) -> int:
     """A positive int64 naming ``name`` identically in every process; ordered operations use negative keys."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big") + 1
 
 
-@dataclasses.dataclass(frozen=True)
-class Announcement:
+def payload_fits(nbytes: int, size: int) -> bool:
+    """Whether a tensor of ``nbytes`` may ride in the round of a set of ``size`` ranks."""
+    return nbytes * size <= _PAYLOAD_BYTES_ALL_RANKS
+
+
+class Announcement(NamedTuple):
+    """One operation announced: its key, its row (trailing -1s may be left out), its label for the stall
+    report, and optionally a payload (a contiguous CPU tensor whose bytes every rank receives)."""
+
     key: int
     row: list[int]
     label: str
+    payload: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,19 +79,31 @@ class Table:
         self.rows: dict[int, dict[int, list[int]]] = {}
         self.first_seen: dict[int, float] = {}
         self.labels: dict[int, str] = {}
+        self.payloads: dict[int, dict[int, torch.Tensor]] = {}
 
-    def add(self, position: int, key: int, row: list[int]) -> bool:
+    def add(self, position: int, key: int, row: list[int], payload: torch.Tensor | None = None) -> bool:
         """Record one announcement; True when every rank has now announced ``key``."""
         seen = self.rows.setdefault(key, {})
         self.first_seen.setdefault(key, time.monotonic())
         seen[position] = row
+        if payload is not None:
+            self.payloads.setdefault(key, {})[position] = payload
         return len(seen) == self.size
+
+    def take_payloads(self, key: int) -> list[torch.Tensor] | None:
+        """Every rank's payload (uint8) for a ready ``key``, in set order, or None unless every rank sent
+        one; forgets them. Call before :meth:`take`."""
+        seen = self.payloads.pop(key, None)
+        if seen is None or len(seen) != self.size:
+            return None
+        return [seen[p] for p in range(self.size)]
 
     def take(self, key: int) -> list[list[int]]:
         """Every rank's row for a ready ``key``, in set order, and forget the key."""
         seen = self.rows.pop(key)
         self.first_seen.pop(key, None)
         self.labels.pop(key, None)
+        self.payloads.pop(key, None)
         return [seen[p] for p in range(self.size)]
 
     def stalled(self, older_than_s: float, ranks: tuple[int, ...]) -> dict[int, list[str]]:
@@ -83,14 +119,97 @@ class Table:
         return missing
 
 
-def _gather(buffer: torch.Tensor, size: int, group: Any, timeout: datetime.timedelta) -> list[list[int]]:
-    out = torch.empty(size * buffer.numel(), dtype=torch.int64)
+def _gather(buffer: torch.Tensor, size: int, group: Any, timeout: datetime.timedelta) -> torch.Tensor:
+    out = torch.empty((size, buffer.numel()), dtype=torch.int64)
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    work = fn(out, buffer, group=group, async_op=True)
+    work = fn(out.view(-1), buffer, group=group, async_op=True)
     # A bounded wait: a peer that vanished or stopped answering becomes an exception, never a hang.
     work.wait(timeout)
-    rows: list[list[int]] = out.view(size, buffer.numel()).tolist()
-    return rows
+    return out
+
+
+def first_words(size: int) -> int:
+    """The first buffer's length for a set of ``size`` ranks."""
+    return max(64, min(_FIRST_WORDS, _FIRST_BYTES_ALL_RANKS // (8 * size)))
+
+
+def _records(mine: list[Announcement]) -> list[list[int]]:
+    """Each announcement as (key, n, its row's n values): rows come without their trailing -1s (their
+    padding), restored on arrival."""
+    return [[a.key, len(a.row), *a.row] for a in mine]
+
+
+def _fit(records: list[list[int]], words: int) -> tuple[int, int]:
+    """How many records fit in the first buffer after its header, and the words they take there."""
+    used = 0
+    count = 0
+    for record in records:
+        if _HEADER + used + len(record) + 2 > words:
+            break
+        used += len(record) + 2
+        count += 1
+    return count, used
+
+
+def _int64(values: list[int]) -> torch.Tensor:
+    # Through an array: torch.tensor() of a list of a thousand ints costs a tenth of a round.
+    return torch.frombuffer(array.array("q", values), dtype=torch.int64)
+
+
+def _pack_first(
+    mine: list[Announcement], records: list[list[int]], header: list[int], words: int
+) -> torch.Tensor:
+    """The first buffer: ``header``, then the first ``header[2]`` records, then (from the back) every
+    announcement's payload if all the announcements are here and their payloads fit behind the records."""
+    count, used = header[2], header[3]
+    placed: list[tuple[int, int, torch.Tensor]] = []
+    tail = words
+    if count == len(mine):
+        for index, announcement in enumerate(mine):
+            payload = announcement.payload
+            if payload is None:
+                continue
+            tail -= (payload.nbytes + 7) // 8
+            if tail < _HEADER + used:
+                placed = []
+                break
+            placed.append((index, tail, payload))
+    carried = {index: (payload.nbytes, offset) for index, offset, payload in placed}
+    flat = list(header)
+    for index, record in enumerate(records[:count]):
+        flat.extend(record)
+        flat.extend(carried.get(index, (-1, -1)))  # payload bytes and offset, or none
+    buffer = torch.empty(words, dtype=torch.int64)
+    buffer[: len(flat)] = _int64(flat)
+    for _, offset, payload in placed:
+        buffer[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
+    return buffer
+
+
+def _unpack(
+    gathered: torch.Tensor, position: int, ints: list[int], count: int, width: int
+) -> list[tuple[int, list[int], torch.Tensor | None]]:
+    """One rank's (key, row, payload bytes or None) from its records ``ints`` (in ``gathered``'s row
+    ``position``, where its payloads lie)."""
+    entries: list[tuple[int, list[int], torch.Tensor | None]] = []
+    at = 0
+    padding = [-1] * (width - 1)
+    data: torch.Tensor | None = None
+    for _ in range(count):
+        n = ints[at + 1]
+        end = at + 2 + n
+        row = ints[at + 2 : end]
+        row += padding[n:]
+        nbytes = ints[end]
+        payload = None
+        if nbytes >= 0:
+            if data is None:
+                data = gathered[position].view(torch.uint8)
+            start = ints[end + 1] * 8
+            payload = data[start : start + nbytes]
+        entries.append((ints[at], row, payload))
+        at = end + 2
+    return entries
 
 
 def exchange(
@@ -102,39 +221,33 @@ def exchange(
     timeout: datetime.timedelta,
     width: int,
 ) -> RoundResult:
-    """Run one round: announce ``mine`` (each a key and a row of ``width - 1`` values), add every rank's
-    announcements to ``table`` in set order."""
+    """Run one round: announce ``mine`` (each a key and a row of ``width - 1`` values, and maybe a payload),
+    add every rank's announcements to ``table`` in set order."""
     for announcement in mine:
         table.labels.setdefault(announcement.key, announcement.label)
-    # One list, one tensor: the header, then the first INLINE announcements (the rest padded with -1).
-    flat = [len(mine), int(stop)]
-    for announcement in mine[:INLINE]:
-        flat.append(announcement.key)
-        flat.extend(announcement.row)
-    flat.extend([-1] * (_HEADER + INLINE * width - len(flat)))
-    gathered = _gather(torch.tensor(flat, dtype=torch.int64), table.size, group, timeout)
-    counts = [row[0] for row in gathered]
-    announced: list[list[list[int]]] = [
-        [row[_HEADER + i * width : _HEADER + (i + 1) * width] for i in range(min(n, INLINE))]
-        for row, n in zip(gathered, counts, strict=True)
+    records = _records(mine)
+    words = first_words(table.size)
+    inline, inline_words = _fit(records, words)
+    rest: list[int] = []
+    for record in records[inline:]:
+        rest.extend(record)
+        rest.extend((-1, -1))
+    header = [len(mine), int(stop), inline, inline_words, len(rest)]
+    gathered = _gather(_pack_first(mine, records, header, words), table.size, group, timeout)
+    headers = gathered[:, :_HEADER].tolist()
+    announced = [
+        _unpack(gathered, p, gathered[p, _HEADER : _HEADER + h[3]].tolist(), h[2], width)
+        for p, h in enumerate(headers)
     ]
-    extra = max(counts) - INLINE
-    if extra > 0:
-        rest: list[int] = []
-        for announcement in mine[INLINE:]:
-            rest.append(announcement.key)
-            rest.extend(announcement.row)
-        rest.extend([-1] * (extra * width - len(rest)))
-        for position_rows, row, n in zip(
-            announced,
-            _gather(torch.tensor(rest, dtype=torch.int64), table.size, group, timeout),
-            counts,
-            strict=True,
-        ):
-            position_rows.extend(row[i * width : (i + 1) * width] for i in range(max(0, n - INLINE)))
+    longest = max(h[4] for h in headers)
+    if longest > 0:
+        rest.extend([-1] * (longest - len(rest)))
+        more = _gather(_int64(rest), table.size, group, timeout)
+        for p, h in enumerate(headers):
+            announced[p].extend(_unpack(more, p, more[p, : h[4]].tolist(), h[0] - h[2], width))
     ready: list[int] = []
-    for p, rows in enumerate(announced):
-        for row in rows:
-            if table.add(p, row[0], row[1:]):
-                ready.append(row[0])
-    return RoundResult(ready, all(row[1] == 1 for row in gathered))
+    for p, entries in enumerate(announced):
+        for key, row, payload in entries:
+            if table.add(p, key, row, payload):
+                ready.append(key)
+    return RoundResult(ready, all(h[1] == 1 for h in headers))

@@ -1,12 +1,12 @@
 """The engine's plain values: its settings (Horovod's tuning variables, with Horovod's meanings and defaults)
-and how an allreduce fuses with others (:class:`Fusion`)."""
+how an allreduce fuses with others, or rides in the agreement round (:class:`Fusion`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,11 +40,15 @@ class Settings:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Fusion:
+class Fusion(NamedTuple):
     """How an allreduce joins others in one buffer: entries with equal ``key`` fuse, ``issue`` reduces a list
-    of tensors as one collective and gives one start value per tensor."""
+    of tensors as one collective and gives one start value per tensor.
+
+    ``reduce``, for a small CPU tensor: it may ride in the agreement round instead (its bytes carried to
+    every rank), and ``reduce`` turns every rank's bytes (uint8, in set order) into the start value, with no
+    collective of its own. Every rank reduces the same bytes in the same order: the same bits everywhere."""
 
     key: Hashable
     tensor: torch.Tensor
     issue: Callable[[list[torch.Tensor]], list[Any]]
+    reduce: Callable[[list[torch.Tensor]], Any] | None = None

@@ -31,7 +31,7 @@ from collectives.errors import CollectivesError, MismatchError
 from collectives.reduce_op import ReduceOp
 from collectives.registry import _Groups, _registered
 
-__all__ = ["Agreement", "Call", "Kind", "Pending", "dtype_code", "negotiate", "negotiate_async"]
+__all__ = ["Agreement", "Call", "Kind", "Pending", "dtype_code", "negotiate", "negotiate_async", "row_of"]
 
 ROW = 32
 _AGREED = 28  # fields [0, _AGREED) must be equal on every rank; the rest are per-rank facts
@@ -125,8 +125,23 @@ class Agreement:
 
 
 _row_cache: dict[Call, torch.Tensor] = {}
+_row_lists: dict[Call, list[int]] = {}
 # Global ranks seen joined in the rounds since the last completed join(); join() needs them to name the last.
 _joined_seen: set[int] = set()
+
+
+def row_of(call: Call) -> list[int]:
+    """``call.row()`` without its trailing -1s (padding: ``row + [-1] * (ROW - len(row))`` restores it),
+    built once per request (the list is shared: callers must not change it)."""
+    cached = _row_lists.get(call)
+    if cached is None:
+        if len(_row_lists) >= _CACHE_LIMIT:
+            _row_lists.clear()
+        cached = call.row()
+        while cached and cached[-1] == -1:
+            cached.pop()
+        _row_lists[call] = cached
+    return cached
 
 
 def _row_tensor(call: Call) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -9,14 +10,21 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
+from collectives.engine_rounds import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind
-from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
+from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled
 from collectives.ops._handle import Handle, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
+
+
+# The requests seen lately, by their facts: a loop that reduces the same named tensors every step builds
+# each one once (Horovod caches its responses per tensor name).
+_calls: dict[tuple[Any, ...], Call] = {}
+_CALLS_LIMIT = 4096
 
 
 def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
@@ -31,7 +39,13 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
 ) -> Handle[torch.Tensor]:
     """Reduce ``tensor`` in place; ``blocking``: matched in order rather than by name."""
     context, groups = context_and_groups(process_set, what)
-    call = Call(Kind.ALLREDUCE, name, tensor.dtype, tensor.device.type, op, shape=tuple(tensor.shape))
+    device = tensor.device
+    facts = (name, tensor.dtype, device.type, op, tuple(tensor.shape))
+    call = _calls.get(facts)
+    if call is None:
+        if len(_calls) >= _CALLS_LIMIT:
+            _calls.clear()
+        call = _calls[facts] = Call(Kind.ALLREDUCE, name, facts[1], facts[2], op, shape=facts[4])
 
     def issue(agreement: Agreement) -> Handle[torch.Tensor]:
         torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
@@ -43,37 +57,80 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
 
     def issue_fused(tensors: list[torch.Tensor]) -> list[Handle[torch.Tensor]]:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
+        flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
         torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
         return _fused_handles(work, flat, tensors, divisor, postscale)
 
     fusion = None
-    if tensor.is_contiguous() and groups.size > 1:
-        fusion = Fusion((tensor.dtype, tensor.device, op, prescale, postscale), tensor, issue_fused)
+    if groups.size > 1 and tensor.is_contiguous():
+        rides = (
+            prescale == 1.0
+            and device.type == "cpu"
+            and tensor.dtype in _CARRIED
+            and payload_fits(tensor.numel() * tensor.element_size(), groups.size)
+        )
+        fusion = Fusion(
+            (facts[1], device, op, prescale, postscale),
+            tensor,
+            issue_fused,
+            _reduce_payloads(tensor, op, postscale) if rides else None,
+        )
     return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor)
+
+
+_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.AVERAGE: torch.add,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.PRODUCT: torch.mul,
+}
+
+
+def _reduce_payloads(
+    tensor: torch.Tensor, op: ReduceOp, postscale: float
+) -> Callable[[list[torch.Tensor]], Handle[torch.Tensor]]:
+    """Reduce every rank's bytes of ``tensor`` into it, in set order: the same bits on every rank."""
+
+    def reduce(payloads: list[torch.Tensor]) -> Handle[torch.Tensor]:
+        parts = [p.view(tensor.dtype).view(tensor.shape) for p in payloads]
+        combine = _COMBINE[op]
+        combine(parts[0], parts[1], out=tensor)
+        for part in parts[2:]:
+            combine(tensor, part, out=tensor)
+        divisor = len(parts) if op is ReduceOp.AVERAGE else 1
+        return Handle([], lambda: _postscaled(tensor, divisor, postscale))
+
+    return reduce
 
 
 def _fused_handles(
     work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
 ) -> list[Handle[torch.Tensor]]:
-    """One handle per fused tensor; the first to finish scales the buffer once for all of them."""
-    scaled: list[bool] = []
-    offsets = [0]
-    for t in tensors:
-        offsets.append(offsets[-1] + t.numel())
+    """One handle per fused tensor; the first to be waited for waits for the collective and copies every
+    tensor out of the buffer at once, so the others wait for nothing."""
+    pending = [work]  # shared: emptied once the collective has been waited for
+    lock = threading.Lock()
+
+    def finish_all() -> None:
+        with lock:
+            if pending:
+                _postscaled(flat, divisor, postscale)
+                parts = torch.split(flat, [t.numel() for t in tensors])
+                # Fused tensors are contiguous (or they would not fuse): flat views of them take the parts.
+                targets = tensors if all(t.dim() == 1 for t in tensors) else [t.view(-1) for t in tensors]
+                torch._foreach_copy_(targets, list(parts))
+                pending.clear()
 
     def finisher(i: int) -> Callable[[], torch.Tensor]:
         def finish() -> torch.Tensor:
-            if not scaled:
-                _postscaled(flat, divisor, postscale)
-                scaled.append(True)
-            tensors[i].copy_(flat[offsets[i] : offsets[i + 1]].view_as(tensors[i]))
+            finish_all()
             return tensors[i]
 
         return finish
 
-    return [Handle([work], finisher(i)) for i in range(len(tensors))]
+    return [Handle(pending, finisher(i)) for i in range(len(tensors))]
 
 
 def allreduce_async_(  # noqa: PLR0917 (Horovod's signature)

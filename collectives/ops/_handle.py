@@ -52,7 +52,8 @@ class Handle(Generic[T]):
         ticket: Ticket | None = None,
         parts: Sequence[Handle[Any]] = (),
     ) -> None:
-        self._works = list(works)
+        # A list is kept as given: fused handles share one, emptied once its collective has been waited for.
+        self._works = works if isinstance(works, list) else list(works)
         self._finish = finish
         self._result: T | None = None
         self._done = False

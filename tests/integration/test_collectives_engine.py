@@ -23,6 +23,13 @@ def _results(output: str) -> dict[int, dict[str, Any]]:
     return {r["rank"]: r for r in found}
 
 
+def _prod(values: list[float]) -> float:
+    out = 1.0
+    for v in values:
+        out *= v
+    return out
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_engine_scenarios(size: int, tmp_path: Path) -> None:
     env = {**os.environ, "HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "PYTHONPATH": str(REPO)}
@@ -48,6 +55,25 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
         assert r["duplicate"] == ("ArgumentError" if rank == 0 else "not submitted twice")
         assert r["dup_result"] == [1.0, 1.0, 1.0]
         assert r["mismatch"].startswith("Mismatched allreduce tensor shapes")
+        ranks = [float(q + 1) for q in range(size)]
+        assert r["in_round"] == {
+            "Sum": [sum(ranks), -sum(ranks), 0.5 * sum(ranks)],
+            "Average": [sum(ranks) / size, -sum(ranks) / size, 0.5 * sum(ranks) / size],
+            "Min": [1.0, -float(size), 0.5],
+            "Max": [float(size), -1.0, 0.5 * size],
+            "Product": r["in_round"]["Product"],
+            "int_average": [sum(q * 3 + 1 for q in range(size)) // size],
+            "2-d": [[float(size)] * 3] * 2,
+            "in_round": 7,
+            "issued": 0,
+            "large": [float(size)] * 2,
+            "large_issued": 1,
+        }
+        assert r["in_round"]["Product"] == [
+            _prod(ranks),
+            _prod([-q for q in ranks]),
+            _prod([0.5 * q for q in ranks]),
+        ]
         assert r["fused_collectives"] < 32
         assert r["fused_values"] == [float(total)]
         assert r["lonely"] == [1.0]

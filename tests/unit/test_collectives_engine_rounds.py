@@ -1,12 +1,20 @@
 """The engine's round table (collectives.engine_rounds): names key identically in every process, an
-operation is ready once every rank has announced it, and the stall check names who is missing what."""
+operation is ready once every rank has announced it, and the stall check names who is missing what; a round
+carries a small payload, a burst in one gather without payloads, and what overflows in a second gather."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 
-from collectives.engine_rounds import Table, name_key
+import pytest
+import torch
+
+from collectives import engine_rounds
+from collectives.engine_rounds import Announcement, Table, name_key
+from collectives.negotiation import ROW, Call, Kind, row_of
+from collectives.reduce_op import ReduceOp
 
 
 def test_a_name_keys_the_same_in_another_process_and_never_as_an_ordered_entry() -> None:
@@ -39,3 +47,51 @@ def test_the_stall_check_names_the_ranks_missing_each_operation() -> None:
     table.add(2, key, [0])
     assert table.stalled(60.0, (4, 5, 6)) == {}
     assert table.stalled(0.0, (4, 5, 6)) == {5: ["lonely"]}
+
+
+def _round(monkeypatch: pytest.MonkeyPatch, mine: list[Announcement]) -> tuple[Table, list[int], int]:
+    """One round of two ranks that announce the same operations (each gather gives this rank's buffer
+    twice); the table, the ready keys and how many all_gathers the round took."""
+    gathers: list[int] = []
+
+    def gather(buffer: torch.Tensor, size: int, group: object, timeout: object) -> torch.Tensor:
+        gathers.append(buffer.numel())
+        return buffer.repeat(size).view(size, -1)
+
+    monkeypatch.setattr(engine_rounds, "_gather", gather)
+    table = Table(2)
+    timeout = datetime.timedelta(seconds=5)
+    result = engine_rounds.exchange(table, mine, stop=False, group=None, timeout=timeout, width=1 + ROW)
+    return table, result.ready, len(gathers)
+
+
+def _announce(i: int, tensor: torch.Tensor) -> Announcement:
+    call = Call(Kind.ALLREDUCE, f"t.{i}", tensor.dtype, "cpu", ReduceOp.SUM, shape=tuple(tensor.shape))
+    return Announcement(name_key(f"t.{i}"), row_of(call), f"t.{i}", tensor)
+
+
+def test_a_small_payload_rides_in_the_round_and_rows_come_back_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    tensor = torch.arange(6, dtype=torch.float64).view(2, 3)
+    table, ready, gathers = _round(monkeypatch, [_announce(0, tensor)])
+    key = name_key("t.0")
+    assert ready == [key] and gathers == 1
+    payloads = table.take_payloads(key)
+    assert payloads is not None and len(payloads) == 2
+    assert all(torch.equal(p.view(torch.float64).view(2, 3), tensor) for p in payloads)
+    full = Call(Kind.ALLREDUCE, "t.0", torch.float64, "cpu", ReduceOp.SUM, shape=(2, 3)).row()
+    assert table.take(key) == [full, full]
+
+
+def test_a_burst_too_large_to_carry_goes_without_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = [_announce(i, torch.zeros(256)) for i in range(64)]
+    table, ready, gathers = _round(monkeypatch, mine)
+    assert ready == [a.key for a in mine] and gathers == 1
+    assert all(table.take_payloads(a.key) is None for a in mine)
+
+
+def test_what_the_first_buffer_cannot_hold_takes_a_second_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    mine = [_announce(i, torch.zeros(2)) for i in range(200)]
+    table, ready, gathers = _round(monkeypatch, mine)
+    assert ready == [a.key for a in mine] and gathers == 2
+    last = Call(Kind.ALLREDUCE, "t.199", torch.float32, "cpu", ReduceOp.SUM, shape=(2,)).row()
+    assert table.take(mine[-1].key) == [last, last]

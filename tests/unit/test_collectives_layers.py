@@ -24,6 +24,7 @@ LAYERS: list[list[str]] = [
         "collectives.registry",
         "collectives.engine_values",
         "collectives.engine_rounds",
+        "collectives.engine_tickets",
         "collectives.elastic.channel",
         "collectives.elastic.failures",
     ],

@@ -59,12 +59,14 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
         out["mismatch"] = "no error"
     except hvd.MismatchError as error:
         out["mismatch"] = str(error)
+    out["in_round"] = in_round(rank, size)
     issued = engines._engines[0].collectives_issued
-    small = [torch.full((64,), float(rank)) for _ in range(32)]
+    # 1-d and 2-d tensors fuse alike (the buffer's parts are copied back through flat views).
+    small = [torch.full((64,) if i % 2 else (8, 8), float(rank)) for i in range(32)]
     for h in [hvd.allreduce_async_(t, name=f"fuse.{i}", op=hvd.Sum) for i, t in enumerate(small)]:
         hvd.synchronize(h)
     out["fused_collectives"] = engines._engines[0].collectives_issued - issued
-    out["fused_values"] = sorted({t[0].item() for t in small})
+    out["fused_values"] = sorted({v for t in small for v in t.reshape(-1).tolist()})
     stall = _StallSeen()
     logging.getLogger("collectives").addHandler(stall)
     if rank == 0:
@@ -77,6 +79,25 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
         lonely = hvd.allreduce_async(torch.ones(1), name="lonely")
     out["lonely"] = hvd.synchronize(lonely).tolist()
     out.update(between_backward_and_step(rank))
+    return out
+
+
+def in_round(rank: int, size: int) -> dict[str, Any]:
+    """Small blocking allreduces ride in their agreement round (no collective of their own): every op, an
+    integer average (truncated), and a tensor too large to ride, which takes the data group."""
+    engine = engines._engines[0]
+    issued, reduced = engine.collectives_issued, engine.reduced_in_round
+    value = torch.tensor([rank + 1.0, -(rank + 1.0), 0.5 * (rank + 1)])
+    out: dict[str, Any] = {
+        op: hvd.allreduce(value, op=getattr(hvd, op)).tolist()
+        for op in ("Sum", "Average", "Min", "Max", "Product")
+    }
+    out["int_average"] = hvd.allreduce(torch.tensor([rank * 3 + 1]), op=hvd.Average).tolist()
+    out["2-d"] = hvd.allreduce(torch.ones(2, 3, dtype=torch.float64), op=hvd.Sum).tolist()
+    out["in_round"] = engine.reduced_in_round - reduced
+    out["issued"] = engine.collectives_issued - issued
+    out["large"] = hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum)[:2].tolist()
+    out["large_issued"] = engine.collectives_issued - issued
     return out
 
 

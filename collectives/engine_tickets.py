@@ -1,0 +1,77 @@
+"""The engine's side of a handle (:class:`Ticket`): what :mod:`collectives.engine` hands back for each entry
+it is given, settled once the operation has been issued."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+__all__ = ["Driver", "Ticket"]
+
+
+class Driver(Protocol):
+    """What a ticket and a turn need of their engine."""
+
+    def drive(self, ticket: Ticket) -> None: ...
+
+
+class Ticket:
+    """The engine's side of a handle: what starting the operation gave (or the error), once it has run.
+
+    A driver settles its own ticket on its own thread, so the ticket holds no Event: one is made only for a
+    caller that has to wait while another thread settles it (created on first need, under the lock).
+    """
+
+    __slots__ = ("_callbacks", "_done", "_engine", "_error", "_event", "_lock", "_value")
+
+    def __init__(self, engine: Driver | None = None) -> None:
+        self._engine = engine
+        self._done = False
+        self._event: threading.Event | None = None
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[], None]] | None = None
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> Any:
+        """Block until the operation has been issued, running the engine's rounds on this thread meanwhile
+        (see ``collectives.engine.Engine.drive``); its start's value, or raise its error."""
+        if not self._done:
+            if self._engine is not None:
+                self._engine.drive(self)
+            if not self._done:
+                with self._lock:
+                    if not self._done and self._event is None:
+                        self._event = threading.Event()
+                    event = self._event
+                if event is not None:
+                    event.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def _settle(self, value: Any, error: BaseException | None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._value, self._error = value, error
+            self._done = True
+            event, self._event = self._event, None
+            callbacks, self._callbacks = self._callbacks, None
+        if event is not None:
+            event.set()
+        for callback in callbacks or ():
+            callback()
