@@ -52,6 +52,7 @@ from collectives.engine_rounds import Announcement, Table, exchange, name_key
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
+from collectives.peer_loss import abort_nccl
 from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
@@ -102,6 +103,11 @@ class Ticket:
         if self._error is not None:
             raise self._error
         return self._value
+
+    def failure(self) -> HorovodInternalError | None:
+        """The engine's failure, if it has failed (a peer is gone) since: an operation already issued on NCCL
+        may have been cut short by the abort that followed (``collectives.peer_loss``)."""
+        return self._engine._broken if self._engine is not None else None
 
     def on_done(self, callback: Callable[[], None]) -> None:
         with self._lock:
@@ -433,6 +439,7 @@ class Engine:
                     f"{error}); the job's process group must be re-formed"
                 )
             )
+            abort_nccl(self.groups)
         with self._cond:
             self._abandoned = True
             self._cond.notify_all()

@@ -415,6 +415,10 @@ class DistributedOptimizer:
                 raise HorovodInternalError(
                     f"bucket {bucket.index}: {type(error).__name__}: {error}"
                 ) from error
+        # On the GPU a bucket cut short by the abort after a peer's death may return from wait() untouched.
+        failure = self._launches[0].failure() if self._launches and self._buckets[0].buffer.is_cuda else None
+        if failure is not None:
+            raise failure
 
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
