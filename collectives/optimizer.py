@@ -128,6 +128,7 @@ class DistributedOptimizer:
         *,
         bucket_cap_mb: float | None = None,
     ) -> None:
+        names = parameter_names(optimizer, named_parameters)  # Horovod checks them before it needs init()
         _require("DistributedOptimizer")
         registered = process_set._groups()
         if registered is not None and registered.index is None:
@@ -159,7 +160,7 @@ class DistributedOptimizer:
         self._local_groups = set_groups if self._local else None
         # Horovod's Average divides by the ranks alone: the passes are summed, as autograd sums them.
         self._divisor = set_groups.size if op is ReduceOp.AVERAGE else 1
-        self._names = parameter_names(optimizer, named_parameters)
+        self._names = names
         # Horovod's attribute of the same name: parameter -> name.
         self._parameter_names = self._names
         self._name_by_id = {id(p): name for p, name in self._names.items()}

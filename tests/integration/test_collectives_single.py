@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -344,3 +345,16 @@ def test_buckets_follow_the_gradient_order_from_the_second_step(events: list[str
     assert per_step[1] == per_step[2]
     assert sorted(per_step[1][:2]) == ["allreduce 2", "allreduce 32"]
     assert per_step[1][2:] == ["body ready", "allreduce 64"]
+
+
+def test_duplicate_parameter_names_are_refused_before_init_is_needed() -> None:
+    # Horovod's test_duplicate_names builds the optimizer between one test's shutdown() and the next init().
+    assert not hvd.is_initialized()
+    first, second = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    sgd = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1)
+    named = itertools.chain(first.named_parameters(), second.named_parameters())
+    with pytest.raises(ValueError, match="duplicate names"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named)
+    with pytest.raises(hvd.NotInitializedError):
+        named_ok = [*first.named_parameters(prefix="a"), *second.named_parameters(prefix="b")]
+        hvd.DistributedOptimizer(sgd, named_parameters=named_ok)
