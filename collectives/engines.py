@@ -3,6 +3,7 @@ together at ``shutdown()``, one at ``remove_process_set``, and reset together by
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from collectives.engine import Engine
@@ -38,7 +39,9 @@ def shutdown_engines(wait_s: float | None) -> None:
     """
     world = _registered.get(0)
     if wait_s is None and world is not None and world.size > 1 and world.index is not None:
-        engine_for(world).agree(Call(Kind.SHUTDOWN)).result()
+        # A peer that is gone already leaves nobody to wait for: the leave goes on as before.
+        with contextlib.suppress(HorovodInternalError):
+            engine_for(world).agree(Call(Kind.SHUTDOWN)).result()
     with _engines_lock:
         engines = list(_engines.values())
         _engines.clear()
