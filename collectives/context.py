@@ -228,6 +228,15 @@ class _Context:
 
 _context: _Context | None = None
 
+# Rendezvous address -> (how many groups this process has joined there, its store). Each rank keeps its
+# store (rank 0 serves it) for the next init() at the same address, as Horovod's gloo-mode tests call
+# shutdown() and init() around every test: a store torch made anew there would race the old one, which rank 0
+# serves until its group is gone (or longer, while anything still refers to the group). A rank that
+# re-initialised first reached the old store, found the old group's keys and hung in the next group's
+# creation, with rank 0 starting a new store. The kept store is the same on every rank, and each group's
+# keys sit behind a prefix of its own.
+_stores: dict[tuple[str, int], tuple[int, Any]] = {}
+
 
 def _require(what: str) -> _Context:
     if _context is None:
@@ -343,13 +352,34 @@ def _create_group(topology: Topology, choice: BackendChoice, timeout: datetime.t
         # rendezvous, and an in-memory store needs no address or port.
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(store=store, rank=0, world_size=1, **kwargs)  # type: ignore[arg-type]
-    else:
+        return _Context(
+            topology,
+            choice.backend,
+            owns_group=True,
+            device_type=_device_type(choice.backend),
+            device_index=device_index,
+        )
+    address = (str(topology.master_addr), int(topology.master_port or 0))
+    joined, kept = _stores.get(address, (0, None))
+    if kept is None:
         dist.init_process_group(
             init_method="env://",
             rank=topology.rank,
             world_size=topology.size,
             **kwargs,  # type: ignore[arg-type]
         )
+        default_store: Any = dist.distributed_c10d._get_default_store()
+        kept = default_store.underlying_store  # inside torch's own "default_pg" prefix
+    else:
+        # init() again after shutdown(): the same store, the old group's keys left behind their own prefix.
+        prefixed = dist.distributed_c10d.PrefixStore(f"collectives/group/{joined}", kept)
+        dist.init_process_group(
+            store=prefixed,
+            rank=topology.rank,
+            world_size=topology.size,
+            **kwargs,  # type: ignore[arg-type]
+        )
+    _stores[address] = (joined + 1, kept)
     return _Context(
         topology,
         choice.backend,
@@ -500,6 +530,8 @@ def reinit(environ: Mapping[str, str]) -> Topology:
     _abandon_group(context)
     _forget_process_sets()
     _context = None
+    # The old world's stores may be served by a rank that is gone: the new world rendezvouses afresh.
+    _stores.clear()
     return init(backend=context.requested, timeout=context.timeout, environ=environ)
 
 

@@ -55,6 +55,7 @@ from collectives.engine_tickets import Ticket
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
+from collectives.peer_loss import abort_nccl
 from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
@@ -305,6 +306,11 @@ class Engine:
                 return False
             return time.monotonic() - self._last_round < idle_wait
 
+    @property
+    def broken(self) -> HorovodInternalError | None:
+        """The failure that ended this engine, if any (a peer is gone)."""
+        return self._broken
+
     def drive(self, ticket: Ticket) -> None:
         """Run rounds on the caller's thread until ``ticket`` is settled (a blocking call on the CPU).
 
@@ -405,6 +411,7 @@ class Engine:
                     f"{error}); the job's process group must be re-formed"
                 )
             )
+            abort_nccl(self.groups)
         with self._cond:
             self._abandoned = True
             self._cond.notify_all()

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from collectives.errors import HorovodInternalError
+
 __all__ = ["Driver", "Ticket"]
 
 
@@ -14,6 +16,9 @@ class Driver(Protocol):
     """What a ticket and a turn need of their engine."""
 
     def drive(self, ticket: Ticket) -> None: ...
+
+    @property
+    def broken(self) -> HorovodInternalError | None: ...
 
 
 class Ticket:
@@ -53,6 +58,11 @@ class Ticket:
         if self._error is not None:
             raise self._error
         return self._value
+
+    def failure(self) -> HorovodInternalError | None:
+        """The engine's failure, if it has failed (a peer is gone) since: an operation already issued on NCCL
+        may have been cut short by the abort that followed (``collectives.peer_loss``)."""
+        return self._engine.broken if self._engine is not None else None
 
     def on_done(self, callback: Callable[[], None]) -> None:
         with self._lock:

@@ -3,12 +3,14 @@ together at ``shutdown()``, one at ``remove_process_set``, and reset together by
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from collectives.engine import Engine
 from collectives.engine_values import Settings
 from collectives.errors import HorovodInternalError
-from collectives.registry import _Groups, _teardown_hooks
+from collectives.negotiation import Call, Kind
+from collectives.registry import _Groups, _registered, _teardown_hooks
 
 __all__ = ["engine_for", "reset_engines", "shutdown_engines", "stall_report", "stop_engine"]
 
@@ -29,7 +31,17 @@ def engine_for(groups: _Groups) -> Engine:
 
 
 def shutdown_engines(wait_s: float | None) -> None:
-    """The orderly stop of every engine, all ranks together (``collectives.shutdown()`` and exit)."""
+    """The orderly stop of every engine, all ranks together (``collectives.shutdown()`` and exit).
+
+    An explicit ``shutdown()`` (``wait_s`` None) is first agreed in the job's ordered sequence: a rank that is
+    in a collective instead makes every rank raise :class:`MismatchError` (and this rank stays initialised),
+    where the ranks that stop would otherwise wait for it for ever, and it for them.
+    """
+    world = _registered.get(0)
+    if wait_s is None and world is not None and world.size > 1 and world.index is not None:
+        # A peer that is gone already leaves nobody to wait for: the leave goes on as before.
+        with contextlib.suppress(HorovodInternalError):
+            engine_for(world).agree(Call(Kind.SHUTDOWN)).result()
     with _engines_lock:
         engines = list(_engines.values())
         _engines.clear()

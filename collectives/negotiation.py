@@ -57,6 +57,7 @@ class Kind(enum.IntEnum):
     OPTIMIZER_STEP = 13
     ADD_PROCESS_SET = 14
     REMOVE_PROCESS_SET = 15
+    SHUTDOWN = 16
 
 
 _OP_CODES = {op: index + 1 for index, op in enumerate(ReduceOp)}

@@ -100,16 +100,17 @@ class DistributedOptimizer:
 
     The arguments are Horovod's, in Horovod's order. ``compression`` casts the buckets for the wire
     (``Compression.fp16``/``bf16``, or a compressor of your own with Horovod's interface). With
-    ``backward_passes_per_step=k`` gradients are accumulated locally over k backward passes and reduced once;
-    with ``op=Average`` they are averaged over the passes as well as the ranks, so k micro-batches with a mean
-    loss give the same step as one batch k times as large (Horovod sums over the passes instead; use
-    ``op=Sum`` for sums over both). ``gradient_predivide_factor`` is accepted for Average: the division by
-    the world size already happens before the sum, which is what the factor is for. ``groups`` (a number
-    of groups, or lists of parameters) fixes the fusion buckets instead of DDP's layout; ``num_groups`` is
-    Horovod's older spelling of a number. Sparse gradients (``nn.Embedding(sparse=True)``) are gathered as
-    sparse tensors, or reduced densely with ``sparse_as_dense=True``. ``process_set`` restricts the
-    averaging to a process set. ``zero_grad``, ``state_dict``, ``load_state_dict`` and ``param_groups`` are
-    the wrapped optimizer's, so LR schedulers can be attached to ``.optimizer``.
+    ``backward_passes_per_step=k`` gradients are accumulated locally over k backward passes (summed, as
+    autograd sums them into ``.grad``) and reduced once, when the k-th pass is done; as in Horovod,
+    ``op=Average`` then averages over the ranks only, so the step sees k times the gradient of one mean-loss
+    micro-batch (divide the loss by k for the mean over the passes). ``synchronize()`` or ``step()`` before
+    the k-th pass reduces what has accumulated so far. ``gradient_predivide_factor`` is accepted for
+    Average: the division by the world size already happens before the sum, which is what the factor is for.
+    ``groups`` (a number of groups, or lists of parameters) fixes the fusion buckets instead of DDP's layout;
+    ``num_groups`` is Horovod's older spelling of a number. Sparse gradients (``nn.Embedding(sparse=True)``)
+    are gathered as sparse tensors, or reduced densely with ``sparse_as_dense=True``. ``process_set``
+    restricts the averaging to a process set. ``zero_grad``, ``state_dict``, ``load_state_dict`` and
+    ``param_groups`` are the wrapped optimizer's, so LR schedulers can be attached to ``.optimizer``.
     """
 
     def __init__(  # noqa: PLR0917 (Horovod's signature)
@@ -127,6 +128,7 @@ class DistributedOptimizer:
         *,
         bucket_cap_mb: float | None = None,
     ) -> None:
+        names = parameter_names(optimizer, named_parameters)  # Horovod checks them before it needs init()
         _require("DistributedOptimizer")
         registered = process_set._groups()
         if registered is not None and registered.index is None:
@@ -156,8 +158,9 @@ class DistributedOptimizer:
         self._sparse_as_dense = sparse_as_dense
         self._process_set_arg = process_set
         self._local_groups = set_groups if self._local else None
-        self._divisor = set_groups.size * self._passes if op is ReduceOp.AVERAGE else 1
-        self._names = parameter_names(optimizer, named_parameters)
+        # Horovod's Average divides by the ranks alone: the passes are summed, as autograd sums them.
+        self._divisor = set_groups.size if op is ReduceOp.AVERAGE else 1
+        self._names = names
         # Horovod's attribute of the same name: parameter -> name.
         self._parameter_names = self._names
         self._name_by_id = {id(p): name for p, name in self._names.items()}
@@ -184,7 +187,7 @@ class DistributedOptimizer:
         self._pass_counts = {id(p): 0 for p in params}
         self._next_launch = 0
         # True from synchronize() until the next gradient arrives: step() must not reduce the same
-        # gradients twice (that would divide by k twice, or multiply by the world size under op=Sum).
+        # gradients twice (that would divide by the world size twice, or multiply by it under op=Sum).
         self._synchronized = False
         self._params = params
         # Sparse gradients of this step, by parameter index: reduced apart from the buckets.
@@ -244,7 +247,7 @@ class DistributedOptimizer:
             return
         groups = self._groups
         coordination.joinable_optimizers.pop(self._digest, None)
-        self._divisor = groups.size * self._passes if self._op is ReduceOp.AVERAGE else 1
+        self._divisor = groups.size if self._op is ReduceOp.AVERAGE else 1
         # The buckets' names keep their instance number: a newcomer's optimizer, made in the new world, has
         # the same place in its script's order as a survivor's.
         self._digest = self._digest_of(groups.ranks)
@@ -413,6 +416,10 @@ class DistributedOptimizer:
                 raise HorovodInternalError(
                     f"bucket {bucket.index}: {type(error).__name__}: {error}"
                 ) from error
+        # On the GPU a bucket cut short by the abort after a peer's death may return from wait() untouched.
+        failure = self._launches[0].failure() if self._launches and self._buckets[0].buffer.is_cuda else None
+        if failure is not None:
+            raise failure
 
     def synchronize(self) -> None:
         """Wait for every bucket's allreduce and write the averaged gradients into ``.grad``.
@@ -476,10 +483,7 @@ class DistributedOptimizer:
                     torch.empty((0, *param.shape[1:]), dtype=param.dtype, device=param.device),
                     param.shape,
                 )
-            reduced = sparse_allreduce_async(grad.coalesce(), f"sparse.{index}", op, self._process_set())()
-            if op is ReduceOp.AVERAGE and self._passes > 1:
-                reduced = reduced / self._passes
-            param.grad = reduced
+            param.grad = sparse_allreduce_async(grad.coalesce(), f"sparse.{index}", op, self._process_set())()
         self._sparse.clear()
 
     def _reset(self) -> None:

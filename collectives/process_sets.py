@@ -7,18 +7,20 @@ each collective before it starts (``collectives.negotiation``). Keeping control 
 whose data collective is still in flight cannot be paired with another rank's metadata exchange.
 
 Creating and removing a set is collective over the whole job, as in Horovod: torch.distributed requires
-every rank to create every group, member or not.
+every rank to create every group, member or not. The ranks agree on it in the global set's ordered
+sequence, as on every collective, so a rank that is elsewhere makes all of them raise instead of hang.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from collectives import links
 from collectives.context import _Context, _require
-from collectives.engines import stop_engine
+from collectives.engines import engine_for, stop_engine
 from collectives.errors import ArgumentError, CollectivesError
 from collectives.registry import (
     ProcessSet,
@@ -28,6 +30,9 @@ from collectives.registry import (
     _registered,
     global_process_set,
 )
+
+if TYPE_CHECKING:
+    from collectives.negotiation import Call
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
 
@@ -53,9 +58,18 @@ def groups_of(process_set: ProcessSet, what: str) -> _Groups:
     return context_and_groups(process_set, what)[1]
 
 
+def _agree_in_order(call: Call) -> None:
+    """Agree on ``call`` in the job's ordered sequence, where every other collective is agreed: a rank that
+    is elsewhere (in a barrier, a collective) makes every rank raise :class:`MismatchError`, where an
+    exchange of its own would leave this rank waiting on one channel and the other on another."""
+    groups = _registered[0]
+    if groups.size > 1:
+        engine_for(groups).agree(call).result()
+
+
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a process set; every rank of the job must call it with the same ranks, in the same order."""
-    from collectives.negotiation import Call, Kind, negotiate
+    from collectives.negotiation import Call, Kind
 
     context = _require("add_process_set")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
@@ -67,7 +81,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     if ps.process_set_id is not None:
         raise ArgumentError(f"{ps!r} is registered already")
     same = [i for i, g in _registered.items() if list(g.ranks) == ps.ranks]
-    negotiate(Call(Kind.ADD_PROCESS_SET, shape=tuple(ps.ranks)), _registered[0])
+    _agree_in_order(Call(Kind.ADD_PROCESS_SET, shape=tuple(ps.ranks)))
     if same:
         raise ArgumentError(f"a process set with ranks {ps.ranks} is registered already (id {same[0]})")
     with links.owned():
@@ -87,11 +101,11 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set added by :func:`add_process_set` (all ranks together); False if it was not one."""
-    from collectives.negotiation import Call, Kind, negotiate
+    from collectives.negotiation import Call, Kind
 
     _require("remove_process_set")
     set_id = process_set.process_set_id
-    negotiate(Call(Kind.REMOVE_PROCESS_SET, shape=(-1 if set_id is None else set_id,)), _registered[0])
+    _agree_in_order(Call(Kind.REMOVE_PROCESS_SET, shape=(-1 if set_id is None else set_id,)))
     if set_id is None or set_id == 0 or set_id not in _registered:
         return False
     if _registered[set_id].index is not None:

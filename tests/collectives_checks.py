@@ -90,11 +90,17 @@ def test_training_matches_single_process_on_combined_batches(job: Any) -> None:
     assert_all_close(results[-1]["training"]["dist"], results[0]["training"]["dist"], atol=0, rtol=0)
 
 
-def test_backward_passes_per_step_equals_one_step_on_four_times_the_data(job: Any) -> None:
+def test_backward_passes_per_step_sums_the_passes_and_averages_over_ranks(job: Any) -> None:
     _, results, _ = job
     for res in results:
         assert_all_close(res["accumulation"]["dist"], res["accumulation"]["ref"])
         assert res["accumulation"]["too_many_raised"]
+
+
+def test_step_before_the_last_backward_pass_reduces_what_accumulated_and_restarts_the_count(job: Any) -> None:
+    _, results, _ = job
+    for res in results:
+        assert_all_close(res["accumulation_early_step"]["dist"], res["accumulation_early_step"]["ref"])
 
 
 def test_sum_op_reduces_once_even_after_an_explicit_synchronize(job: Any) -> None:

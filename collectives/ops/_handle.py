@@ -41,6 +41,22 @@ def _wait_work(work: dist.Work) -> None:
         raise HorovodInternalError(f"a collective failed: {type(error).__name__}: {error}") from error
 
 
+def _on_gpu(result: Any) -> bool:
+    if isinstance(result, torch.Tensor):
+        return result.is_cuda
+    if isinstance(result, (tuple, list)):
+        return any(_on_gpu(part) for part in result)
+    return False
+
+
+def _raise_if_cut_short(ticket: Ticket, result: Any) -> None:
+    """A GPU operation whose engine failed (a peer is gone) before it was synchronized: its NCCL
+    communicator was aborted, so its result cannot be trusted, and Horovod raises for it."""
+    failure = ticket.failure()
+    if failure is not None and _on_gpu(result):
+        raise failure
+
+
 class Handle(Generic[T]):
     """An operation in flight; :meth:`wait` (or :func:`synchronize`) blocks until done, gives the result."""
 
@@ -84,6 +100,7 @@ class Handle(Generic[T]):
                 if self._ticket is not None:
                     inner: Handle[T] = self._ticket.result()
                     self._result = inner.wait()
+                    _raise_if_cut_short(self._ticket, self._result)
                 else:
                     for work in self._works:
                         _wait_work(work)

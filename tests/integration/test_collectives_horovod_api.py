@@ -39,6 +39,8 @@ def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ("root", "root ranks"),
         ("allgather_trailing", "trailing dimensions"),
         ("collective", "different collectives"),
+        ("process_set", "different collectives"),
+        ("shutdown", "different collectives"),
     ],
 )
 def test_a_mismatch_raises_the_same_error_on_every_rank(job: Job, scenario: str, words: str) -> None:

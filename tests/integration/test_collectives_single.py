@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,8 +121,9 @@ def test_distributed_optimizer_behaves_like_the_wrapped_one() -> None:
     x = torch.randn(8, 4)
     for _ in range(3):
         opt.zero_grad()
-        model(x[:4]).pow(2).mean().backward()
-        model(x[4:]).pow(2).mean().backward()
+        # Horovod sums the passes: half of each mean loss makes the mean over the whole batch.
+        (model(x[:4]).pow(2).mean() / 2).backward()
+        (model(x[4:]).pow(2).mean() / 2).backward()
         opt.step()
         ref_opt.zero_grad()
         reference(x).pow(2).mean().backward()
@@ -158,20 +160,20 @@ def test_synchronize_then_step_reduces_the_gradients_once() -> None:
     for _ in range(2):
         model(x).sum().backward()
     opt.synchronize()
-    # Two passes of gradient 1, averaged over the passes: 1. A second reduction would halve it.
-    assert torch.equal(model.weight.grad, torch.ones(1, 2))
+    # Two passes of gradient 1, summed over the passes as in Horovod: 2.
+    assert torch.equal(model.weight.grad, torch.full((1, 2), 2.0))
     opt.synchronize()
     opt.step()  # no skip_synchronize(): step() must see that the gradients are reduced already
-    assert torch.equal(model.weight.grad, torch.ones(1, 2))
-    assert torch.equal(model.weight.detach(), torch.zeros(1, 2))
+    assert torch.equal(model.weight.grad, torch.full((1, 2), 2.0))
+    assert torch.equal(model.weight.detach(), torch.full((1, 2), -1.0))
     # The next backward passes are new gradients, reduced again by the next step().
     opt.zero_grad()
     for _ in range(2):
         model(2 * x).sum().backward()
     with opt.skip_synchronize():  # Horovod's idiom; without synchronize() first it still reduces
         opt.step()
-    assert torch.equal(model.weight.grad, torch.full((1, 2), 2.0))
-    assert torch.equal(model.weight.detach(), torch.full((1, 2), -2.0))
+    assert torch.equal(model.weight.grad, torch.full((1, 2), 4.0))
+    assert torch.equal(model.weight.detach(), torch.full((1, 2), -5.0))
 
 
 @pytest.mark.usefixtures("single")
@@ -343,3 +345,16 @@ def test_buckets_follow_the_gradient_order_from_the_second_step(events: list[str
     assert per_step[1] == per_step[2]
     assert sorted(per_step[1][:2]) == ["allreduce 2", "allreduce 32"]
     assert per_step[1][2:] == ["body ready", "allreduce 64"]
+
+
+def test_duplicate_parameter_names_are_refused_before_init_is_needed() -> None:
+    # Horovod's test_duplicate_names builds the optimizer between one test's shutdown() and the next init().
+    assert not hvd.is_initialized()
+    first, second = torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)
+    sgd = torch.optim.SGD([*first.parameters(), *second.parameters()], lr=0.1)
+    named = itertools.chain(first.named_parameters(), second.named_parameters())
+    with pytest.raises(ValueError, match="duplicate names"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named)
+    with pytest.raises(hvd.NotInitializedError):
+        named_ok = [*first.named_parameters(prefix="a"), *second.named_parameters(prefix="b")]
+        hvd.DistributedOptimizer(sgd, named_parameters=named_ok)

@@ -33,6 +33,7 @@ LAYERS: list[list[str]] = [
         "collectives.negotiation",
         "collectives.grad_buckets",
         "collectives.optimizer_args",
+        "collectives.peer_loss",
     ],
     ["collectives.context", "collectives.engine"],
     ["collectives.engines"],

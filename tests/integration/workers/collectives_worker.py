@@ -137,6 +137,19 @@ def scenario_training(rank: int, size: int, steps: int = 5) -> dict[str, Any]:
     return {"dist": params_of(model), "ref": params_of(reference)}
 
 
+def horovod_accumulation(
+    reference: nn.Module, x: torch.Tensor, y: torch.Tensor, size: int, passes: int
+) -> None:
+    """Horovod's gradient for backward_passes_per_step: each rank's micro-batch gradients summed over the
+    passes, then averaged over the ranks (op=Average divides by the ranks alone)."""
+    for micro in range(passes):
+        for r in range(size):
+            (
+                loss_fn(reference, shard(x, micro * size + r, BATCH), shard(y, micro * size + r, BATCH))
+                / size
+            ).backward()
+
+
 def scenario_accumulation(rank: int, size: int, passes: int = 4) -> dict[str, Any]:
     x, y = make_data(passes * size * BATCH, seed=7)
     model, reference = make_model(0), make_model(0)
@@ -160,9 +173,33 @@ def scenario_accumulation(rank: int, size: int, passes: int = 4) -> dict[str, An
     opt.synchronize()
     opt.remove_hooks()
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.5)
-    loss_fn(reference, x, y).backward()
+    horovod_accumulation(reference, x, y, size, passes)
     ref_opt.step()
     return {"dist": params_of(model), "ref": params_of(reference), "too_many_raised": too_many}
+
+
+def scenario_accumulation_early_step(rank: int, size: int, passes: int = 3) -> dict[str, Any]:
+    """Horovod's counters: step() after 2 of 3 passes reduces what has accumulated, and the count starts
+    again, so the next 3 passes make one full step (a 4th would raise)."""
+    x, y = make_data(2 * passes * size * BATCH, seed=17)
+    first, second = x[: passes * size * BATCH], x[passes * size * BATCH :]
+    first_y, second_y = y[: passes * size * BATCH], y[passes * size * BATCH :]
+    model, reference = make_model(0), make_model(0)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.2), model.named_parameters(), backward_passes_per_step=passes
+    )
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.2)
+    for data, labels, done in ((first, first_y, passes - 1), (second, second_y, passes)):
+        opt.zero_grad()
+        for micro in range(done):
+            block = micro * size + rank
+            loss_fn(model, shard(data, block, BATCH), shard(labels, block, BATCH)).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        horovod_accumulation(reference, data, labels, size, done)
+        ref_opt.step()
+    opt.remove_hooks()
+    return {"dist": params_of(model), "ref": params_of(reference)}
 
 
 def scenario_sum_op(rank: int, size: int) -> dict[str, Any]:
@@ -199,7 +236,7 @@ def scenario_compressed_accumulation(rank: int, size: int, passes: int = 2) -> d
     opt.step()
     dist_grads = grads_of(model)
     reference = make_model(0)
-    loss_fn(reference, x, y).backward()
+    horovod_accumulation(reference, x, y, size, passes)
     return {"dist": dist_grads, "ref": grads_of(reference)}
 
 
@@ -305,7 +342,7 @@ def scenario_unused(rank: int, size: int, passes: int = 2, steps: int = 2) -> di
         ref_opt.zero_grad()
         for r in range(size):
             for micro in range(passes):
-                (local_loss(r, micro, step, ref_layers) / (size * passes)).backward()
+                (local_loss(r, micro, step, ref_layers) / size).backward()
         for _, p in ref_named:
             if p.grad is None:  # unused everywhere: a zero gradient, as in Horovod
                 p.grad = torch.zeros_like(p)
@@ -504,6 +541,7 @@ def main() -> None:
         "gradients_bf16": scenario_gradients(rank, size, hvd.Compression.bf16),
         "training": scenario_training(rank, size),
         "accumulation": scenario_accumulation(rank, size),
+        "accumulation_early_step": scenario_accumulation_early_step(rank, size),
         "sum_op": scenario_sum_op(rank, size),
         "compressed_accumulation": scenario_compressed_accumulation(rank, size),
         "different_parameters": scenario_different_parameters(rank, size),

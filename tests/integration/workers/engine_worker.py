@@ -12,12 +12,16 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import torch
 
 import collectives as hvd
 from collectives import engines
+
+# An allreduce long enough (128 MB) to be still on the wire when its peer dies.
+BIG = 32 * 1024 * 1024
 
 
 class _StallSeen(logging.Handler):
@@ -126,28 +130,46 @@ def between_backward_and_step(rank: int) -> dict[str, Any]:
 def kill(rank: int, size: int, during: str) -> dict[str, Any]:
     """The last rank dies; the others are inside ``during``: a pending async op ("op"), a barrier (an
     ordered turn), or an optimizer step (its agreement and buckets)."""
-    model = torch.nn.Linear(4, 4)
+    device = hvd.device()  # the same worker runs on NCCL in tests/gpu
+    model = torch.nn.Linear(4, 4).to(device)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
-    hvd.allreduce(torch.ones(1))
+    hvd.allreduce(torch.ones(1, device=device))
+    big = torch.ones(BIG if during == "issued" else 1, device=device)
     if rank == size - 1:
+        if during == "issued":
+            # Dies with the operation agreed and issued on the data group, its transfer under way.
+            handle = hvd.allreduce_async(big, name="issued")
+            assert handle._ticket is not None
+            handle._ticket.result()
         os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
     try:
-        if during == "barrier":
+        if during == "issued":
+            hvd.synchronize(hvd.allreduce_async(big, name="issued"))
+            # On the GPU the handle may come back before the transfer ends: a host sync must not hang.
+            big.sum().item()
+            hvd.allreduce(torch.ones(1, device=device))
+        elif during == "barrier":
             hvd.barrier()
         elif during == "step":
-            model(torch.ones(2, 4)).sum().backward()
+            model(torch.ones(2, 4, device=device)).sum().backward()
             opt.step()
         else:
-            hvd.synchronize(hvd.allreduce_async(torch.ones(8), name="never"))
+            hvd.synchronize(hvd.allreduce_async(torch.ones(8, device=device), name="never"))
         return {"outcome": "completed"}
     except hvd.HorovodInternalError as error:
         later: str
         try:
-            hvd.allreduce(torch.ones(1))
+            hvd.allreduce(torch.ones(1, device=device))
             later = "completed"
         except hvd.HorovodInternalError:
             later = "HorovodInternalError"
-        return {"outcome": "HorovodInternalError", "message": str(error)[:200], "later": later}
+        return {
+            "outcome": "HorovodInternalError",
+            "message": str(error)[:200],
+            "later": later,
+            "seconds": time.monotonic() - started,
+        }
 
 
 def main() -> None:

@@ -44,6 +44,11 @@ def mismatches(rank: int, size: int) -> dict[str, Any]:
         "collective": outcome(
             lambda: hvd.allgather(torch.ones(2)) if other else hvd.allreduce(torch.ones(2), op=hvd.Sum)
         ),
+        # A rank that is still in a barrier (a test that left early, then its tearDown) while the others
+        # register a process set: both raise, rather than wait on two channels.
+        "process_set": outcome(lambda: hvd.barrier() if other else hvd.add_process_set([0, 1])),
+        # The same with shutdown(): the ranks that would leave stay initialised, and nobody waits for ever.
+        "shutdown": outcome(lambda: hvd.barrier() if other else hvd.shutdown()),
         # After all of that every rank is still in step: a correct collective gives the right answer.
         "after": outcome(lambda: hvd.allreduce(torch.full((2,), float(rank)), op=hvd.Sum)),
     }
