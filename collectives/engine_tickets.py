@@ -7,8 +7,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from collectives.errors import HorovodInternalError
-
 __all__ = ["Driver", "Ticket"]
 
 
@@ -18,7 +16,7 @@ class Driver(Protocol):
     def drive(self, ticket: Ticket) -> None: ...
 
     @property
-    def broken(self) -> HorovodInternalError | None: ...
+    def broken(self) -> BaseException | None: ...
 
 
 class Ticket:
@@ -59,9 +57,10 @@ class Ticket:
             raise self._error
         return self._value
 
-    def failure(self) -> HorovodInternalError | None:
-        """The engine's failure, if it has failed (a peer is gone) since: an operation already issued on NCCL
-        may have been cut short by the abort that followed (``collectives.peer_loss``)."""
+    def failure(self) -> BaseException | None:
+        """The engine's failure (a HorovodInternalError), if it has failed (a peer is gone) since: an
+        operation already issued on NCCL may have been cut short by the abort that followed
+        (``collectives.peer_loss``)."""
         return self._engine.broken if self._engine is not None else None
 
     def on_done(self, callback: Callable[[], None]) -> None:

@@ -59,7 +59,7 @@ def test_a_group_already_gone_is_no_error(data_group: Any) -> None:
 
 
 class _Engine:
-    _broken: HorovodInternalError | None = None
+    broken: HorovodInternalError | None = None
 
 
 def test_a_gpu_result_synchronized_after_the_failure_raises(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +67,7 @@ def test_a_gpu_result_synchronized_after_the_failure_raises(monkeypatch: pytest.
     ticket = Ticket(engine)  # type: ignore[arg-type]
     result = [torch.ones(2)]
     _handle._raise_if_cut_short(ticket, result)  # nothing failed: the result stands
-    engine._broken = HorovodInternalError("a peer is gone")
+    engine.broken = HorovodInternalError("a peer is gone")
     _handle._raise_if_cut_short(ticket, result)  # on the CPU the transport's own error is the truth
     assert not _handle._on_gpu((torch.ones(1), [torch.zeros(1)]))
     monkeypatch.setattr(_handle, "_on_gpu", lambda _: True)
