@@ -159,6 +159,20 @@ OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Elastic: executable printing 'host[:slots]' lines; new hosts join at the next restart.",
     ),
     option(
+        "--elastic-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="Elastic: wait this long for --min-np slots (a host's cooldown, the discovery script) before "
+        "giving up [default: 600].",
+    ),
+    option(
+        "--blacklist-cooldown-range",
+        type=(int, int),
+        metavar="MIN MAX",
+        help="Elastic: a host left out comes back after a cooldown from MIN to MAX seconds, doubling each "
+        "time [default: it stays out].",
+    ),
+    option(
         "--grace-period",
         type=float,
         metavar="SECONDS",

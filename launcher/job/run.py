@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,7 @@ from launcher.core.elastic_plan import Member, NewWorld
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, Slot, build_plan, plural
 from launcher.core.rendezvous import Rendezvous, choose_rendezvous
-from launcher.core.restart import GiveUp, HostBook, cause, decide
+from launcher.core.restart import GiveUp, Restart, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled
 from launcher.core.start_requests import start_requests
 from launcher.diagnose.watch import JobWatch
@@ -41,6 +42,7 @@ from launcher.errors import (
 )
 from launcher.job.discovery import TIMEOUT, Discovering
 from launcher.job.elastic import ResetRecord, Resetter
+from launcher.job.hostpool import HostPool
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
 from launcher.report.account import (
@@ -127,7 +129,9 @@ class Job:
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
         self.failure: Failure | None = None
-        self.book = HostBook()
+        # Who is left out (the blacklist) and the spares that refill the world.
+        self.pool = HostPool(config, relay.note)
+        self.book = self.pool.book
         self.give_up: GiveUp | None = None
         self._last_port: int | None = None
         self.resets: list[ResetRecord] = []  # every reset in place, across attempts
@@ -152,7 +156,8 @@ class Job:
             discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
             if isinstance(discovered, Outcome):
                 return self.ended_between(discovered)
-            decision = decide(
+            before = self.pool.snapshot()
+            decision: Restart | GiveUp | Outcome = decide(
                 outcome,
                 restarts_done=index,
                 options=options,
@@ -161,10 +166,21 @@ class Job:
                 book=self.book,
                 now=time.monotonic(),
                 discovered=discovered,
+                spares=self.pool.spares(plan),
+                jitter=random.random(),
             )
+            self.pool.name_left_out(before)
+            if isinstance(decision, GiveUp) and decision.below_min_np:
+                decision = self.pool.wait_for_slots(
+                    decision, cause(outcome), plan, discovered, pause=self.pause, discover=self.discover
+                )
+            if isinstance(decision, Outcome):
+                return self.ended_between(decision)
             if isinstance(decision, GiveUp):
                 self.give_up = decision
                 return outcome
+            if decision.note:
+                self.relay.note([decision.note])
             self.relay.note(
                 [
                     f"attempt {index} failed: {decision.reason}; restarting in {options.delay:g}s "
@@ -174,7 +190,11 @@ class Job:
             interrupted = self.pause(options.delay)
             if interrupted is not None:
                 return self.ended_between(interrupted)
+            was = {h.name for h in plan.nodes}
             plan = build_plan(self.config.plan_inputs.resized(decision.hosts, decision.num_proc))
+            joining = [h.name for h in plan.nodes if h.name not in was]
+            if joining:
+                self.relay.note([f"attempt {index + 1} takes in {', '.join(joining)}"])
 
     def ended_between(self, outcome: Outcome) -> Outcome:
         """A signal or --timeout between attempts ends the job with that outcome."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.core.blacklist import Blacklist, CooldownRange
 from launcher.core.config import LaunchConfig, RestartOptions
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, build_plan, make_plan
@@ -22,7 +23,7 @@ from tests.fakes import memory_relay
 A, B, C = Host("a", slots=2), Host("b", slots=2), Host("c", slots=2)
 FAILED_ON_B = RankFailed(RankExit(2, "b", 1))
 LOST_B = HostLost("b", "no word from it for 10s")
-ELASTIC = RestartOptions(max_restarts=3, min_np=2, max_np=6, cooldown=60.0)
+ELASTIC = RestartOptions(max_restarts=3, min_np=2, max_np=6)
 
 
 def _decide(outcome: Outcome, options: RestartOptions, done: int = 0, **kw: object) -> Restart | GiveUp:
@@ -89,10 +90,12 @@ def test_elastic_leaves_out_a_host_that_fails_twice_in_a_row() -> None:
 
 
 def test_discovered_hosts_join_up_to_max_np_and_excluded_ones_wait_out_their_cooldown() -> None:
-    book = HostBook()
-    options = RestartOptions(max_restarts=3, min_np=2, max_np=5, cooldown=60.0)
+    book = HostBook(Blacklist(CooldownRange(30.0, 300.0)))
+    options = RestartOptions(max_restarts=3, min_np=2, max_np=5, cooldown_range=(30.0, 300.0))
     again = _decide(LOST_B, options, book=book, discovered=(B, C))
     assert isinstance(again, Restart) and again.hosts == (A, C) and again.num_proc == 4
+    # The first cooldown: 30 x 2 (+ a jitter of up to 30 s, here none).
+    assert book.blacklist.excluded["b"].until == 60.0
     later = decide(
         FAILED_ON_B, restarts_done=1, options=options, hosts=(A, C), num_proc=4, book=book, now=61.0,
         discovered=(B,),
