@@ -1,0 +1,154 @@
+"""Spare hosts and the blacklist across SSH hosts of the simulated cluster: a restart refills the world from
+the hosts beyond the slots in use, an elastic job starts without a host it cannot reach, and every host left
+out is named with the reason and for how long."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import Popen
+
+import pytest
+
+from tests.multihost.cluster import Cluster
+from tests.multihost.support import assert_clean
+from tests.support import REPO, SCRIPTS, attempt_world, run_distrun, start_distrun, wait_for_files
+
+pytestmark = pytest.mark.multihost
+
+RESTARTABLE = SCRIPTS / "restartable.py"
+FOUR = "h1:1,h2:1,h3:1,h4:1"
+# A silent host is declared lost after keepalive x 5: 2.5 s instead of the default 10 s.
+FAST_LOSS = ("--ssh-keepalive", "0.5", "--restart-delay", "0")
+
+
+def _cut_h2_mid_run(lab: Cluster, out: Path, *args: str) -> tuple[int, str]:
+    """-np 3 on four 1-slot hosts (h4 the spare); h2's link is cut while attempt 0 runs."""
+    proc = start_distrun(
+        "-H", FOUR, "-np", "3", *FAST_LOSS, *args, RESTARTABLE, "--out", out, "--wait-attempt", "0",
+        env=lab.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    wait_for_files(out, "a0.r*.pid", 3)
+    lab.link_down("h2")
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        lab.link_up("h2")
+    return proc.returncode, err.decode()
+
+
+@pytest.mark.parametrize("mode", [("--min-np", "3"), ("--max-restarts", "2")], ids=["min-np", "max-restarts"])
+def test_a_cut_host_is_replaced_by_the_spare(
+    make_cluster: Callable[..., Cluster], tmp_path: Path, mode: tuple[str, str]
+) -> None:
+    lab = make_cluster(4)
+    code, err = _cut_h2_mid_run(lab, tmp_path, *mode)
+    assert code == 0, err
+    assert attempt_world(tmp_path, 0) == {0: ("h1", "3"), 1: ("h2", "3"), 2: ("h3", "3")}
+    assert attempt_world(tmp_path, 1) == {0: ("h1", "3"), 1: ("h3", "3"), 2: ("h4", "3")}
+    assert "distrun: leaving out host h2 for the rest of the job: lost (" in err
+    assert "attempt 1 takes in h4" in err
+    assert not list(tmp_path.glob("a2.*")), err  # one restart: h2 was not tried again
+    assert_clean(lab)
+
+
+def test_an_elastic_job_starts_without_a_host_it_cannot_reach(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(4)
+    lab.link_down("h4")
+    try:
+        result = run_distrun(
+            "-H", FOUR, "-np", "4", "--min-np", "2", "--ssh-connect-timeout", "2", RESTARTABLE,
+            "--out", tmp_path, env=lab.env(PYTHONPATH=str(REPO)),
+        )  # fmt: skip
+    finally:
+        lab.link_up("h4")
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    assert attempt_world(tmp_path, 0) == {0: ("h1", "3"), 1: ("h2", "3"), 2: ("h3", "3")}
+    line = next(line for line in err.splitlines() if "leaving out host h4" in line)
+    named = "distrun: leaving out host h4 for the rest of the job: unreachable at the start ("
+    assert line.startswith(named), err
+    assert_clean(lab)
+
+
+def test_a_fixed_size_job_still_refuses_to_start_with_a_host_down(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(2)
+    lab.link_down("h2")
+    try:
+        result = run_distrun(
+            "-H", "h1:1,h2:1", "--ssh-connect-timeout", "2", RESTARTABLE, "--out", tmp_path,
+            env=lab.env(PYTHONPATH=str(REPO)),
+        )  # fmt: skip
+    finally:
+        lab.link_up("h2")
+    assert result.returncode == 3 and "h2: unreachable" in result.stderr.decode()
+    assert not list(tmp_path.glob("a0.*"))
+    assert_clean(lab)
+
+
+def _read_until(proc: Popen[bytes], wanted: str, timeout: float = 60) -> str:
+    """stderr up to and including the first line that holds `wanted`."""
+    assert proc.stderr is not None
+    said = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline().decode()
+        if not line:
+            break
+        said.append(line)
+        if wanted in line:
+            return "".join(said)
+    raise AssertionError(f"no {wanted!r} in:\n{''.join(said)}")
+
+
+def test_a_blacklisted_host_comes_back_after_its_cooldown(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Two hosts, --min-np 2: without h2 the job waits (--elastic-timeout) for its 3 s cooldown to end, then
+    restarts on both."""
+    lab = make_cluster(2)
+    proc = start_distrun(
+        "-H", "h1:1,h2:1", "--min-np", "2", "--blacklist-cooldown-range", "3", "3", *FAST_LOSS,
+        RESTARTABLE, "--out", tmp_path, "--wait-attempt", "0", env=lab.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    wait_for_files(tmp_path, "a0.r*.pid", 2)
+    lab.link_down("h2")
+    try:
+        said = _read_until(proc, "leaving out host h2")
+    finally:
+        lab.link_up("h2")
+    _, rest = proc.communicate(timeout=120)
+    err = said + rest.decode()
+    assert proc.returncode == 0, err
+    assert "distrun: leaving out host h2 for 3s (cooldown): lost (" in err
+    below = "only 1 slot left without h2 (h1), fewer than --min-np 2"
+    assert f"distrun: {below}: waiting up to 600s (--elastic-timeout)" in err
+    assert attempt_world(tmp_path, 1) == {0: ("h1", "2"), 1: ("h2", "2")}
+    assert_clean(lab)
+
+
+def test_without_a_cooldown_the_job_gives_up_below_min_np_at_once(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(2)
+    proc = start_distrun(
+        "-H", "h1:1,h2:1", "--min-np", "2", *FAST_LOSS, RESTARTABLE, "--out", tmp_path, "--wait-attempt", "0",
+        env=lab.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    wait_for_files(tmp_path, "a0.r*.pid", 2)
+    lab.link_down("h2")
+    try:
+        _, err_bytes = proc.communicate(timeout=120)
+    finally:
+        lab.link_up("h2")
+    err = err_bytes.decode()
+    assert proc.returncode == 3, err
+    assert "distrun: leaving out host h2 for the rest of the job: lost (" in err
+    assert "distrun: error: only 1 slot left without h2 (h1), fewer than --min-np 2" in err
+    assert "waiting" not in err and not list(tmp_path.glob("a1.*"))
+    assert_clean(lab)
