@@ -78,9 +78,11 @@ class Resetter:
         done_before: int = 0,
         max_np: int | None = None,
         spawn: Spawn | None = None,
+        leave_out: Callable[[str, str], object] | None = None,
     ) -> None:
         """`master_addr(host)`: an address of that host every host reaches; `note`: a console line;
-        `spawn(world, newcomers, envs)` starts ranks on free slots of the attempt's hosts, up to `max_np`."""
+        `spawn(world, newcomers, envs)` starts ranks on free slots of the attempt's hosts (spare hosts among
+        them, after the others), up to `max_np`; `leave_out(host, reason)` blacklists a host."""
         self.hosts = {host.name: host for host in hosts}
         self.host_of = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.place = {slot.rank: slot.rank for host in hosts for slot in host.slots}  # rank id -> rank
@@ -104,6 +106,7 @@ class Resetter:
         self.gone_hosts: set[str] = set()  # lost mid-attempt: no newcomer goes there
         self.next_id = max(self.host_of, default=-1) + 1
         self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
+        self.leave_out = leave_out
 
     @property
     def resetting(self) -> bool:
@@ -137,6 +140,12 @@ class Resetter:
 
     # -- a loss
 
+    def spare_lost(self, host: str, detail: str) -> None:
+        """A spare host without a rank was lost: no newcomer goes there; nothing else changes."""
+        self.gone_hosts.add(host)
+        if self.leave_out is not None:
+            self.leave_out(host, f"lost while a spare ({detail})")
+
     def absorb(self, lost: Sequence[int], cause: str, now: float) -> bool:
         """Begin (or widen) a reset without the `lost` rank ids; False when the job must stop instead (the
         reason in `refused`)."""
@@ -150,7 +159,11 @@ class Resetter:
             self.place.pop(rank_id, None)
             self.failed.append(rank_id)
         if cause.startswith("lost host "):
-            self.gone_hosts.update(self.host_of[r] for r in lost)
+            gone = {self.host_of[r] for r in lost} - self.gone_hosts
+            self.gone_hosts.update(gone)
+            if self.leave_out is not None:
+                for name in sorted(gone):
+                    self.leave_out(name, "lost " + cause.removeprefix(f"lost host {name} "))
         if reset is None:
             reset = _Reset(cause, now, time.time(), list(lost), alive)
             self.current = reset

@@ -1,9 +1,10 @@
 """An elastic job's first connections: it starts with the hosts it can reach (docs/attempts.md).
 
 A fixed-size job needs every host of its plan, so the first one that cannot be reached ends it (exit 3). An
-elastic one (`--min-np`) leaves such a host out and takes the next spare of -H/--hostfile in its place (or
-goes on with fewer ranks), as long as at least `--min-np` slots are left; each host left out is named by the
-job, with the reason, once it exists (`Job.pool.leave_out`).
+elastic one (`--min-np`) connects its spares too (hosts of -H/--hostfile beyond the slots in use), leaves a
+host that cannot be reached out and takes the next spare in its place (or goes on with fewer ranks), as long
+as at least `--min-np` slots are left; each host left out is named by the job, with the reason, once it
+exists (`Job.pool.leave_out`).
 """
 
 from __future__ import annotations
@@ -21,18 +22,28 @@ from launcher.runtime.node import Node, connect
 def connect_reachable(
     config: LaunchConfig, plan: Plan, progress: ProgressFn | None, *, control: ControlServer | None
 ) -> tuple[Plan, list[Node], list[tuple[str, str]]]:
-    """The plan to start, its nodes, and the hosts left out with why (in the order they failed). A host that
-    fails to connect is left out and the plan made again from the other hosts of the job; HostError when
-    fewer than --min-np slots are left, or for a failure that names no host of the plan."""
+    """The plan to start, the nodes connected (the plan's, in its order, then an elastic job's spares), and
+    the hosts left out with why (in the order they failed). A host of the plan that fails to connect is left
+    out and the plan made again from the other hosts of the job; a spare that fails is only left out.
+    HostError when fewer than --min-np slots are left, or for a failure that names no host tried."""
     min_np = config.restart.min_np
+    if min_np is None:
+        return plan, connect(plan.nodes, config, progress, control=control), []
     left_out: list[tuple[str, str]] = []
     while True:
+        out = {name for name, _ in left_out}
+        used = {h.name for h in plan.nodes}
+        # Spares are connected at the start: a reset in place then starts newcomers there without waiting
+        # for a login, and a dead spare is known before it is needed.
+        spares = [h for h in config.hosts if h.name not in used and h.name not in out]
         try:
-            return plan, connect(plan.nodes, config, progress, control=control), left_out
+            return plan, connect([*plan.nodes, *spares], config, progress, control=control), left_out
         except HostError as err:
-            if min_np is None or err.host is None or err.host not in {h.name for h in plan.nodes}:
+            if err.host is None or err.host not in used | {h.name for h in spares}:
                 raise
             left_out.append((err.host, _reason(str(err), err.host)))
+            if err.host not in used:
+                continue
         out = {name for name, _ in left_out}
         hosts = [h for h in config.hosts if h.name not in out]
         slots = sum(h.slots for h in hosts)

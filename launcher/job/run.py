@@ -264,7 +264,7 @@ class Job:
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
-        wanted = {h.name for h in plan.nodes}
+        wanted = {h.name for h in plan.nodes} | {node.name for node in self.spare_nodes(plan)}
         for name in [n for n in self.nodes if n not in wanted or self.nodes[n].lost]:
             node = self.nodes.pop(name)
             if not node.lost:
@@ -278,6 +278,15 @@ class Job:
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
+
+    def spare_nodes(self, plan: Plan) -> list[Node]:
+        """An elastic job's connected spares (connected at its start): hosts of -H/--hostfile without a rank
+        of `plan`, not left out; a reset in place may start newcomers there."""
+        if not self.config.restart.elastic:
+            return []
+        now = time.monotonic()
+        spares = [h for h in self.pool.spares(plan) if h.name in self.nodes and self.book.usable(h, now)]
+        return [self.nodes[h.name] for h in spares if not self.nodes[h.name].lost]
 
     def attempt(self, index: int, plan: Plan) -> Outcome:
         """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
@@ -304,19 +313,20 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
+        spares = [HostAttempt(node, (), idle=True) for node in self.spare_nodes(plan)]
         self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
-        self.probe(hosts, master_addr)
+        self.probe([*hosts, *spares], master_addr)
         if self.workdir is not None:
-            self.copies = self.sync(nodes, self.workdir)
-        self.same_software(hosts)
+            self.copies = self.sync([*nodes, *(h.node for h in spares)], self.workdir)
+        self.same_software([*hosts, *spares])
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
-        elastic = self.resetter(attempt, hosts, nodes)
+        elastic = self.resetter(attempt, [*hosts, *spares], [*nodes, *(h.node for h in spares)])
         sup = Supervisor(
-            hosts,
+            [*hosts, *spares],
             self.relay,
             deadline=self.loop.deadline,  # the whole job's, restarts included
             grace=self.config.grace_period,
@@ -358,7 +368,7 @@ class Job:
         return Resetter(
             hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
             max_restarts=options.max_restarts, master_addr=address_of, note=self.relay.note,
-            done_before=len(self.resets), max_np=options.max_np, spawn=spawn,
+            done_before=len(self.resets), max_np=options.max_np, spawn=spawn, leave_out=self.pool.leave_out,
         )  # fmt: skip
 
     def spawn(
@@ -385,6 +395,7 @@ class Job:
         for host, request in zip(nodes, requests, strict=True):
             ranks = [dataclasses.replace(r, rank=wanted[r.rank]) for r in request.ranks if r.rank in wanted]
             if ranks:
+                host.idle = False  # a spare's first ranks: the attempt now waits for it to end
                 host.node.send(ADD, dataclasses.replace(request, ranks=ranks))
         self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
         self.relay.set_hosts(dict(self.rank_hosts))

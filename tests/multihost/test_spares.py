@@ -4,6 +4,7 @@ out is named with the reason and for how long."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -151,4 +152,27 @@ def test_without_a_cooldown_the_job_gives_up_below_min_np_at_once(
     assert "distrun: leaving out host h2 for the rest of the job: lost (" in err
     assert "distrun: error: only 1 slot left without h2 (h1), fewer than --min-np 2" in err
     assert "waiting" not in err and not list(tmp_path.glob("a1.*"))
+    assert_clean(lab)
+
+
+def test_a_reset_in_place_starts_the_newcomer_on_a_spare_host(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Four 1-slot hosts, -np 3, every rank on hvd.elastic: rank 2 (on h3) is SIGKILLed; h1 and h2 keep their
+    processes and h4, a spare with no rank until then, takes a newcomer: the world is 3 again."""
+    lab = make_cluster(4)
+    done = run_distrun(
+        "-H", FOUR, "-np", "3", "--min-np", "2", SCRIPTS / "elastic_train.py", tmp_path, "2", "5",
+        env=lab.env(PYTHONPATH=str(REPO)), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "left: rank 2 (on h3); joined: h4; world size 3" in err
+    assert "distrun: leaving out host" not in err  # a failed rank's host is not lost
+    started = {int(p.stem): int(p.read_text()) for p in tmp_path.glob("*.start")}  # pid -> start rank
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
+    assert [(got["rank"], got["size"], got["batch"]) for got in results] == [(r, 3, 12) for r in range(3)]
+    assert [started[got["pid"]] for got in results[:2]] == [0, 1], "the survivors kept their processes"
+    assert results[2]["pid"] != int((tmp_path / "killed").read_text()), "rank 2 is a newcomer"
+    assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
     assert_clean(lab)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +13,7 @@ from launcher.core.config import RestartOptions
 from launcher.core.hosts import Host
 from launcher.core.plan import make_plan
 from launcher.core.restart import GiveUp, HostBook, Restart, decide, plan_restart
-from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Succeeded
+from launcher.core.result import HostLost, Outcome, RankExit, RankFailed
 from launcher.errors import UsageError
 
 H1, H2, H3, H4 = (Host(f"h{i}", slots=1) for i in range(1, 5))
@@ -174,33 +173,3 @@ def test_the_elastic_options_parse_with_horovods_defaults() -> None:
 def test_bad_elastic_options_are_one_line_naming_the_option(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(UsageError, match=re.escape(message)):
         _config(*argv)
-
-
-def test_an_elastic_job_below_min_np_waits_for_a_cooldown_to_end_then_restarts() -> None:
-    from tests.unit.test_restart import _job
-
-    lost = HostLost("b", "no word from it for 10s")
-    job, outcome = _job([lost, Succeeded()], max_restarts=3, min_np=4, max_np=4, cooldown_range=(1.0, 1.0))
-    assert outcome == Succeeded()
-    assert [p.nodes for p in job.plans] == [(Host("a", slots=2), Host("b", slots=2))] * 2
-    said = job.err.getvalue().decode()
-    assert "leaving out host b for 1s (cooldown): lost (no word from it for 10s)" in said
-    assert "only 2 slots left without b (a), fewer than --min-np 4: waiting up to 600s" in said
-
-
-def test_the_wait_for_slots_ends_at_the_elastic_timeout(tmp_path: Path) -> None:
-    from tests.unit.test_restart import _job
-
-    script = tmp_path / "discover.sh"
-    script.write_text("#!/bin/sh\necho a:2\n")
-    script.chmod(0o755)
-    lost = HostLost("b", "no word from it for 10s")
-    job, outcome = _job(
-        [lost], max_restarts=3, min_np=4, max_np=4, elastic_timeout=1.5, discovery_script=script
-    )
-    assert outcome == lost and len(job.plans) == 1
-    assert job.give_up is not None and job.give_up.below_min_np
-    assert job.give_up.message == (
-        "only 2 slots left without b (a), fewer than --min-np 4; not enough came back within "
-        "--elastic-timeout 1.5s"
-    )

@@ -184,3 +184,29 @@ def test_a_restart_plans_from_the_same_inputs_as_the_launch_oversubscription_inc
     assert outcome == Succeeded()
     assert [p.world_size for p in job.plans] == [3, 3]
     assert job.plans[1] == job.plans[0]
+
+
+def test_an_elastic_job_below_min_np_waits_for_a_cooldown_to_end_then_restarts() -> None:
+    lost = HostLost("b", "no word from it for 10s")
+    job, outcome = _job([lost, Succeeded()], max_restarts=3, min_np=4, max_np=4, cooldown_range=(1.0, 1.0))
+    assert outcome == Succeeded()
+    assert [p.nodes for p in job.plans] == [(Host("a", slots=2), Host("b", slots=2))] * 2
+    said = job.err.getvalue().decode()
+    assert "leaving out host b for 1s (cooldown): lost (no word from it for 10s)" in said
+    assert "only 2 slots left without b (a), fewer than --min-np 4: waiting up to 600s" in said
+
+
+def test_the_wait_for_slots_ends_at_the_elastic_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho a:2\n")
+    script.chmod(0o755)
+    lost = HostLost("b", "no word from it for 10s")
+    job, outcome = _job(
+        [lost], max_restarts=3, min_np=4, max_np=4, elastic_timeout=1.5, discovery_script=script
+    )
+    assert outcome == lost and len(job.plans) == 1
+    assert job.give_up is not None and job.give_up.below_min_np
+    assert job.give_up.message == (
+        "only 2 slots left without b (a), fewer than --min-np 4; not enough came back within "
+        "--elastic-timeout 1.5s"
+    )
