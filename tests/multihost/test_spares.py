@@ -22,6 +22,9 @@ RESTARTABLE = SCRIPTS / "restartable.py"
 FOUR = "h1:1,h2:1,h3:1,h4:1"
 # A silent host is declared lost after keepalive x 5: 2.5 s instead of the default 10 s.
 FAST_LOSS = ("--ssh-keepalive", "0.5", "--restart-delay", "0")
+WHERE_AM_I = (
+    "import os; e = os.environ; print('rank', e['RANK'], 'of', e['WORLD_SIZE'], e['DISTRUN_HOSTNAME'])"
+)
 
 
 def _cut_h2_mid_run(lab: Cluster, out: Path, *args: str) -> tuple[int, str]:
@@ -175,4 +178,44 @@ def test_a_reset_in_place_starts_the_newcomer_on_a_spare_host(
     assert [started[got["pid"]] for got in results[:2]] == [0, 1], "the survivors kept their processes"
     assert results[2]["pid"] != int((tmp_path / "killed").read_text()), "rank 2 is a newcomer"
     assert results[0]["weights"] == results[1]["weights"] == results[2]["weights"]
+    assert_clean(lab)
+
+
+def test_an_idle_spare_that_is_lost_is_left_out_and_the_job_goes_on(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(4)
+    proc = start_distrun(
+        "-H", FOUR, "-np", "3", "--min-np", "2", "--ssh-keepalive", "0.5", SCRIPTS / "elastic_train.py",
+        tmp_path, "-1", "0", "16", env=lab.env(PYTHONPATH=str(REPO), ELASTIC_SLOW_S="0.5"),
+    )  # fmt: skip
+    wait_for_files(tmp_path, "opted.*", 3)
+    lab.link_down("h4")
+    try:
+        _, err_bytes = proc.communicate(timeout=120)
+    finally:
+        lab.link_up("h4")
+    err = err_bytes.decode()
+    assert proc.returncode == 0, err
+    assert "distrun: leaving out host h4 for the rest of the job: lost while a spare (no word from it" in err
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
+    assert [(got["size"], got["batch"], got["sizes"]) for got in results] == [(3, 16, [])] * 3
+    assert_clean(lab)
+
+
+def test_preflight_leaves_a_slow_host_out_and_a_measured_spare_takes_its_place(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    lab = make_cluster(4)
+    lab.shape_link("h2", "20mbit")
+    result = run_distrun(
+        "--preflight", "-H", FOUR, "-np", "3", "--min-np", "2", "python3", "-c",
+        WHERE_AM_I, env=lab.env(), timeout=300,
+    )  # fmt: skip
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert result.returncode == 0, out + err
+    assert "distrun: preflight: h2: link " in err
+    assert "distrun: leaving out host h2 for the rest of the job: named by --preflight" in err
+    ranks = sorted(line.split("] ", 1)[-1] for line in out.splitlines() if "rank" in line)
+    assert ranks == ["rank 0 of 3 h1", "rank 1 of 3 h3", "rank 2 of 3 h4"]
     assert_clean(lab)
