@@ -59,15 +59,18 @@ class HostBook:
                 return None  # distrun's own silence: the host did nothing wrong
             return self.blacklist.add(outcome.host, f"lost ({outcome.detail})", now, jitter)
         if isinstance(outcome, RankFailed):
-            host = outcome.failure.host
-            self.failures = {host: self.failures.get(host, 0) + 1}
-            if self.failures[host] >= FAILURES_TO_EXCLUDE:
-                reason = (
-                    f"its ranks failed in {self.failures[host]} attempts in a row "
-                    f"(last: rank {outcome.failure.rank} {describe_exit(outcome.failure)})"
-                )
-                return self.blacklist.add(host, reason, now, jitter)
+            failed = outcome.failure
+            return self.rank_failed(failed.host, f"rank {failed.rank} {describe_exit(failed)}", now, jitter)
         return None
+
+    def rank_failed(self, host: str, what: str, now: float, jitter: float = 0.0) -> Exclusion | None:
+        """A rank on `host` failed (`what`: which, how), ending an attempt or absorbed by a reset in place;
+        the exclusion once that is the FAILURES_TO_EXCLUDE-th failure in a row there."""
+        self.failures = {host: self.failures.get(host, 0) + 1}
+        if self.failures[host] < FAILURES_TO_EXCLUDE:
+            return None
+        reason = f"its ranks failed {self.failures[host]} times in a row (last: {what})"
+        return self.blacklist.add(host, reason, now, jitter)
 
     def usable(self, host: Host, now: float) -> bool:
         return self.blacklist.usable(host.name, now)

@@ -46,6 +46,16 @@ class HostPool:
         self.name_left_out(before)
         return exclusion
 
+    def rank_failed(self, host: str, what: str) -> Exclusion | None:
+        """A reset in place absorbed a rank's failure on `host`: counted as a whole restart's would be."""
+        before = self.snapshot()
+        exclusion = self.book.rank_failed(host, what, time.monotonic(), random.random())
+        self.name_left_out(before)
+        return exclusion
+
+    def usable(self, host: str) -> bool:
+        return self.book.blacklist.usable(host, time.monotonic())
+
     def name_left_out(self, before: Mapping[str, Exclusion]) -> None:
         """One console line for each host the blacklist took in since `before`."""
         now = time.monotonic()

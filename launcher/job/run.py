@@ -369,6 +369,7 @@ class Job:
             hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
             max_restarts=options.max_restarts, master_addr=address_of, note=self.relay.note,
             done_before=len(self.resets), max_np=options.max_np, spawn=spawn, leave_out=self.pool.leave_out,
+            rank_failed=self.pool.rank_failed, usable=self.pool.usable,
         )  # fmt: skip
 
     def spawn(

@@ -115,7 +115,7 @@ def test_a_host_whose_ranks_failed_twice_in_a_row_is_replaced_by_a_spare() -> No
     second = _decide(_failed_on("h2"), options, book)
     assert make_plan(*_hosts_np(second)).nodes == (H1, H3, H4)
     assert book.blacklist.excluded["h2"].reason == (
-        "its ranks failed in 2 attempts in a row (last: rank 1 exited with code 1)"
+        "its ranks failed 2 times in a row (last: rank 1 exited with code 1)"
     )
 
 
@@ -173,3 +173,16 @@ def test_the_elastic_options_parse_with_horovods_defaults() -> None:
 def test_bad_elastic_options_are_one_line_naming_the_option(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(UsageError, match=re.escape(message)):
         _config(*argv)
+
+
+def test_a_failure_absorbed_by_a_reset_in_place_counts_as_one_that_ended_an_attempt() -> None:
+    book = HostBook()
+    assert book.rank_failed("h2", "rank 1 (host h2) was killed by SIGKILL (exit code 137)", 0.0) is None
+    again = _decide(_failed_on("h2"), RestartOptions(max_restarts=3), book)
+    assert make_plan(*_hosts_np(again)).nodes == (H1, H3, H4)
+    assert not book.blacklist.usable("h2", 0.0)
+    # A failure on another host in between breaks the row.
+    other = HostBook()
+    other.rank_failed("h2", "rank 1 exited with code 1", 0.0)
+    other.rank_failed("h3", "rank 2 exited with code 1", 0.0)
+    assert other.rank_failed("h2", "rank 1 exited with code 1", 0.0) is None
