@@ -70,7 +70,9 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             hook = watch.timeline.hook(line, time.monotonic)
-            plan, nodes, unreachable = connect_reachable(config, plan, hook, control=watch.control)
+            plan, nodes, unreachable = connect_reachable(
+                config, plan, hook, control=watch.control, note=relay.note
+            )
         watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
             # --timeout counts from here, the preflight included: one deadline, the loop's.

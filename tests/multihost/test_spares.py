@@ -5,6 +5,8 @@ out is named with the reason and for how long."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -96,18 +98,21 @@ def test_a_fixed_size_job_still_refuses_to_start_with_a_host_down(
 
 
 def _read_until(proc: Popen[bytes], wanted: str, timeout: float = 60) -> str:
-    """stderr up to and including the first line that holds `wanted`."""
+    """stderr up to (at least) the first line that holds `wanted`, read from the pipe unbuffered: what is not
+    read here is left for `communicate`."""
     assert proc.stderr is not None
-    said = []
+    fd = proc.stderr.fileno()
+    said = b""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline().decode()
-        if not line:
-            break
-        said.append(line)
-        if wanted in line:
-            return "".join(said)
-    raise AssertionError(f"no {wanted!r} in:\n{''.join(said)}")
+    while wanted.encode() not in said:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"no {wanted!r} within {timeout:g}s in:\n{said.decode()}")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            raise AssertionError(f"no {wanted!r} before distrun ended:\n{said.decode()}")
+        said += chunk
+    return said.decode()
 
 
 def test_a_blacklisted_host_comes_back_after_its_cooldown(
@@ -218,4 +223,25 @@ def test_preflight_leaves_a_slow_host_out_and_a_measured_spare_takes_its_place(
     assert "distrun: leaving out host h2 for the rest of the job: named by --preflight" in err
     ranks = sorted(line.split("] ", 1)[-1] for line in out.splitlines() if "rank" in line)
     assert ranks == ["rank 0 of 3 h1", "rank 1 of 3 h3", "rank 2 of 3 h4"]
+    assert_clean(lab)
+
+
+def test_an_elastic_job_below_min_np_at_the_start_waits_for_a_cooldown_and_tries_again(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(2)
+    lab.link_down("h2")
+    proc = start_distrun(
+        "-H", "h1:1,h2:1", "--min-np", "2", "--blacklist-cooldown-range", "1", "1", "--ssh-connect-timeout",
+        "2", RESTARTABLE, "--out", tmp_path, env=lab.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    try:
+        said = _read_until(proc, "waiting up to 600s (--elastic-timeout) for a host's cooldown")
+    finally:
+        lab.link_up("h2")
+    _, rest = proc.communicate(timeout=120)
+    err = said + rest.decode()
+    assert proc.returncode == 0, err
+    assert "only 1 slot reachable (h1), fewer than --min-np 2; h2: unreachable" in said
+    assert attempt_world(tmp_path, 0) == {0: ("h1", "2"), 1: ("h2", "2")}
     assert_clean(lab)
