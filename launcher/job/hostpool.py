@@ -17,6 +17,7 @@ from launcher.core.hosts import Host
 from launcher.core.plan import Plan
 from launcher.core.restart import GiveUp, HostBook, Restart, plan_restart
 from launcher.core.result import Outcome
+from launcher.runtime.node import Node
 
 # Polls of the discovery script while an elastic job waits for slots.
 POLL = 1.0
@@ -34,6 +35,15 @@ class HostPool:
         """The hosts of -H/--hostfile that hold no rank of `plan`, in their order: a restart's refill."""
         used = {h.name for h in plan.nodes}
         return tuple(h for h in self.config.hosts if h.name not in used)
+
+    def spare_nodes(self, plan: Plan, nodes: Mapping[str, Node]) -> list[Node]:
+        """An elastic job's connected spares (connected at its start), among `nodes`: hosts of -H/--hostfile
+        without a rank of `plan`, not left out, not lost; a reset in place may start newcomers there."""
+        if not self.config.restart.elastic:
+            return []
+        now = time.monotonic()
+        spares = [h for h in self.spares(plan) if h.name in nodes and self.book.usable(h, now)]
+        return [nodes[h.name] for h in spares if not nodes[h.name].lost]
 
     def snapshot(self) -> dict[str, Exclusion]:
         return dict(self.book.blacklist.excluded)

@@ -264,11 +264,14 @@ class Job:
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
-        wanted = {h.name for h in plan.nodes} | {node.name for node in self.spare_nodes(plan)}
+        in_plan = {h.name for h in plan.nodes}
+        wanted = in_plan | {node.name for node in self.pool.spare_nodes(plan, self.nodes)}
         for name in [n for n in self.nodes if n not in wanted or self.nodes[n].lost]:
             node = self.nodes.pop(name)
             if not node.lost:
                 node.link.close()
+            elif name not in in_plan and self.pool.usable(name):  # an idle spare, lost between attempts
+                self.pool.leave_out(name, "lost while a spare")
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
             control = self.watch.control if self.watch is not None else None
@@ -278,15 +281,6 @@ class Job:
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
-
-    def spare_nodes(self, plan: Plan) -> list[Node]:
-        """An elastic job's connected spares (connected at its start): hosts of -H/--hostfile without a rank
-        of `plan`, not left out; a reset in place may start newcomers there."""
-        if not self.config.restart.elastic:
-            return []
-        now = time.monotonic()
-        spares = [h for h in self.pool.spares(plan) if h.name in self.nodes and self.book.usable(h, now)]
-        return [self.nodes[h.name] for h in spares if not self.nodes[h.name].lost]
 
     def attempt(self, index: int, plan: Plan) -> Outcome:
         """`run_attempt`, where a later attempt's host that cannot be reached counts as lost, not fatal."""
@@ -313,7 +307,7 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
-        spares = [HostAttempt(node, (), idle=True) for node in self.spare_nodes(plan)]
+        spares = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
         self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)

@@ -210,3 +210,22 @@ def test_the_wait_for_slots_ends_at_the_elastic_timeout(tmp_path: Path) -> None:
         "only 2 slots left without b (a), fewer than --min-np 4; not enough came back within "
         "--elastic-timeout 1.5s"
     )
+
+
+def test_below_min_np_the_discovery_script_is_polled_until_it_lists_enough_hosts(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    script = tmp_path / "discover.sh"
+    # c appears from the script's third run on: the first is the restart's own, the next ones the wait's.
+    script.write_text(
+        f'#!/bin/sh\necho x >> {calls}\necho a:2\n[ "$(wc -l < {calls})" -ge 3 ] && echo c:2\nexit 0\n'
+    )
+    script.chmod(0o755)
+    options = {"min_np": 4, "max_np": 4, "discovery_script": script, "elastic_timeout": 60.0}
+    job, outcome = _job([LOST_B, Succeeded()], max_restarts=3, **options)
+    assert outcome == Succeeded()
+    assert [[h.name for h in p.nodes] for p in job.plans] == [["a", "b"], ["a", "c"]]
+    assert len(calls.read_text().splitlines()) == 3
+    said = job.err.getvalue().decode()
+    below = "only 2 slots left without b (a), fewer than --min-np 4"
+    assert f"{below}: waiting up to 60s (--elastic-timeout)" in said
+    assert "attempt 1 takes in c" in said
