@@ -17,7 +17,8 @@ from launcher.core.hosts import Host
 from launcher.core.plan import Plan
 from launcher.core.restart import GiveUp, HostBook, Restart, plan_restart
 from launcher.core.result import Outcome
-from launcher.runtime.node import Node
+from launcher.errors import CommandNotFound, HostError
+from launcher.runtime.node import HostAttempt, Node
 
 # Polls of the discovery script while an elastic job waits for slots.
 POLL = 1.0
@@ -44,6 +45,28 @@ class HostPool:
         now = time.monotonic()
         spares = [h for h in self.spares(plan) if h.name in nodes and self.book.usable(h, now)]
         return [nodes[h.name] for h in spares if not nodes[h.name].lost]
+
+    def probed(
+        self, spares: Sequence[HostAttempt], probe: Callable[[Sequence[HostAttempt]], None]
+    ) -> list[HostAttempt]:
+        """The spares that answered `probe` (which probes the attempt's hosts with them) and are fit to run
+        ranks; one that is not (silent, its link closed, no script or python there) is dropped and left out,
+        named, and the probe made again without it: a spare never ends the job."""
+        left = list(spares)
+        while True:
+            try:
+                probe(left)
+                return left
+            except (HostError, CommandNotFound) as err:
+                # CommandNotFound (no script there) names its host only in its line.
+                failed = next((s for s in left if str(err).startswith(f"host {s.name}: ")), None)
+                if failed is None:
+                    raise
+                failed.node.drop()
+                self.leave_out(
+                    failed.name, f"unfit as a spare ({str(err).removeprefix(f'host {failed.name}: ')})"
+                )
+                left.remove(failed)
 
     def snapshot(self) -> dict[str, Exclusion]:
         return dict(self.book.blacklist.excluded)

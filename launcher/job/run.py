@@ -307,11 +307,12 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
-        spares = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
+        idle = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
         self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
-        self.probe([*hosts, *spares], master_addr)
+        # One round with the plan's hosts (the software check compares them all), again without a bad spare.
+        spares = self.pool.probed(idle, lambda spares: self.probe([*hosts, *spares], master_addr))
         if self.workdir is not None:
             self.copies = self.sync([*nodes, *(h.node for h in spares)], self.workdir)
         self.same_software([*hosts, *spares])

@@ -245,3 +245,26 @@ def test_an_elastic_job_below_min_np_at_the_start_waits_for_a_cooldown_and_tries
     assert "only 1 slot reachable (h1), fewer than --min-np 2; h2: unreachable" in said
     assert attempt_world(tmp_path, 0) == {0: ("h1", "2"), 1: ("h2", "2")}
     assert_clean(lab)
+
+
+def test_a_spare_that_cannot_run_the_job_is_left_out_not_the_job(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    lab = make_cluster(4)
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "restartable.py").write_text(RESTARTABLE.read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    lab.hide_path("h4", job)  # h4 lacks the script
+    result = run_distrun(
+        "-H", FOUR, "-np", "3", "--min-np", "2", job / "restartable.py", "--out", out,
+        env=lab.env(PYTHONPATH=str(REPO)),
+    )  # fmt: skip
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    line = next(line for line in err.splitlines() if "leaving out host h4" in line)
+    assert line.startswith("distrun: leaving out host h4 for the rest of the job: unfit as a spare ("), line
+    assert "not found" in line
+    assert attempt_world(out, 0) == {0: ("h1", "3"), 1: ("h2", "3"), 2: ("h3", "3")}
+    assert_clean(lab)

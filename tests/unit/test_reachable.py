@@ -4,6 +4,7 @@ that are "down": who is left out, which plan starts, and the wait for a cooldown
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from launcher.core.hosts import Host
 from launcher.core.plan import build_plan
 from launcher.errors import HostError
 from launcher.job import reachable
+from launcher.job.hostpool import HostPool
 
 FOUR = tuple(Host(f"h{i}", slots=1) for i in range(1, 5))
 
@@ -91,3 +93,35 @@ def test_with_a_cooldown_the_start_waits_for_a_host_to_come_back(monkeypatch: py
 def test_a_fixed_size_job_refuses_to_start_with_a_host_down(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(HostError, match="h4: unreachable"):
         _connect(Hosts("h4"), monkeypatch, 4)
+
+
+def test_a_spare_that_fails_its_probe_is_left_out_and_the_probe_made_again() -> None:
+    config = LaunchConfig(command=("train.py",), hosts=FOUR, num_proc=2, restart=RestartOptions(min_np=1))
+    said: list[str] = []
+    pool = HostPool(config, said.extend)
+    dropped: list[str] = []
+    spares = [
+        SimpleNamespace(name=n, node=SimpleNamespace(drop=lambda n=n: dropped.append(n)))
+        for n in ("h3", "h4")
+    ]
+    probes: list[list[str]] = []
+
+    def probe(hosts: Sequence[Any]) -> None:
+        probes.append([h.name for h in hosts])
+        if any(h.name == "h3" for h in hosts):
+            raise HostError("host h3: no answer from the distrun agent within 30s", host="h3")
+
+    kept = pool.probed(spares, probe)
+    assert [s.name for s in kept] == ["h4"] and dropped == ["h3"]
+    assert probes == [["h3", "h4"], ["h4"]]
+    unfit = "unfit as a spare (no answer from the distrun agent within 30s)"
+    assert said == [f"leaving out host h3 for the rest of the job: {unfit}"]
+    assert (
+        pool.probed([], probe) == [] and probes[-1] == []
+    )  # no spares: the attempt's hosts are probed still
+
+    def broken(hosts: Sequence[Any]) -> None:
+        raise HostError("host h1: the distrun agent exited before answering", host="h1")
+
+    with pytest.raises(HostError, match="host h1"):  # a host of the plan is no spare: the error stands
+        pool.probed(kept, broken)
