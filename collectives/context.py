@@ -16,7 +16,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from collectives import leaving
+from collectives import leaving, links
 from collectives.errors import CollectivesError, EnvironmentContractError, NotInitializedError
 from collectives.placement import BackendChoice, GpuView, choose_backend, is_gpu_backend
 
@@ -304,12 +304,14 @@ def init(
         )
     else:
         topology = topology_from_env(environ_)
-        context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
+        with links.owned():
+            context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
         context = dataclasses.replace(context, requested=backend, timeout=_as_timedelta(timeout))
     _context = context
     from collectives import registry
 
-    registry._setup(context.topology.rank, context.topology.size)
+    with links.owned():
+        registry._setup(context.topology.rank, context.topology.size)
     if context.owns_group:
         leaving.leave_at_exit(_leave)
     topology = context.topology
@@ -483,6 +485,7 @@ def _leave(wait_s: float | None) -> None:
         _forget_process_sets()
         dist.destroy_process_group()
     _forget_process_sets()
+    links.forget()
     _context = None
 
 
@@ -505,6 +508,7 @@ def _abandon_group(context: _Context) -> None:
     is gone would keep their kernels waiting (and destroy would wait for them)."""
     import torch.distributed as dist
 
+    links.forget()
     if not dist.is_initialized():
         return
     if context.device_type == "cuda":

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch.distributed as dist
 
+from collectives import links
 from collectives.context import _Context, _require
 from collectives.engines import stop_engine
 from collectives.errors import ArgumentError, CollectivesError
@@ -69,9 +70,10 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     negotiate(Call(Kind.ADD_PROCESS_SET, shape=tuple(ps.ranks)), _registered[0])
     if same:
         raise ArgumentError(f"a process set with ranks {ps.ranks} is registered already (id {same[0]})")
-    data = dist.new_group(ps.ranks) if size > 1 else None
-    control = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
-    engine = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
+    with links.owned():
+        data = dist.new_group(ps.ranks) if size > 1 else None
+        control = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
+        engine = dist.new_group(ps.ranks, backend="gloo") if size > 1 else None
     me = context.topology.rank
     set_id = _next_id[0]
     _next_id[0] += 1

@@ -4,12 +4,14 @@ peer fails and going on in a new world (same process) after every reset."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from collectives import links
 from collectives.elastic.channel import Channel, open_channel
 from collectives.elastic.failures import is_peer_failure, stop_engine
 from collectives.elastic.state import State
@@ -18,16 +20,20 @@ from collectives.errors import HorovodInternalError, HostsUpdatedInterrupt
 __all__ = ["run"]
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 
 
 def _abort_on_peer_lost() -> None:
-    """Called on the channel's thread when the agent says a peer is gone: NCCL's communicators are aborted so
-    that a collective blocked on the lost peer returns with an error (gloo's sockets fail on their own, or
-    the group's timeout ends the wait)."""
+    """Called on the channel's thread when the agent says a peer is gone: every wait on the old world must end
+    now, not at the group's timeout (a peer whose link was cut never answers, and nothing wakes a gloo wait).
+    The groups' TCP connections are shut down (``collectives.links``), so each blocked or later collective
+    fails with gloo's "Connection closed by peer" on every thread; NCCL's communicators are aborted."""
     import torch.distributed as dist
 
     from collectives import context
 
+    cut = links.cut()
+    _log.info("a peer is lost: %d connection(s) of the old world shut down", cut)
     current = context._context
     if current is not None and current.device_type == "cuda" and dist.is_initialized():
         abort = getattr(dist.distributed_c10d, "_abort_process_group", None)

@@ -1,7 +1,7 @@
 """The launcher's elastic driver on local ranks: an elastic job (--min-np) whose ranks all use hvd.elastic
 keeps its survivors running through a SIGKILLed rank (same process, same state, a smaller world), says so in
-one line and in the report; --reset-limit ends the job naming the limit; Ctrl-C during a reset stops every
-rank.
+one line and in the report; --reset-limit ends the job naming the limit; Ctrl-C or --timeout during a reset
+stops every rank.
 """
 
 from __future__ import annotations
@@ -116,4 +116,20 @@ def test_ctrl_c_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
+    assert_all_gone(list(started_pids(tmp_path).values()))
+
+
+def test_timeout_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
+    """--timeout counts from the job's start and runs out while the survivors are held in their reset: 124,
+    and nothing of the job left running. 60 s leaves a loaded machine time to reach the reset first."""
+    proc = start_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--timeout", "60", SCRIPT, tmp_path, "2", "5",
+        env=clean_env(ELASTIC_HOLD_RESET="1"),
+    )  # fmt: skip
+    with never_left_running(proc):
+        wait_for_files(tmp_path, "held.*", 2, timeout=60)
+        _, err = proc.communicate(timeout=120)
+    said = err.decode()
+    assert proc.returncode == 124, said
+    assert "reset 1:" not in said, "the reset never completed: the timeout came during it"
     assert_all_gone(list(started_pids(tmp_path).values()))

@@ -1,12 +1,14 @@
 """collectives.elastic on real ranks driven through the agent's elastic lines (launcher.agent.elastic), the
 test standing where the launcher's driver stands: a SIGKILLed rank turns into a rollback on the survivors,
-which keep their process and their state and go on in a smaller world; a host update interrupts every rank
+which keep their process and their state and go on in a smaller world (also when the lost peer is silent,
+not dead: its wait ends at `peer_lost`, not at the group's timeout); a host update interrupts every rank
 at the same commit and a newcomer joins with rank 0's state; a rank told to leave exits cleanly."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -131,3 +133,28 @@ def test_a_rank_told_to_leave_exits_cleanly(ranks: Ranks) -> None:
     assert ranks.procs[1].wait(WAIT_S) == 0
     got = ranks.result(0)
     assert (got["size"], got["batch"], got["sizes"]) == (1, 12, [1])
+
+
+def test_peer_lost_ends_a_wait_on_a_silent_peer_long_before_the_groups_timeout(ranks: Ranks) -> None:
+    """A stopped rank stands for a host whose link was cut: its sockets stay open and never answer, so only
+    `peer_lost` (the groups' connections shut down) can end the survivors' wait; the group's timeout is
+    600 s, beyond the test's wait."""
+    port = free_port()
+    slow = {"ELASTIC_SLOW_S": "0.2", "ELASTIC_TIMEOUT_S": "600"}
+    for rank in range(3):
+        ranks.start(rank, {**world_env(rank, 3, port), **slow}, "-1", "0", "30")
+    ranks.until(lambda: all(ranks.lines.opted_in(r) for r in range(3)), "ranks opting in")
+    os.kill(ranks.procs[2].pid, signal.SIGSTOP)
+    ranks.lines.peer_lost([0, 1])
+    ranks.until(lambda: all(ranks.lines.lines[r].ready for r in (0, 1)), "survivor at the reset point")
+    ranks.procs[2].kill()
+    new_port = free_port()
+    for rank in (0, 1):
+        assert ranks.lines.reset(rank, world_env(rank, 2, new_port))
+    results = [ranks.result(rank) for rank in (0, 1)]
+    assert [(got["rank"], got["size"], got["batch"], got["sizes"]) for got in results] == [
+        (0, 2, 30, [2]),
+        (1, 2, 30, [2]),
+    ]
+    assert [got["pid"] for got in results] == [ranks.started_pid(0), ranks.started_pid(1)]
+    assert results[0]["weights"] == results[1]["weights"]

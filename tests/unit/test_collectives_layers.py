@@ -17,6 +17,7 @@ LAYERS: list[list[str]] = [
         "collectives.errors",
         "collectives.reduce_op",
         "collectives.leaving",
+        "collectives.links",
         "collectives.compression",
         "collectives.buckets",
         "collectives.features",

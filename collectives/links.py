@@ -1,0 +1,85 @@
+"""The TCP connections of this process's process groups, and how to break them all at once.
+
+A gloo collective waits on its peers' sockets with no way in torch to end the wait early: neither
+``ProcessGroupGloo.abort()`` nor ``shutdown()`` wakes a pending work, so a peer whose link was cut keeps
+every survivor blocked until the group's timeout. An elastic reset cannot wait that long. The connections a
+group opens appear while it is created (gloo connects its full mesh eagerly, the store's client connects at
+once), so each creation is wrapped in :func:`owned`, which remembers the sockets that appeared meanwhile.
+:func:`cut` shuts them down: every wait on them ends at once with gloo's "Connection closed by peer", on
+every thread (the caller's, the engine's, gloo's own), and the peers' waits on the other end end too.
+Sockets the script opened itself are never among them, apart from one opened on another thread during a
+group's creation.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["cut", "forget", "owned"]
+
+_FDS = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
+_owned: set[int] = set()
+_lock = threading.Lock()
+
+
+def _socket_inodes() -> dict[int, int]:
+    """File descriptor -> inode, for every socket this process has open."""
+    found: dict[int, int] = {}
+    for name in os.listdir(_FDS):
+        try:
+            info = os.fstat(int(name))
+        except (OSError, ValueError):
+            continue  # closed since the listing
+        if stat.S_ISSOCK(info.st_mode):
+            found[int(name)] = info.st_ino
+    return found
+
+
+@contextmanager
+def owned() -> Iterator[None]:
+    """Remember the sockets that appear while the body runs (a process group's creation) as the groups'."""
+    before = set(_socket_inodes().values())
+    try:
+        yield
+    finally:
+        appeared = set(_socket_inodes().values()) - before
+        with _lock:
+            _owned.update(appeared)
+
+
+def forget() -> None:
+    """The groups are gone: their sockets (closed, or about to be) are no longer ours to cut."""
+    with _lock:
+        _owned.clear()
+
+
+def _shut(fd: int) -> bool:
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return False  # closed since the listing
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return False
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return False  # a listener (the store's server): its thread must not see accept fail
+        sock.getpeername()
+        sock.shutdown(socket.SHUT_RDWR)  # on the socket itself, so the group's own descriptor sees it
+        return True
+    except OSError:
+        return False  # not connected, or already shut
+    finally:
+        sock.close()
+
+
+def cut() -> int:
+    """Shut down every connected TCP socket of the groups (see :func:`owned`); the number shut down. Safe
+    from any thread, and again: a socket shut down already is skipped."""
+    with _lock:
+        mine = set(_owned)
+    return sum(_shut(fd) for fd, inode in _socket_inodes().items() if inode in mine)
