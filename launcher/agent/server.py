@@ -298,8 +298,10 @@ class Agent:
     # -- elastic resets in place (launcher.agent.elastic)
 
     def add(self, spec: StartRequest) -> None:
-        """New ranks joining the running ones at a reset."""
-        if self.started and self.elastic is not None:
+        """New ranks joining the running ones at a reset; on a spare host (no rank yet), the first ones."""
+        if not self.started and spec.elastic:
+            self.start(spec)
+        elif self.started and self.elastic is not None:
             self._spawn(spec)
 
     def notice(self, notice: Notice) -> None:

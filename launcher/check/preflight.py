@@ -64,7 +64,8 @@ def preflight(
     _say(lines)
     names = ", ".join(named)
     min_np = config.restart.min_np
-    keep = tuple(h for h in plan.nodes if h.name not in named)
+    # An elastic job's measured spares (its nodes beyond the plan's) take the named hosts' places.
+    keep = tuple(n.host for n in nodes if n.name not in named)
     num_proc = min(plan.world_size, sum(h.slots for h in keep))
     if min_np is None:
         close_all(nodes)  # no job takes them over

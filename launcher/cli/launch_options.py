@@ -166,6 +166,20 @@ OPTIONS: tuple[Callable[[Any], Any], ...] = (
         help="Elastic: slots of a discovered host whose line names none [default: 1].",
     ),
     option(
+        "--elastic-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="Elastic: wait this long for --min-np slots (a host's cooldown, the discovery script) before "
+        "giving up [default: 600].",
+    ),
+    option(
+        "--blacklist-cooldown-range",
+        type=(int, int),
+        metavar="MIN MAX",
+        help="Elastic: a host left out comes back after a cooldown from MIN to MAX seconds, doubling each "
+        "time [default: it stays out].",
+    ),
+    option(
         "--grace-period",
         type=float,
         metavar="SECONDS",

@@ -19,6 +19,7 @@ from launcher.backends.api import Backend, FoundHosts
 from launcher.backends.locality import refuse_this_machine_twice, runs_here
 from launcher.cli.backend_options import backend_values
 from launcher.cli.config_file import ENV_LEVEL, Sources
+from launcher.core.blacklist import COOLDOWN_CEILING, COOLDOWN_FLOOR
 from launcher.core.command import interpreter, resolve_command
 from launcher.core.config import LaunchConfig, PrefixMode, RestartOptions
 from launcher.core.devices import Placement
@@ -116,11 +117,14 @@ def _restart_options(values: Mapping[str, Any], num_proc: int, discovered: bool 
     if slots_per_host is not None and script is None:
         raise UsageError("--slots-per-host is for the hosts of --host-discovery-script; give one")
     reset_limit = values.get("reset_limit")
-    if min_np is None and (max_np is not None or script is not None or reset_limit is not None):
-        given = (
-            "--max-np" if max_np is not None else "--reset-limit" if reset_limit is not None
-            else "--host-discovery-script"
-        )  # fmt: skip
+    elastic_timeout = values.get("elastic_timeout")
+    cooldown = values.get("blacklist_cooldown_range")
+    elastic_only = {
+        "--max-np": max_np, "--reset-limit": reset_limit, "--host-discovery-script": script,
+        "--elastic-timeout": elastic_timeout, "--blacklist-cooldown-range": cooldown,
+    }  # fmt: skip
+    given = next((name for name, value in elastic_only.items() if value is not None), None)
+    if min_np is None and given is not None:
         raise UsageError(f"{given} makes the job elastic and needs --min-np")
     if min_np is not None:
         max_np = num_proc if max_np is None else max_np
@@ -135,10 +139,27 @@ def _restart_options(values: Mapping[str, Any], num_proc: int, discovered: bool 
     delay = values["restart_delay"]
     if not (math.isfinite(delay) and delay >= 0):
         raise UsageError(f"--restart-delay must be zero or a positive number of seconds, got {delay:g}")
+    if elastic_timeout is not None:
+        positive_seconds(elastic_timeout, "--elastic-timeout")
     return RestartOptions(
         max_restarts=max_restarts, delay=delay, min_np=min_np, max_np=max_np, discovery_script=script,
         reset_limit=reset_limit, slots_per_host=slots_per_host, discovered_first=discovered,
+        cooldown_range=_cooldown_range(cooldown),
+        elastic_timeout=600.0 if elastic_timeout is None else elastic_timeout,
     )  # fmt: skip
+
+
+def _cooldown_range(given: tuple[int, int] | None) -> tuple[float, float] | None:
+    """--blacklist-cooldown-range MIN MAX within Horovod's bounds (1 s to an hour)."""
+    if given is None:
+        return None
+    low, high = given
+    if not COOLDOWN_FLOOR <= low <= high <= COOLDOWN_CEILING:
+        raise UsageError(
+            f"--blacklist-cooldown-range {low} {high}: expected {COOLDOWN_FLOOR:g} <= MIN <= MAX <= "
+            f"{COOLDOWN_CEILING:g} seconds"
+        )
+    return float(low), float(high)
 
 
 def _exports(values: Mapping[str, Any], sources: Sources) -> tuple[tuple[str, str], ...]:

@@ -28,7 +28,10 @@ class RestartOptions:
     min_np: int | None = None
     max_np: int | None = None
     discovery_script: Path | None = None
-    cooldown: float = 60.0
+    # --blacklist-cooldown-range MIN MAX: a host left out comes back after a growing cooldown; None: never.
+    cooldown_range: tuple[float, float] | None = None
+    # --elastic-timeout: how long an elastic job waits for --min-np slots (a cooldown's end, discovery).
+    elastic_timeout: float = 600.0
     # Resets in place (ranks that opted in to hvd.elastic) the job may make; None: no limit.
     reset_limit: int | None = None
     # --slots-per-host: slots of a discovered host whose line names none; `discovered_first`: the job's first

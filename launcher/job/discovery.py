@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -19,9 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.hosts import Host, parse_host_entry
-from launcher.errors import UsageError
+from launcher.core.result import Outcome
+from launcher.errors import DistrunError, UsageError
 from launcher.job.pause import BetweenAttempts
+from launcher.runtime.loop import Loop
 from launcher.runtime.node import Node
+
+log = logging.getLogger(__name__)
 
 TIMEOUT = 30.0
 
@@ -244,3 +249,32 @@ class Polling:
             self.proc.wait()
         self.stdout.close()
         self._err_file.close()
+
+
+def between_attempts(
+    script: Path | None, loop: Loop, nodes: list[Node], dead_after: float, slots_per_host: int | None
+) -> tuple[Host, ...] | Outcome:
+    """The hosts the discovery script lists now, run as a phase of the job's `loop`; a signal or --timeout
+    meanwhile ends the job (its outcome). A failing script is logged: the job goes on with the hosts it
+    has."""
+    if script is None:
+        return ()
+    to_deadline = loop.deadline.left(time.monotonic())
+    left = TIMEOUT if to_deadline is None else min(TIMEOUT, to_deadline)
+    if left <= 0:
+        return ()  # --timeout has expired: the job ends before any restart
+    try:
+        phase = Discovering(script, left, nodes, dead_after, slots_per_host)
+        try:
+            loop.run(phase)
+        finally:
+            phase.close()
+        if phase.outcome is not None:
+            return phase.outcome
+        if phase.error is not None:
+            raise phase.error
+        return phase.hosts
+    except DistrunError as err:
+        # A flaky discovery script must not end a job that could go on with the hosts it has.
+        log.warning("%s; going on with the hosts already known", err)
+        return ()

@@ -83,9 +83,14 @@ class Resetter:
         done_before: int = 0,
         max_np: int | None = None,
         spawn: Spawn | None = None,
+        leave_out: Callable[[str, str], object] | None = None,
+        rank_failed: Callable[[str, str], object] | None = None,
+        usable: Callable[[str], bool] = lambda host: True,
     ) -> None:
         """`master_addr(host)`: an address of that host every host reaches; `note`: a console line;
-        `spawn(world, newcomers, envs)` starts ranks on free slots of the attempt's hosts, up to `max_np`."""
+        `spawn(world, newcomers, envs)` starts ranks on free slots of the attempt's hosts (spare hosts among
+        them, after the others), up to `max_np`, on hosts `usable(host)`; `leave_out(host, reason)` blacklists
+        a host, `rank_failed(host, what)` counts a rank's failure there (the blacklist's rule)."""
         self.hosts = {host.name: host for host in hosts}
         self.host_of = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.place = {slot.rank: slot.rank for host in hosts for slot in host.slots}  # rank id -> rank
@@ -110,6 +115,9 @@ class Resetter:
         self.next_id = max(self.host_of, default=-1) + 1
         self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
         self.leavers: set[int] = set()  # told to leave by a hosts update: their end is no loss
+        self.leave_out = leave_out
+        self.rank_failed = rank_failed
+        self.usable = usable
 
     @property
     def resetting(self) -> bool:
@@ -143,6 +151,12 @@ class Resetter:
 
     # -- a loss
 
+    def spare_lost(self, host: str, detail: str) -> None:
+        """A spare host without a rank was lost: no newcomer goes there; nothing else changes."""
+        self.gone_hosts.add(host)
+        if self.leave_out is not None:
+            self.leave_out(host, f"lost while a spare ({detail})")
+
     def absorb(self, lost: Sequence[int], cause: str, now: float) -> bool:
         """Begin (or widen) a reset without the `lost` rank ids; False when the job must stop instead (the
         reason in `refused`)."""
@@ -160,7 +174,14 @@ class Resetter:
             self.place.pop(rank_id, None)
             self.failed.append(rank_id)
         if cause.startswith("lost host "):
-            self.gone_hosts.update(self.host_of[r] for r in lost)
+            gone = {self.host_of[r] for r in lost} - self.gone_hosts
+            self.gone_hosts.update(gone)
+            if self.leave_out is not None:
+                for name in sorted(gone):
+                    self.leave_out(name, "lost " + cause.removeprefix(f"lost host {name} "))
+        elif self.rank_failed is not None:
+            for rank_id in lost:
+                self.rank_failed(self.host_of[rank_id], cause)
         if reset is None:
             reset = _Reset(cause, now, time.time(), list(lost), alive)
             self.current = reset
@@ -262,7 +283,7 @@ class Resetter:
             used[self.host_of[rank_id]] += 1
         members: list[Member] = []
         for name, host in self.host_values.items():
-            free = 0 if name in self.gone_hosts else host.slots - used[name]
+            free = 0 if name in self.gone_hosts or not self.usable(name) else host.slots - used[name]
             while free > 0 and len(members) < wanted:
                 members.append(Member(self.next_id, host))
                 self.host_of[self.next_id] = name

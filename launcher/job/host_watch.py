@@ -221,7 +221,7 @@ def join_hosts(
         return []
     job.heartbeat.add(fresh)
     job.nodes.update((node.name, node) for node in fresh)
-    joined = [HostAttempt(node, ()) for node in fresh]
+    joined = [HostAttempt(node, (), idle=True) for node in fresh]  # waited for once it holds ranks
     try:
         job.probe(joined, master_addr)
         if job.workdir is not None:

@@ -28,11 +28,12 @@ from launcher.errors import (
     Interrupted,
     ReportWriteError,
 )
+from launcher.job.reachable import connect_reachable
 from launcher.job.run import Job, job_loop, rank_hosts
 from launcher.report.account import Failure, build_report, format_account, report_text
 from launcher.report.file import ReportSlot
 from launcher.report.summary import summarize
-from launcher.runtime.node import close_all, connect
+from launcher.runtime.node import close_all
 from launcher.signals import FORWARDED_SIGNALS, caught, signal_pipe
 
 if TYPE_CHECKING:
@@ -69,16 +70,24 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
             signal.signal(signum, lambda *_: None)
         with progress_line(sys.stderr) as line:
             hook = watch.timeline.hook(line, time.monotonic)
-            nodes = connect(plan.nodes, config, hook, control=watch.control)
+            plan, nodes, unreachable = connect_reachable(
+                config, plan, hook, control=watch.control, note=relay.note
+            )
         watch.timeline.connected((node.name for node in nodes), time.monotonic())
         with signal_pipe() as wake_fd:
             # --timeout counts from here, the preflight included: one deadline, the loop's.
             loop = job_loop(config, wake_fd, control=watch.control)
+            left_out = [(name, f"unreachable at the start ({why})") for name, why in unreachable]
             if config.preflight:
                 from launcher.check.preflight import preflight
 
+                measured = [node.name for node in nodes]
                 plan, nodes, perf = preflight(config, plan, nodes, loop)
+                kept = {node.name for node in nodes}
+                left_out += [(name, "named by --preflight") for name in measured if name not in kept]
             job = Job(config, relay, loop, nodes, workdir, watch=watch)
+            for name, why in left_out:
+                job.pool.leave_out(name, why)
             try:
                 with job.heartbeat:
                     outcome = job.run(plan)

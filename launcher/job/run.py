@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -29,19 +30,19 @@ from launcher.core.elastic_plan import Member, NewWorld
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, Slot, build_plan, plural
 from launcher.core.rendezvous import Rendezvous, choose_rendezvous
-from launcher.core.restart import GiveUp, HostBook, cause, decide
+from launcher.core.restart import GiveUp, Restart, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled
 from launcher.core.start_requests import start_requests
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import (
     DeadlineReached,
-    DistrunError,
     HostError,
     Interrupted,
 )
-from launcher.job.discovery import TIMEOUT, Discovering
+from launcher.job.discovery import between_attempts
 from launcher.job.elastic import ResetRecord, Resetter
 from launcher.job.host_watch import watch_hosts
+from launcher.job.hostpool import HostPool
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
 from launcher.report.account import (
@@ -128,7 +129,9 @@ class Job:
         # What the agents measured, per attempt, for the end-of-run account and --report.
         self.accounts: list[Attempt] = []
         self.failure: Failure | None = None
-        self.book = HostBook()
+        # Who is left out (the blacklist) and the spares that refill the world.
+        self.pool = HostPool(config, relay.note)
+        self.book = self.pool.book
         self.give_up: GiveUp | None = None
         self._last_port: int | None = None
         self.resets: list[ResetRecord] = []  # every reset in place, across attempts
@@ -154,7 +157,8 @@ class Job:
             discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
             if isinstance(discovered, Outcome):
                 return self.ended_between(discovered)
-            decision = decide(
+            before = self.pool.snapshot()
+            decision: Restart | GiveUp | Outcome = decide(
                 outcome,
                 restarts_done=index,
                 options=options,
@@ -163,10 +167,21 @@ class Job:
                 book=self.book,
                 now=time.monotonic(),
                 discovered=discovered,
+                spares=self.pool.spares(plan),
+                jitter=random.random(),
             )
+            self.pool.name_left_out(before)
+            if isinstance(decision, GiveUp) and decision.below_min_np:
+                decision = self.pool.wait_for_slots(
+                    decision, cause(outcome), plan, discovered, pause=self.pause, discover=self.discover
+                )
+            if isinstance(decision, Outcome):
+                return self.ended_between(decision)
             if isinstance(decision, GiveUp):
                 self.give_up = decision
                 return outcome
+            if decision.note:
+                self.relay.note([decision.note])
             self.relay.note(
                 [
                     f"attempt {index} failed: {decision.reason}; restarting in {options.delay:g}s "
@@ -176,7 +191,11 @@ class Job:
             interrupted = self.pause(options.delay)
             if interrupted is not None:
                 return self.ended_between(interrupted)
+            was = {h.name for h in plan.nodes}
             plan = build_plan(self.config.plan_inputs.resized(decision.hosts, decision.num_proc))
+            joining = [h.name for h in plan.nodes if h.name not in was]
+            if joining:
+                self.relay.note([f"attempt {index + 1} takes in {', '.join(joining)}"])
 
     def ended_between(self, outcome: Outcome) -> Outcome:
         """A signal or --timeout between attempts ends the job with that outcome."""
@@ -213,30 +232,10 @@ class Job:
     def discover(self) -> tuple[Host, ...] | Outcome:
         """The hosts the discovery script lists now; a signal or --timeout meanwhile ends the job (its
         outcome)."""
-        script = self.config.restart.discovery_script
-        if script is None:
-            return ()
-        to_deadline = self.loop.deadline.left(time.monotonic())
-        left = TIMEOUT if to_deadline is None else min(TIMEOUT, to_deadline)
-        if left <= 0:
-            return ()  # --timeout has expired: the job ends before any restart
-        try:
-            phase = Discovering(
-                script, left, list(self.nodes.values()), self.dead_after, self.config.restart.slots_per_host
-            )
-            try:
-                self.loop.run(phase)
-            finally:
-                phase.close()
-            if phase.outcome is not None:
-                return phase.outcome
-            if phase.error is not None:
-                raise phase.error
-            return phase.hosts
-        except DistrunError as err:
-            # A flaky discovery script must not end a job that could go on with the hosts it has.
-            log.warning("%s; going on with the hosts already known", err)
-            return ()
+        return between_attempts(
+            self.config.restart.discovery_script, self.loop, list(self.nodes.values()), self.dead_after,
+            self.config.restart.slots_per_host,
+        )  # fmt: skip
 
     def pause(self, seconds: float) -> Outcome | None:
         """Wait before a restart; a signal or --timeout meanwhile ends the job (None: the pause ran out)."""
@@ -248,11 +247,14 @@ class Job:
 
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
-        wanted = {h.name for h in plan.nodes}
+        in_plan = {h.name for h in plan.nodes}
+        wanted = in_plan | {node.name for node in self.pool.spare_nodes(plan, self.nodes)}
         for name in [n for n in self.nodes if n not in wanted or self.nodes[n].lost]:
             node = self.nodes.pop(name)
             if not node.lost:
                 node.link.close()
+            elif name not in in_plan and self.pool.usable(name):  # an idle spare, lost between attempts
+                self.pool.leave_out(name, "lost while a spare")
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
             control = self.watch.control if self.watch is not None else None
@@ -288,21 +290,25 @@ class Job:
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
-        self.began: set[str] = set()  # hosts added mid-attempt whose agent has started ranks
+        idle = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
+        self.began: set[str] = set()  # hosts without ranks at the start whose agent has started ranks since
         self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
-        self.probe(hosts, master_addr)
+        # One round with the plan's hosts (the software check compares them all), again without a bad spare.
+        spares = self.pool.probed(idle, lambda spares: self.probe([*hosts, *spares], master_addr))
         if self.workdir is not None:
-            self.copies = self.sync(nodes, self.workdir)
-        self.same_software(hosts)
+            self.copies = self.sync([*nodes, *(h.node for h in spares)], self.workdir)
+        self.same_software([*hosts, *spares])
         placed = self.place(plan, hosts)
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
-        elastic = self.resetter(attempt, hosts, nodes)
-        host_watch = watch_hosts(self, plan, hosts, elastic, master_addr)
+        # Every host of the attempt, spares included; a host the discovery script adds joins this list.
+        everyone = [*hosts, *spares]
+        elastic = self.resetter(attempt, everyone, [h.node for h in everyone])
+        host_watch = watch_hosts(self, plan, everyone, elastic, master_addr)
         sup = Supervisor(
-            hosts,
+            everyone,
             self.relay,
             deadline=self.loop.deadline,  # the whole job's, restarts included
             grace=self.config.grace_period,
@@ -353,7 +359,8 @@ class Job:
         return Resetter(
             hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
             max_restarts=options.max_restarts, master_addr=address_of, note=self.relay.note,
-            done_before=len(self.resets), max_np=options.max_np, spawn=spawn,
+            done_before=len(self.resets), max_np=options.max_np, spawn=spawn, leave_out=self.pool.leave_out,
+            rank_failed=self.pool.rank_failed, usable=self.pool.usable,
         )  # fmt: skip
 
     def spawn(
@@ -380,9 +387,11 @@ class Job:
         for host, request in zip(nodes, requests, strict=True):
             ranks = [dataclasses.replace(r, rank=wanted[r.rank]) for r in request.ranks if r.rank in wanted]
             if ranks:
-                # A host the discovery script added runs no attempt yet: its first ranks START one.
+                # A spare, or a host the discovery script added, runs no attempt yet: its first ranks START
+                # one, and from then the attempt waits for it to end.
                 kind = ADD if host.slots or host.name in self.began else START
                 self.began.add(host.name)
+                host.idle = False
                 host.node.send(kind, dataclasses.replace(request, ranks=ranks))
         self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
         self.relay.set_hosts(dict(self.rank_hosts))

@@ -109,7 +109,7 @@ class Supervisor(Phase[HostAttempt]):
 
     @property
     def done(self) -> bool:
-        return all(host.finished for host in self.hosts)
+        return all(host.finished or host.idle for host in self.hosts)
 
     def listening(self, context: HostAttempt) -> bool:
         return not context.finished
@@ -277,6 +277,10 @@ class Supervisor(Phase[HostAttempt]):
 
     def _lose(self, host: HostAttempt, detail: str, now: float) -> None:
         host.drop()
+        if host.idle:  # a spare without a rank: the attempt goes on, the spare is left out
+            if self.elastic is not None:
+                self.elastic.spare_lost(host.name, detail)
+            return
         node = host.node
         # distrun's own silence (it was stopped) outlasted the agent's patience: the agent stopped its ranks.
         waits = agent_patience(self.dead_after)

@@ -221,6 +221,9 @@ class HostAttempt:
     slots: tuple[Slot, ...]
     facts: Facts | None = None
     finished: bool = False
+    # An elastic job's spare host, probed but without a rank yet: the attempt does not wait for it to end
+    # until a reset starts ranks there.
+    idle: bool = False
 
     @property
     def name(self) -> str:

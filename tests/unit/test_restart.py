@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.core.blacklist import Blacklist, CooldownRange
 from launcher.core.config import LaunchConfig, RestartOptions
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, build_plan, make_plan
@@ -22,7 +23,7 @@ from tests.fakes import memory_relay
 A, B, C = Host("a", slots=2), Host("b", slots=2), Host("c", slots=2)
 FAILED_ON_B = RankFailed(RankExit(2, "b", 1))
 LOST_B = HostLost("b", "no word from it for 10s")
-ELASTIC = RestartOptions(max_restarts=3, min_np=2, max_np=6, cooldown=60.0)
+ELASTIC = RestartOptions(max_restarts=3, min_np=2, max_np=6)
 
 
 def _decide(outcome: Outcome, options: RestartOptions, done: int = 0, **kw: object) -> Restart | GiveUp:
@@ -89,10 +90,12 @@ def test_elastic_leaves_out_a_host_that_fails_twice_in_a_row() -> None:
 
 
 def test_discovered_hosts_join_up_to_max_np_and_excluded_ones_wait_out_their_cooldown() -> None:
-    book = HostBook()
-    options = RestartOptions(max_restarts=3, min_np=2, max_np=5, cooldown=60.0)
+    book = HostBook(Blacklist(CooldownRange(30.0, 300.0)))
+    options = RestartOptions(max_restarts=3, min_np=2, max_np=5, cooldown_range=(30.0, 300.0))
     again = _decide(LOST_B, options, book=book, discovered=(B, C))
     assert isinstance(again, Restart) and again.hosts == (A, C) and again.num_proc == 4
+    # The first cooldown: 30 x 2 (+ a jitter of up to 30 s, here none).
+    assert book.blacklist.excluded["b"].until == 60.0
     later = decide(
         FAILED_ON_B, restarts_done=1, options=options, hosts=(A, C), num_proc=4, book=book, now=61.0,
         discovered=(B,),
@@ -181,3 +184,48 @@ def test_a_restart_plans_from_the_same_inputs_as_the_launch_oversubscription_inc
     assert outcome == Succeeded()
     assert [p.world_size for p in job.plans] == [3, 3]
     assert job.plans[1] == job.plans[0]
+
+
+def test_an_elastic_job_below_min_np_waits_for_a_cooldown_to_end_then_restarts() -> None:
+    lost = HostLost("b", "no word from it for 10s")
+    job, outcome = _job([lost, Succeeded()], max_restarts=3, min_np=4, max_np=4, cooldown_range=(1.0, 1.0))
+    assert outcome == Succeeded()
+    assert [p.nodes for p in job.plans] == [(Host("a", slots=2), Host("b", slots=2))] * 2
+    said = job.err.getvalue().decode()
+    assert "leaving out host b for 1s (cooldown): lost (no word from it for 10s)" in said
+    assert "only 2 slots left without b (a), fewer than --min-np 4: waiting up to 600s" in said
+
+
+def test_the_wait_for_slots_ends_at_the_elastic_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho a:2\n")
+    script.chmod(0o755)
+    lost = HostLost("b", "no word from it for 10s")
+    job, outcome = _job(
+        [lost], max_restarts=3, min_np=4, max_np=4, elastic_timeout=1.5, discovery_script=script
+    )
+    assert outcome == lost and len(job.plans) == 1
+    assert job.give_up is not None and job.give_up.below_min_np
+    assert job.give_up.message == (
+        "only 2 slots left without b (a), fewer than --min-np 4; not enough came back within "
+        "--elastic-timeout 1.5s"
+    )
+
+
+def test_below_min_np_the_discovery_script_is_polled_until_it_lists_enough_hosts(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    script = tmp_path / "discover.sh"
+    # c appears from the script's third run on: the first is the restart's own, the next ones the wait's.
+    script.write_text(
+        f'#!/bin/sh\necho x >> {calls}\necho a:2\n[ "$(wc -l < {calls})" -ge 3 ] && echo c:2\nexit 0\n'
+    )
+    script.chmod(0o755)
+    options = {"min_np": 4, "max_np": 4, "discovery_script": script, "elastic_timeout": 60.0}
+    job, outcome = _job([LOST_B, Succeeded()], max_restarts=3, **options)
+    assert outcome == Succeeded()
+    assert [[h.name for h in p.nodes] for p in job.plans] == [["a", "b"], ["a", "c"]]
+    assert len(calls.read_text().splitlines()) == 3
+    said = job.err.getvalue().decode()
+    below = "only 2 slots left without b (a), fewer than --min-np 4"
+    assert f"{below}: waiting up to 60s (--elastic-timeout)" in said
+    assert "attempt 1 takes in c" in said
