@@ -27,7 +27,7 @@ from launcher.core.env import parse_exports, parse_rank_filter
 from launcher.core.forward import parse_env_file
 from launcher.core.hosts import Host, parse_host_list, parse_hostfile
 from launcher.core.plan import PlanInputs, build_plan, implicit_localhost
-from launcher.errors import UsageError
+from launcher.errors import DeadlineReached, UsageError
 from launcher.report.file import ReportPathError, check_room
 
 
@@ -102,9 +102,18 @@ def _first_discovery(values: Mapping[str, Any]) -> tuple[Host, ...] | None:
     script = _discovery_script(values["host_discovery_script"])
     if script is None or values["min_np"] is None:
         return None
-    from launcher.job.discovery import DiscoveryError, discover
+    from launcher.job.discovery import TIMEOUT, DiscoveryError, DiscoveryOverran, discover
 
-    hosts = discover(script, slots_per_host=values.get("slots_per_host"))
+    limit = values["timeout"]
+    if limit is not None and limit < TIMEOUT:  # --timeout bounds the whole job, this first call included
+        try:
+            hosts = discover(script, limit, slots_per_host=values.get("slots_per_host"))
+        except DiscoveryOverran:
+            raise DeadlineReached(
+                f"timed out after {limit:g}s: --host-discovery-script {script} had not answered"
+            ) from None
+    else:
+        hosts = discover(script, slots_per_host=values.get("slots_per_host"))
     if not hosts:
         raise DiscoveryError(f"--host-discovery-script {script}: its first call listed no hosts")
     return hosts

@@ -70,8 +70,12 @@ def _start(script: Path, stderr: Any = subprocess.PIPE) -> subprocess.Popen[byte
         raise DiscoveryError(f"--host-discovery-script {script}: cannot run it: {reason}") from None
 
 
+class DiscoveryOverran(DiscoveryError):
+    """The discovery script gave no answer in its time."""
+
+
 def _overran(script: Path, timeout: float) -> DiscoveryError:
-    return DiscoveryError(
+    return DiscoveryOverran(
         f"--host-discovery-script {script}: no answer within {timeout:.3g}s; stopped it and what it started"
     )
 
@@ -95,6 +99,10 @@ def discover(script: Path, timeout: float = TIMEOUT, slots_per_host: int | None 
         _kill_group(proc)
         proc.communicate()  # reaps it; its pipes closed with the group
         raise _overran(script, timeout) from None
+    except BaseException:  # Ctrl-C meanwhile: nothing of the script is left running
+        _kill_group(proc)
+        proc.communicate()
+        raise
     _kill_group(proc)  # what it left running in its group (a background `sleep &`)
     return _result(script, proc.returncode, out, err_out, slots_per_host)
 

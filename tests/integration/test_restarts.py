@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.support import (
     REPO,
@@ -127,14 +128,16 @@ def test_timeout_holds_during_a_restart_delay(tmp_path: Path) -> None:
     assert doc["failure"]["detail"].startswith("timed out after 2s")
 
 
-def test_timeout_holds_during_a_slow_discovery_script(tmp_path: Path) -> None:
-    """The deadline also bounds the host discovery between attempts (it would otherwise wait 30 s)."""
+@pytest.mark.parametrize("hosts", [(), ("-H", "localhost:1")], ids=["first-call", "between-attempts"])
+def test_timeout_holds_during_a_slow_discovery_script(tmp_path: Path, hosts: tuple[str, ...]) -> None:
+    """The deadline also bounds the host discovery (it would otherwise wait 30 s): its first call, where the
+    job starts on the hosts it lists, and between attempts."""
     script = tmp_path / "discover.sh"
     script.write_text("#!/bin/sh\nsleep 60\n")
     script.chmod(0o755)
     started = time.monotonic()
     result = run_distrun(
-        "-np", "1", "--min-np", "1", "--timeout", "2", "--restart-delay", "0",
+        *hosts, "-np", "1", "--min-np", "1", "--timeout", "2", "--restart-delay", "0",
         "--host-discovery-script", script, RESTARTABLE, "--out", tmp_path, "--fail", "0:0:3",
     )  # fmt: skip
     took = time.monotonic() - started
