@@ -103,11 +103,13 @@ class _Entry:
     cuda_event: Any = None
     device: int | None = None
     driven: bool = False
+    row: list[int] | None = None
 
     def announcement(self) -> Announcement:
         fusion = self.fusion
         payload = fusion.tensor if fusion is not None and fusion.reduce is not None else None
-        return Announcement(self.key, row_of(self.call), self.label, payload)
+        row = self.row
+        return Announcement(self.key, row_of(self.call) if row is None else row, self.label, payload)
 
 
 class Engine:
@@ -165,11 +167,13 @@ class Engine:
         fusion: Fusion | None = None,
         cuda_tensor: torch.Tensor | None = None,
         drive: bool = False,
+        row: list[int] | None = None,
     ) -> Ticket:
         """Enqueue ``call``; ``start(agreement)`` runs on the engine thread once every rank has submitted it.
 
         ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
+        ``row``: ``row_of(call)``, when the caller keeps it at hand.
         """
         ticket = Ticket(self)
         self._enqueue(
@@ -180,6 +184,7 @@ class Engine:
             fusion=fusion,
             cuda_tensor=cuda_tensor,
             notify=not drive,
+            row=row,
         )
         if drive:
             self.drive(ticket)
@@ -210,6 +215,7 @@ class Engine:
         turn: Turn | None = None,
         cuda_tensor: torch.Tensor | None = None,
         notify: bool = True,
+        row: list[int] | None = None,
     ) -> None:
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
@@ -227,7 +233,7 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify)
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row)
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
@@ -498,7 +504,7 @@ class Engine:
     def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
         assert entry.fusion is not None and entry.fusion.reduce is not None
         try:
-            value = entry.fusion.reduce(payloads)
+            value = entry.fusion.reduce(entry.fusion.tensor, payloads)
         except CollectivesError as error:
             entry.ticket._settle(None, error)
             return
