@@ -120,7 +120,9 @@ class Engine:
         self.settings = settings
         self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
         self.reduced_in_round = 0  # allreduces reduced from the payloads their round carried
-        self._cond = threading.Condition()
+        # Held directly where nothing waits or is notified: entering a Condition costs a Python call more.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._new: list[_Entry] = []
         self._woken = False  # the engine thread was woken for what is in _new
         self._undriven = 0  # entries in _new that nobody drives: the engine thread's work
@@ -222,7 +224,7 @@ class Engine:
             # The engine thread issues on its own current stream: it must wait for the producer's kernels.
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(torch.cuda.current_stream(cuda_tensor.device))
-        with self._cond:
+        with self._mutex:
             if self._broken is not None:
                 ticket._settle(None, self._broken)
                 return
@@ -251,7 +253,7 @@ class Engine:
                 self._cond.notify_all()
 
     def _release(self, turn: Turn) -> None:
-        with self._cond:
+        with self._mutex:
             if self._held is turn:
                 self._held = None
             self._cond.notify_all()
@@ -262,7 +264,7 @@ class Engine:
         idle_wait = self.settings.cycle_time_s
         try:
             while True:
-                with self._cond:
+                with self._mutex:
                     # Entries that a caller drives are no work of this thread's: it sleeps beside them.
                     if not self._undriven_new() and not self._stopping and not self._abandoned:
                         self._cond.wait(idle_wait)
@@ -306,7 +308,7 @@ class Engine:
         return self._undriven > 0
 
     def _driven_lately(self, idle_wait: float) -> bool:
-        with self._cond:
+        with self._mutex:
             if self._stopping or self._undriven:
                 return False
             return time.monotonic() - self._last_round < idle_wait
@@ -324,7 +326,7 @@ class Engine:
             with self._round_lock:
                 if ticket.done():
                     return
-                with self._cond:
+                with self._mutex:
                     if self._abandoned or self._broken is not None:
                         return
                 try:
@@ -346,7 +348,7 @@ class Engine:
             self._last_round = time.monotonic()
 
     def _round_locked(self) -> tuple[bool, bool]:
-        with self._cond:
+        with self._mutex:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
             self._undriven = 0
@@ -371,7 +373,7 @@ class Engine:
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
         # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
         # of the engine thread beside them costs the next driven call a round of its own.
-        with self._cond:
+        with self._mutex:
             busy = bool(self._queue) or any(not e.driven for e in self._local.values())
         self._execute()
         now = time.monotonic()
@@ -380,7 +382,7 @@ class Engine:
             self._check_stalls()
         if result.stop:
             self._fail_all(HorovodInternalError("collectives shut down with this operation pending"))
-            with self._cond:
+            with self._mutex:
                 self._abandoned = True
                 self._cond.notify_all()
         return busy, result.stop
@@ -390,7 +392,7 @@ class Engine:
         row, as Horovod's coordinator counts a joined rank in; once agreed, ``stand_in`` takes part."""
         assert self.stand_in is not None
         me = self.groups.index
-        with self._cond:
+        with self._mutex:
             for key, seen in self._table.rows.items():
                 if key < 0 or me in seen or key in self._local or not seen:
                     continue
@@ -411,18 +413,18 @@ class Engine:
                     f"{error}); the job's process group must be re-formed"
                 )
             )
-        with self._cond:
+        with self._mutex:
             self._abandoned = True
             self._cond.notify_all()
 
     def _execute(self) -> None:
         """Issue agreed operations in agreed order, fusing runs of fusable allreduces."""
         while self._queue:
-            with self._cond:
+            with self._mutex:
                 if self._held is not None or self._abandoned:
                     return
             key, rows, payloads = self._queue.popleft()
-            with self._cond:
+            with self._mutex:
                 entry = self._local.pop(key)
             try:
                 agreement = _verdict(entry.call, self.groups, rows)
@@ -438,7 +440,7 @@ class Engine:
                     self._device_set = True
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             if entry.turn is not None:
-                with self._cond:
+                with self._mutex:
                     self._held = entry.turn
                 entry.ticket._settle(agreement, None)
                 continue
@@ -460,30 +462,36 @@ class Engine:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
         taken: list[_Entry] = []
+        fusion_key = first.fusion.key
         total = first.fusion.tensor.nbytes
-        while self._queue:
-            key, rows, payloads = self._queue[0]
-            entry = self._local.get(key)
-            if entry is None or entry.fusion is None or entry.fusion.key != first.fusion.key:
+        threshold = self.settings.fusion_threshold
+        queue, local = self._queue, self._local
+        while queue:
+            key, rows, payloads = queue[0]
+            entry = local.get(key)
+            if entry is None or entry.fusion is None or entry.fusion.key != fusion_key:
                 break
             if payloads is not None:
                 break  # reduced from its payloads, on its own
             size = entry.fusion.tensor.nbytes
-            if total + size > self.settings.fusion_threshold:
+            if total + size > threshold:
                 break
-            try:
-                if _verdict(entry.call, self.groups, rows).joined:
-                    break
-            except CollectivesError:
-                break  # it fails on its own, in order
-            self._queue.popleft()
+            mine = rows[0]
+            # Every rank's row the same (the common case, and never a joined rank's): agreed, not joined.
+            if not all(row == mine for row in rows):
+                try:
+                    if _verdict(entry.call, self.groups, rows).joined:
+                        break
+                except CollectivesError:
+                    break  # it fails on its own, in order
+            queue.popleft()
             if entry.cuda_event is not None:
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             taken.append(entry)
             total += size
-        with self._cond:
+        with self._mutex:
             for entry in taken:
-                self._local.pop(entry.key)
+                del local[entry.key]
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
@@ -552,7 +560,7 @@ class Engine:
     # -- failing and stopping -------------------------------------------------------------------------------
 
     def _fail_all(self, error: HorovodInternalError) -> None:
-        with self._cond:
+        with self._mutex:
             if self._broken is None:
                 self._broken = error
             entries = list(self._local.values())
@@ -568,7 +576,7 @@ class Engine:
     def shutdown(self, wait_s: float | None) -> None:
         """Stop together with the other ranks' engines (a round in which all ask to stop); every pending
         handle fails with :class:`HorovodInternalError`. ``wait_s`` bounds the wait for the thread."""
-        with self._cond:
+        with self._mutex:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(wait_s)
@@ -578,7 +586,7 @@ class Engine:
     def reset(self, error: HorovodInternalError) -> None:
         """Fail every pending handle with ``error`` and stop the thread without talking to any peer."""
         self._fail_all(error)
-        with self._cond:
+        with self._mutex:
             self._abandoned = True
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:

@@ -81,10 +81,20 @@ class Table:
         self.labels: dict[int, str] = {}
         self.payloads: dict[int, dict[int, torch.Tensor]] = {}
 
-    def add(self, position: int, key: int, row: list[int], payload: torch.Tensor | None = None) -> bool:
-        """Record one announcement; True when every rank has now announced ``key``."""
-        seen = self.rows.setdefault(key, {})
-        self.first_seen.setdefault(key, time.monotonic())
+    def add(
+        self,
+        position: int,
+        key: int,
+        row: list[int],
+        payload: torch.Tensor | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """Record one announcement (``now``: the round's time, when the caller has it); True when every rank
+        has now announced ``key``."""
+        seen = self.rows.get(key)
+        if seen is None:
+            seen = self.rows[key] = {}
+            self.first_seen[key] = time.monotonic() if now is None else now
         seen[position] = row
         if payload is not None:
             self.payloads.setdefault(key, {})[position] = payload
@@ -246,8 +256,10 @@ def exchange(
         for p, h in enumerate(headers):
             announced[p].extend(_unpack(more, p, more[p, : h[4]].tolist(), h[0] - h[2], width))
     ready: list[int] = []
+    now = time.monotonic()
+    add = table.add
     for p, entries in enumerate(announced):
         for key, row, payload in entries:
-            if table.add(p, key, row, payload):
+            if add(p, key, row, payload, now):
                 ready.append(key)
     return RoundResult(ready, all(h[1] == 1 for h in headers))
