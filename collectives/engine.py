@@ -104,11 +104,13 @@ class _Entry:
     cuda_event: Any = None
     device: int | None = None
     driven: bool = False
+    row: list[int] | None = None
 
     def announcement(self) -> Announcement:
         fusion = self.fusion
         payload = fusion.tensor if fusion is not None and fusion.reduce is not None else None
-        return Announcement(self.key, row_of(self.call), self.label, payload)
+        row = self.row
+        return Announcement(self.key, row_of(self.call) if row is None else row, self.label, payload)
 
 
 class Engine:
@@ -119,7 +121,9 @@ class Engine:
         self.settings = settings
         self.collectives_issued = 0  # data-group collectives issued; fusion shows as fewer of these
         self.reduced_in_round = 0  # allreduces reduced from the payloads their round carried
-        self._cond = threading.Condition()
+        # Held directly where nothing waits or is notified: entering a Condition costs a Python call more.
+        self._mutex = threading.RLock()
+        self._cond = threading.Condition(self._mutex)
         self._new: list[_Entry] = []
         self._woken = False  # the engine thread was woken for what is in _new
         self._undriven = 0  # entries in _new that nobody drives: the engine thread's work
@@ -135,7 +139,7 @@ class Engine:
         self._held: Turn | None = None
         self._stopping = False
         self._abandoned = False
-        self._broken: HorovodInternalError | None = None
+        self.broken: HorovodInternalError | None = None  # what ended it, if anything (a peer is gone)
         self._stall_text = ""
         self._device_set = False
         self._last_stall_check = time.monotonic()
@@ -166,11 +170,13 @@ class Engine:
         fusion: Fusion | None = None,
         cuda_tensor: torch.Tensor | None = None,
         drive: bool = False,
+        row: list[int] | None = None,
     ) -> Ticket:
         """Enqueue ``call``; ``start(agreement)`` runs on the engine thread once every rank has submitted it.
 
         ``named``: keyed by ``call.name`` (any order across ranks), else by the set's ordered sequence.
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
+        ``row``: ``row_of(call)``, when the caller keeps it at hand.
         """
         ticket = Ticket(self)
         self._enqueue(
@@ -181,6 +187,7 @@ class Engine:
             fusion=fusion,
             cuda_tensor=cuda_tensor,
             notify=not drive,
+            row=row,
         )
         if drive:
             self.drive(ticket)
@@ -211,15 +218,16 @@ class Engine:
         turn: Turn | None = None,
         cuda_tensor: torch.Tensor | None = None,
         notify: bool = True,
+        row: list[int] | None = None,
     ) -> None:
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
             # The engine thread issues on its own current stream: it must wait for the producer's kernels.
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
             event.record(torch.cuda.current_stream(cuda_tensor.device))
-        with self._cond:
-            if self._broken is not None:
-                ticket._settle(None, self._broken)
+        with self._mutex:
+            if self.broken is not None:
+                ticket._settle(None, self.broken)
                 return
             if named and call.name is not None:
                 key, label = name_key(call.name), call.name
@@ -228,7 +236,7 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify)
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row)
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
@@ -246,7 +254,7 @@ class Engine:
                 self._cond.notify_all()
 
     def _release(self, turn: Turn) -> None:
-        with self._cond:
+        with self._mutex:
             if self._held is turn:
                 self._held = None
             self._cond.notify_all()
@@ -257,7 +265,7 @@ class Engine:
         idle_wait = self.settings.cycle_time_s
         try:
             while True:
-                with self._cond:
+                with self._mutex:
                     # Entries that a caller drives are no work of this thread's: it sleeps beside them.
                     if not self._undriven_new() and not self._stopping and not self._abandoned:
                         self._cond.wait(idle_wait)
@@ -301,15 +309,10 @@ class Engine:
         return self._undriven > 0
 
     def _driven_lately(self, idle_wait: float) -> bool:
-        with self._cond:
+        with self._mutex:
             if self._stopping or self._undriven:
                 return False
             return time.monotonic() - self._last_round < idle_wait
-
-    @property
-    def broken(self) -> HorovodInternalError | None:
-        """The failure that ended this engine, if any (a peer is gone)."""
-        return self._broken
 
     def drive(self, ticket: Ticket) -> None:
         """Run rounds on the caller's thread until ``ticket`` is settled (a blocking call on the CPU).
@@ -324,8 +327,8 @@ class Engine:
             with self._round_lock:
                 if ticket.done():
                     return
-                with self._cond:
-                    if self._abandoned or self._broken is not None:
+                with self._mutex:
+                    if self._abandoned or self.broken is not None:
                         return
                 try:
                     _, stop = self._round()
@@ -346,7 +349,7 @@ class Engine:
             self._last_round = time.monotonic()
 
     def _round_locked(self) -> tuple[bool, bool]:
-        with self._cond:
+        with self._mutex:
             mine = [e.announcement() for e in self._new]
             self._new.clear()
             self._undriven = 0
@@ -371,7 +374,7 @@ class Engine:
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
         # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
         # of the engine thread beside them costs the next driven call a round of its own.
-        with self._cond:
+        with self._mutex:
             busy = bool(self._queue) or any(not e.driven for e in self._local.values())
         self._execute()
         now = time.monotonic()
@@ -380,7 +383,7 @@ class Engine:
             self._check_stalls()
         if result.stop:
             self._fail_all(HorovodInternalError("collectives shut down with this operation pending"))
-            with self._cond:
+            with self._mutex:
                 self._abandoned = True
                 self._cond.notify_all()
         return busy, result.stop
@@ -390,7 +393,7 @@ class Engine:
         row, as Horovod's coordinator counts a joined rank in; once agreed, ``stand_in`` takes part."""
         assert self.stand_in is not None
         me = self.groups.index
-        with self._cond:
+        with self._mutex:
             for key, seen in self._table.rows.items():
                 if key < 0 or me in seen or key in self._local or not seen:
                     continue
@@ -412,18 +415,18 @@ class Engine:
                 )
             )
             abort_nccl(self.groups)
-        with self._cond:
+        with self._mutex:
             self._abandoned = True
             self._cond.notify_all()
 
     def _execute(self) -> None:
         """Issue agreed operations in agreed order, fusing runs of fusable allreduces."""
         while self._queue:
-            with self._cond:
+            with self._mutex:
                 if self._held is not None or self._abandoned:
                     return
             key, rows, payloads = self._queue.popleft()
-            with self._cond:
+            with self._mutex:
                 entry = self._local.pop(key)
             try:
                 agreement = _verdict(entry.call, self.groups, rows)
@@ -439,7 +442,7 @@ class Engine:
                     self._device_set = True
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             if entry.turn is not None:
-                with self._cond:
+                with self._mutex:
                     self._held = entry.turn
                 entry.ticket._settle(agreement, None)
                 continue
@@ -461,30 +464,36 @@ class Engine:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
         taken: list[_Entry] = []
+        fusion_key = first.fusion.key
         total = first.fusion.tensor.nbytes
-        while self._queue:
-            key, rows, payloads = self._queue[0]
-            entry = self._local.get(key)
-            if entry is None or entry.fusion is None or entry.fusion.key != first.fusion.key:
+        threshold = self.settings.fusion_threshold
+        queue, local = self._queue, self._local
+        while queue:
+            key, rows, payloads = queue[0]
+            entry = local.get(key)
+            if entry is None or entry.fusion is None or entry.fusion.key != fusion_key:
                 break
             if payloads is not None:
                 break  # reduced from its payloads, on its own
             size = entry.fusion.tensor.nbytes
-            if total + size > self.settings.fusion_threshold:
+            if total + size > threshold:
                 break
-            try:
-                if _verdict(entry.call, self.groups, rows).joined:
-                    break
-            except CollectivesError:
-                break  # it fails on its own, in order
-            self._queue.popleft()
+            mine = rows[0]
+            # Every rank's row the same (the common case, and never a joined rank's): agreed, not joined.
+            if not all(row == mine for row in rows):
+                try:
+                    if _verdict(entry.call, self.groups, rows).joined:
+                        break
+                except CollectivesError:
+                    break  # it fails on its own, in order
+            queue.popleft()
             if entry.cuda_event is not None:
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
             taken.append(entry)
             total += size
-        with self._cond:
+        with self._mutex:
             for entry in taken:
-                self._local.pop(entry.key)
+                del local[entry.key]
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
@@ -505,7 +514,7 @@ class Engine:
     def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
         assert entry.fusion is not None and entry.fusion.reduce is not None
         try:
-            value = entry.fusion.reduce(payloads)
+            value = entry.fusion.reduce(entry.fusion.tensor, payloads)
         except CollectivesError as error:
             entry.ticket._settle(None, error)
             return
@@ -553,9 +562,9 @@ class Engine:
     # -- failing and stopping -------------------------------------------------------------------------------
 
     def _fail_all(self, error: HorovodInternalError) -> None:
-        with self._cond:
-            if self._broken is None:
-                self._broken = error
+        with self._mutex:
+            if self.broken is None:
+                self.broken = error
             entries = list(self._local.values())
             self._local.clear()
             self._new.clear()
@@ -569,7 +578,7 @@ class Engine:
     def shutdown(self, wait_s: float | None) -> None:
         """Stop together with the other ranks' engines (a round in which all ask to stop); every pending
         handle fails with :class:`HorovodInternalError`. ``wait_s`` bounds the wait for the thread."""
-        with self._cond:
+        with self._mutex:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(wait_s)
@@ -579,7 +588,7 @@ class Engine:
     def reset(self, error: HorovodInternalError) -> None:
         """Fail every pending handle with ``error`` and stop the thread without talking to any peer."""
         self._fail_all(error)
-        with self._cond:
+        with self._mutex:
             self._abandoned = True
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:

@@ -81,10 +81,20 @@ class Table:
         self.labels: dict[int, str] = {}
         self.payloads: dict[int, dict[int, torch.Tensor]] = {}
 
-    def add(self, position: int, key: int, row: list[int], payload: torch.Tensor | None = None) -> bool:
-        """Record one announcement; True when every rank has now announced ``key``."""
-        seen = self.rows.setdefault(key, {})
-        self.first_seen.setdefault(key, time.monotonic())
+    def add(
+        self,
+        position: int,
+        key: int,
+        row: list[int],
+        payload: torch.Tensor | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """Record one announcement (``now``: the round's time, when the caller has it); True when every rank
+        has now announced ``key``."""
+        seen = self.rows.get(key)
+        if seen is None:
+            seen = self.rows[key] = {}
+            self.first_seen[key] = time.monotonic() if now is None else now
         seen[position] = row
         if payload is not None:
             self.payloads.setdefault(key, {})[position] = payload
@@ -134,19 +144,20 @@ def first_words(size: int) -> int:
 
 
 def _records(mine: list[Announcement]) -> list[list[int]]:
-    """Each announcement as (key, n, its row's n values): rows come without their trailing -1s (their
-    padding), restored on arrival."""
-    return [[a.key, len(a.row), *a.row] for a in mine]
+    """Each announcement as (key, n, its row's n values, payload bytes, payload offset): rows come without
+    their trailing -1s (their padding), restored on arrival; the payload's two words are -1 until placed."""
+    return [[a.key, len(a.row), *a.row, -1, -1] for a in mine]
 
 
 def _fit(records: list[list[int]], words: int) -> tuple[int, int]:
     """How many records fit in the first buffer after its header, and the words they take there."""
     used = 0
     count = 0
+    room = words - _HEADER
     for record in records:
-        if _HEADER + used + len(record) + 2 > words:
+        if used + len(record) > room:
             break
-        used += len(record) + 2
+        used += len(record)
         count += 1
     return count, used
 
@@ -174,13 +185,14 @@ def _pack_first(
                 placed = []
                 break
             placed.append((index, tail, payload))
-    carried = {index: (payload.nbytes, offset) for index, offset, payload in placed}
-    flat = list(header)
-    for index, record in enumerate(records[:count]):
+    for index, offset, payload in placed:
+        record = records[index]
+        record[-2], record[-1] = payload.nbytes, offset
+    flat = array.array("q", header)
+    for record in records[:count]:
         flat.extend(record)
-        flat.extend(carried.get(index, (-1, -1)))  # payload bytes and offset, or none
     buffer = torch.empty(words, dtype=torch.int64)
-    buffer[: len(flat)] = _int64(flat)
+    buffer[: len(flat)] = torch.frombuffer(flat, dtype=torch.int64)
     for _, offset, payload in placed:
         buffer[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
     return buffer
@@ -223,15 +235,16 @@ def exchange(
 ) -> RoundResult:
     """Run one round: announce ``mine`` (each a key and a row of ``width - 1`` values, and maybe a payload),
     add every rank's announcements to ``table`` in set order."""
+    labels = table.labels
     for announcement in mine:
-        table.labels.setdefault(announcement.key, announcement.label)
+        if announcement.key not in labels:
+            labels[announcement.key] = announcement.label
     records = _records(mine)
     words = first_words(table.size)
     inline, inline_words = _fit(records, words)
     rest: list[int] = []
     for record in records[inline:]:
         rest.extend(record)
-        rest.extend((-1, -1))
     header = [len(mine), int(stop), inline, inline_words, len(rest)]
     gathered = _gather(_pack_first(mine, records, header, words), table.size, group, timeout)
     headers = gathered[:, :_HEADER].tolist()
@@ -246,8 +259,10 @@ def exchange(
         for p, h in enumerate(headers):
             announced[p].extend(_unpack(more, p, more[p, : h[4]].tolist(), h[0] - h[2], width))
     ready: list[int] = []
+    now = time.monotonic()
+    add = table.add
     for p, entries in enumerate(announced):
         for key, row, payload in entries:
-            if table.add(p, key, row, payload):
+            if add(p, key, row, payload, now):
                 ready.append(key)
     return RoundResult(ready, all(h[1] == 1 for h in headers))

@@ -45,10 +45,11 @@ class Fusion(NamedTuple):
     of tensors as one collective and gives one start value per tensor.
 
     ``reduce``, for a small CPU tensor: it may ride in the agreement round instead (its bytes carried to
-    every rank), and ``reduce`` turns every rank's bytes (uint8, in set order) into the start value, with no
-    collective of its own. Every rank reduces the same bytes in the same order: the same bits everywhere."""
+    every rank), and ``reduce(tensor, payloads)`` turns every rank's bytes (uint8, in set order) into the
+    start value, with no collective of its own. Every rank reduces the same bytes in the same order: the
+    same bits everywhere."""
 
     key: Hashable
     tensor: torch.Tensor
     issue: Callable[[list[torch.Tensor]], list[Any]]
-    reduce: Callable[[list[torch.Tensor]], Any] | None = None
+    reduce: Callable[[torch.Tensor, list[torch.Tensor]], Any] | None = None

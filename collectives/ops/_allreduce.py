@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -12,19 +12,64 @@ import torch.distributed as dist
 from collectives.compression import Compression, Compressor
 from collectives.engine_rounds import payload_fits
 from collectives.engine_values import Fusion
-from collectives.negotiation import Agreement, Call, Kind
+from collectives.negotiation import Agreement, Call, Kind, row_of
 from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled
-from collectives.ops._handle import Handle, _submit
+from collectives.ops._handle import Handle, _Part, _Ready, _submit, _wait_work
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
 
 
-# The requests seen lately, by their facts: a loop that reduces the same named tensors every step builds
-# each one once (Horovod caches its responses per tensor name).
-_calls: dict[tuple[Any, ...], Call] = {}
-_CALLS_LIMIT = 4096
+_Reduce = Callable[[torch.Tensor, list[torch.Tensor]], _Part[torch.Tensor]]
+
+
+# What a reduction needs beyond its tensor, built once per name, type, shape, op and scaling (Horovod caches
+# its responses per tensor name): a loop that reduces the same named tensors every step builds each once.
+class _Plan(NamedTuple):
+    context: Any
+    groups: Any
+    call: Call
+    row: list[int]
+    fusion_key: Any
+    issue_fused: Callable[[list[torch.Tensor]], list[_Part[torch.Tensor]]]
+    reduce: _Reduce | None
+
+
+_plans: dict[tuple[Any, ...], _Plan] = {}
+_PLANS_LIMIT = 4096
+
+
+def _plan(  # noqa: PLR0917 (the facts of one request)
+    facts: tuple[Any, ...],
+    prescale: float,
+    postscale: float,
+    context: Any,
+    groups: Any,
+    nbytes: int,
+    device: torch.device,
+) -> _Plan:
+    name, dtype, device_type, op, shape = facts
+    call = Call(Kind.ALLREDUCE, name, dtype, device_type, op, shape=shape)
+
+    def issue_fused(tensors: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
+        flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
+        torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
+        work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
+        return _fused_parts(work, flat, tensors, divisor, postscale)
+
+    rides = (
+        prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED and payload_fits(nbytes, groups.size)
+    )
+    return _Plan(
+        context,
+        groups,
+        call,
+        row_of(call),
+        (dtype, device, op, prescale, postscale),
+        issue_fused,
+        _reduce_payloads(op, postscale) if rides else None,
+    )
 
 
 def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
@@ -41,13 +86,16 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     context, groups = context_and_groups(process_set, what)
     device = tensor.device
     facts = (name, tensor.dtype, device.type, op, tuple(tensor.shape))
-    call = _calls.get(facts)
-    if call is None:
-        if len(_calls) >= _CALLS_LIMIT:
-            _calls.clear()
-        call = _calls[facts] = Call(Kind.ALLREDUCE, name, facts[1], facts[2], op, shape=facts[4])
+    key = (facts, prescale, postscale, device.index, groups.set_id)
+    plan = _plans.get(key)
+    if plan is None or plan.groups is not groups or plan.context is not context:
+        if len(_plans) >= _PLANS_LIMIT:
+            _plans.clear()
+        plan = _plans[key] = _plan(
+            facts, prescale, postscale, context, groups, tensor.numel() * tensor.element_size(), device
+        )
 
-    def issue(agreement: Agreement) -> Handle[torch.Tensor]:
+    def issue(agreement: Agreement) -> _Part[torch.Tensor]:
         torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
         if blocking:
             # Its caller waits for it at once (and runs the rounds itself): no Work round trip through Python.
@@ -56,27 +104,10 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
         work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
 
-    def issue_fused(tensors: list[torch.Tensor]) -> list[Handle[torch.Tensor]]:
-        flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
-        torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
-        work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
-        return _fused_handles(work, flat, tensors, divisor, postscale)
-
     fusion = None
     if groups.size > 1 and tensor.is_contiguous():
-        rides = (
-            prescale == 1.0
-            and device.type == "cpu"
-            and tensor.dtype in _CARRIED
-            and payload_fits(tensor.numel() * tensor.element_size(), groups.size)
-        )
-        fusion = Fusion(
-            (facts[1], device, op, prescale, postscale),
-            tensor,
-            issue_fused,
-            _reduce_payloads(tensor, op, postscale) if rides else None,
-        )
-    return _submit(call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor)
+        fusion = Fusion(plan.fusion_key, tensor, plan.issue_fused, plan.reduce)
+    return _submit(plan.call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, row=plan.row)
 
 
 _COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
@@ -88,49 +119,78 @@ _COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
 }
 
 
-def _reduce_payloads(
-    tensor: torch.Tensor, op: ReduceOp, postscale: float
-) -> Callable[[list[torch.Tensor]], Handle[torch.Tensor]]:
-    """Reduce every rank's bytes of ``tensor`` into it, in set order: the same bits on every rank."""
+def _reduce_payloads(op: ReduceOp, postscale: float) -> _Reduce:
+    """Reduce every rank's bytes of a tensor into it, in set order: the same bits on every rank."""
+    combine = _COMBINE[op]
 
-    def reduce(payloads: list[torch.Tensor]) -> Handle[torch.Tensor]:
-        parts = [p.view(tensor.dtype).view(tensor.shape) for p in payloads]
-        combine = _COMBINE[op]
+    def reduce(tensor: torch.Tensor, payloads: list[torch.Tensor]) -> _Part[torch.Tensor]:
+        dtype, shape = tensor.dtype, tensor.shape
+        parts = [p.view(dtype).view(shape) for p in payloads]
         combine(parts[0], parts[1], out=tensor)
         for part in parts[2:]:
             combine(tensor, part, out=tensor)
-        divisor = len(parts) if op is ReduceOp.AVERAGE else 1
-        return Handle([], lambda: _postscaled(tensor, divisor, postscale))
+        # Done here, on the thread that settles it: the handle then only hands the tensor back.
+        return _Ready(_postscaled(tensor, len(parts) if op is ReduceOp.AVERAGE else 1, postscale))
 
     return reduce
 
 
-def _fused_handles(
-    work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
-) -> list[Handle[torch.Tensor]]:
-    """One handle per fused tensor; the first to be waited for waits for the collective and copies every
-    tensor out of the buffer at once, so the others wait for nothing."""
-    pending = [work]  # shared: emptied once the collective has been waited for
-    lock = threading.Lock()
+class _Fused:
+    """One fused collective's buffer and its tensors: the first of its handles to be waited for waits for the
+    collective and copies every tensor out of the buffer at once, so the others wait for nothing."""
 
-    def finish_all() -> None:
-        with lock:
-            if pending:
-                _postscaled(flat, divisor, postscale)
-                parts = torch.split(flat, [t.numel() for t in tensors])
+    __slots__ = ("divisor", "flat", "lock", "pending", "postscale", "tensors")
+
+    def __init__(
+        self, work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
+    ) -> None:
+        self.pending: list[dist.Work] = [work]  # emptied once the collective has been waited for
+        self.flat = flat
+        self.tensors = tensors
+        self.divisor = divisor
+        self.postscale = postscale
+        self.lock = threading.Lock()
+
+    def finish(self) -> None:
+        with self.lock:
+            if self.pending:
+                for work in self.pending:
+                    _wait_work(work)
+                _postscaled(self.flat, self.divisor, self.postscale)
+                tensors = self.tensors
+                parts = torch.split(self.flat, [t.numel() for t in tensors])
                 # Fused tensors are contiguous (or they would not fuse): flat views of them take the parts.
                 targets = tensors if all(t.dim() == 1 for t in tensors) else [t.view(-1) for t in tensors]
                 torch._foreach_copy_(targets, list(parts))
-                pending.clear()
+                self.pending.clear()
 
-    def finisher(i: int) -> Callable[[], torch.Tensor]:
-        def finish() -> torch.Tensor:
-            finish_all()
-            return tensors[i]
+    def completed(self) -> bool:
+        return not self.pending or all(work.is_completed() for work in self.pending)
 
-        return finish
 
-    return [Handle(pending, finisher(i)) for i in range(len(tensors))]
+class _FusedPart:
+    """One tensor's share of a fused collective: what its handle's ticket is settled with."""
+
+    __slots__ = ("fused", "index")
+
+    def __init__(self, fused: _Fused, index: int) -> None:
+        self.fused = fused
+        self.index = index
+
+    def wait(self) -> torch.Tensor:
+        self.fused.finish()
+        return self.fused.tensors[self.index]
+
+    def is_completed(self) -> bool:
+        return self.fused.completed()
+
+
+def _fused_parts(
+    work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
+) -> list[_Part[torch.Tensor]]:
+    """One part per fused tensor, all of them on one :class:`_Fused`."""
+    fused = _Fused(work, flat, tensors, divisor, postscale)
+    return [_FusedPart(fused, i) for i in range(len(tensors))]
 
 
 def allreduce_async_(  # noqa: PLR0917 (Horovod's signature)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,32 @@ from collectives.registry import _Groups
 __all__ = ["Handle", "poll", "synchronize"]
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Part(Protocol[T_co]):
+    """What an operation's start gives its handle's ticket: a :class:`Handle`, or a lighter object for
+    operations that need no handle of their own (a share of a fused collective, a value already reduced)."""
+
+    def wait(self) -> T_co: ...
+
+    def is_completed(self) -> bool: ...
+
+
+class _Ready(Generic[T]):
+    """A result already there (an allreduce reduced from its round's payloads)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+    def wait(self) -> T:
+        return self.value
+
+    def is_completed(self) -> bool:
+        return True
+
 
 # Names of async operations started and not yet synchronized: Horovod refuses a second one of the same name.
 _in_flight: set[str] = set()
@@ -87,7 +113,7 @@ class Handle(Generic[T]):
             if not self._ticket.done():
                 return False
             try:
-                inner: Handle[T] = self._ticket.result()
+                inner: _Part[T] = self._ticket.result()
             except CollectivesError:
                 return True
             return inner.is_completed()
@@ -98,7 +124,7 @@ class Handle(Generic[T]):
         if not self._done:
             try:
                 if self._ticket is not None:
-                    inner: Handle[T] = self._ticket.result()
+                    inner: _Part[T] = self._ticket.result()
                     self._result = inner.wait()
                     _raise_if_cut_short(self._ticket, self._result)
                 else:
@@ -139,15 +165,17 @@ def _claim(name: str | None) -> None:
 def _submit(
     call: Call,
     groups: _Groups,
-    issue: Callable[[Agreement], Handle[T]],
+    issue: Callable[[Agreement], _Part[T]],
     *,
     claim: bool,
     fusion: Fusion | None = None,
     tensor: torch.Tensor | None = None,
+    row: list[int] | None = None,
 ) -> Handle[T]:
     """Submit ``call`` to the set's engine; ``issue(agreement)`` starts the communication once every rank has
-    submitted it. ``claim``: an ``_async`` operation, matched by its name and holding it until synchronized;
-    otherwise it is matched by its place in the set's ordered sequence."""
+    submitted it (``row``: the call's row when the caller has it at hand). ``claim``: an ``_async``
+    operation, matched by its name and holding it until synchronized; otherwise it is matched by its place in
+    the set's ordered sequence."""
     if claim:
         _claim(call.name)
     if groups.size == 1:
@@ -159,7 +187,7 @@ def _submit(
     else:
         # A blocking call runs the rounds on its own thread; an _async one leaves them to the engine thread.
         ticket = engine_for(groups).submit(
-            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim
+            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim, row=row
         )
     return Handle([], _unreachable, call.name if claim else None, ticket)
 

@@ -173,30 +173,53 @@ class Resetter:
         for rank_id in lost:
             self.place.pop(rank_id, None)
             self.failed.append(rank_id)
+        leaving = []
         if cause.startswith("lost host "):
             gone = {self.host_of[r] for r in lost} - self.gone_hosts
             self.gone_hosts.update(gone)
             if self.leave_out is not None:
                 for name in sorted(gone):
                     self.leave_out(name, "lost " + cause.removeprefix(f"lost host {name} "))
-        elif self.rank_failed is not None:
-            for rank_id in lost:
-                self.rank_failed(self.host_of[rank_id], cause)
+        else:
+            leaving = self._leave_failed_hosts(lost, alive, cause, planned)
+            alive = [r for r in alive if r not in leaving]
         if reset is None:
-            reset = _Reset(cause, now, time.time(), list(lost), alive)
+            reset = _Reset(cause, now, time.time(), [*lost, *leaving], alive, leaving=leaving)
             self.current = reset
             log.info("elastic reset: %s", cause)
         else:
-            reset.left.extend(lost)
+            reset.left.extend([*lost, *leaving])
+            reset.leaving.extend(leaving)
             reset.survivors = alive
         by_host: dict[str, list[int]] = {}
-        for rank_id in alive:
+        for rank_id in [*alive, *leaving]:  # a leaving rank may be blocked on the lost one too
             by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
         for name, ranks in by_host.items():
             self.hosts[name].node.send(NOTICE, Notice(ranks))
         if set(self.at_commit) >= set(alive):
             self._send_new_world(reset)
         return True
+
+    def _leave_failed_hosts(
+        self, lost: Sequence[int], alive: Sequence[int], cause: str, planned: int
+    ) -> list[int]:
+        """A failed rank's host is left out at once, as Horovod's elastic driver does, where the world can go
+        on without it (at least --min-np ranks elsewhere): its other ranks leave at this reset (exit 0). Where
+        it cannot (a one-host job), only the failed rank's slot is left out and the host counts the failure
+        (the blacklist's rule for whole-job restarts). The ranks that leave."""
+        hosts = {self.host_of[r] for r in lost} - self.gone_hosts
+        leaving = [r for r in alive if self.host_of[r] in hosts]
+        if self.leave_out is None or len(alive) - len(leaving) + planned < self.min_np:
+            if self.rank_failed is not None:
+                for rank_id in lost:
+                    self.rank_failed(self.host_of[rank_id], cause)
+            return []
+        for name in sorted(hosts):
+            self.leave_out(name, f"a rank failed there ({cause})")
+        for rank_id in leaving:
+            self.place.pop(rank_id, None)
+        self.leavers.update(leaving)
+        return leaving
 
     # -- a planned change (the discovery script's hosts)
 
