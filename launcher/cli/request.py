@@ -256,8 +256,9 @@ def build_request(values: Mapping[str, Any], sources: Sources, backends: Sequenc
     if chosen is not None:
         chosen.check_options(hosts, os.environ)
     discovered = hosts is None and (hosts := _first_discovery(values)) is not None
-    if discovered and hosts and values["max_np"] is not None:
-        # Horovod's driver: the world takes every discovered slot, up to --max-np.
+    if hosts and values["min_np"] is not None and values["max_np"] is not None:
+        # Horovod's elastic driver: the world takes every slot of its hosts (listed or discovered), up to
+        # --max-np; -np is the least it starts with.
         num_proc = max(num_proc or 0, min(values["max_np"], sum(host.slots for host in hosts)))
     if hosts is None:
         chosen, found = _found_hosts(chosen, backends, options)

@@ -36,3 +36,25 @@ def test_a_killed_remote_ranks_peers_on_other_hosts_go_on_in_their_processes(
     assert "reset 1: rank 2 (host h3) was killed by SIGKILL" in err
     assert "left: rank 2 (on h3); joined: none; world size 2" in err
     assert_clean(lab)
+
+
+def test_a_failed_ranks_host_is_left_out_with_its_other_ranks_as_horovod_does(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Horovod's elastic driver blacklists a failed worker's host at once: its other rank leaves (exit 0), and
+    the world goes on with the other hosts' ranks, in their processes."""
+    lab = make_cluster(3)
+    done = run_distrun(
+        "-H", "h1:2,h2:2,h3:1", "--min-np", "2", SCRIPT, tmp_path, "1", "5",
+        env=lab.env(PYTHONPATH=str(REPO)), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    pids = {int(p.read_text()): int(p.stem) for p in tmp_path.glob("*.start")}
+    assert not (tmp_path / "0.json").exists(), "rank 0 left with its host"
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (2, 3, 4)]
+    assert [(got["rank"], got["size"], got["batch"]) for got in results] == [(r, 3, 12) for r in range(3)]
+    assert [got["pid"] for got in results] == [pids[r] for r in (2, 3, 4)], "the survivors kept their pids"
+    assert "left: rank 1, rank 0 (on h1); joined: none; world size 3" in err
+    assert "leaving out host h1 for the rest of the job: a rank failed there" in err
+    assert_clean(lab)
