@@ -532,7 +532,9 @@ def reinit(environ: Mapping[str, str]) -> Topology:
     _context = None
     # The old world's stores may be served by a rank that is gone: the new world rendezvouses afresh.
     _stores.clear()
-    return init(backend=context.requested, timeout=context.timeout, environ=environ)
+    # The backend the old world ran, not a fresh choice: a world that shrank to one rank per GPU would
+    # otherwise move to NCCL under a model left on the CPU.
+    return init(backend=context.backend, timeout=context.timeout, environ=environ)
 
 
 def _abandon_group(context: _Context) -> None:

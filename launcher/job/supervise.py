@@ -265,7 +265,9 @@ class Supervisor(Phase[HostAttempt]):
             self.elastic.ready(frame.rank, ready.port, now)
 
     def _on_synced(self, host: HostAttempt, now: float, frame: Frame, synced: RankSynced) -> None:
-        if self.elastic is not None:
+        # Once the attempt stops (--timeout, a signal), a rank that the stop woke from its reset may still
+        # report it: the reset did not complete.
+        if self.elastic is not None and self.cause is None:
             self.elastic.synced(frame.rank, synced.seconds, now)
 
     def _on_done(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
