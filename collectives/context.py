@@ -347,18 +347,19 @@ def _create_group(topology: Topology, choice: BackendChoice, timeout: datetime.t
     kwargs: dict[str, object] = {"backend": choice.backend, "timeout": timeout}
     if device_index is not None and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = torch.device("cuda", device_index)
+    context = _Context(
+        topology,
+        choice.backend,
+        owns_group=True,
+        device_type=_device_type(choice.backend),
+        device_index=device_index,
+    )
     if topology.size == 1 and (topology.master_addr is None or topology.master_port is None):
         # A plain `python train.py` (or an environment with half an address): a world of one needs no
         # rendezvous, and an in-memory store needs no address or port.
         store = dist.HashStore()  # type: ignore[attr-defined]
         dist.init_process_group(store=store, rank=0, world_size=1, **kwargs)  # type: ignore[arg-type]
-        return _Context(
-            topology,
-            choice.backend,
-            owns_group=True,
-            device_type=_device_type(choice.backend),
-            device_index=device_index,
-        )
+        return context
     address = (str(topology.master_addr), int(topology.master_port or 0))
     joined, kept = _stores.get(address, (0, None))
     if kept is None:
@@ -380,13 +381,7 @@ def _create_group(topology: Topology, choice: BackendChoice, timeout: datetime.t
             **kwargs,  # type: ignore[arg-type]
         )
     _stores[address] = (joined + 1, kept)
-    return _Context(
-        topology,
-        choice.backend,
-        owns_group=True,
-        device_type=_device_type(choice.backend),
-        device_index=device_index,
-    )
+    return context
 
 
 def _device_type(backend_name: str) -> str:

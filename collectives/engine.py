@@ -497,34 +497,21 @@ class Engine:
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
-        assert entry.start is not None
-        try:
-            value = entry.start(agreement)
-        except CollectivesError as error:
-            entry.ticket._settle(None, error)
-            return
-        except Exception as error:
-            entry.ticket._settle(
-                None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}")
-            )
-            return
-        self.collectives_issued += 1
-        entry.ticket._settle(value, None)
+        start = entry.start
+        assert start is not None
+        done, value = _attempt(entry, lambda: start(agreement))
+        if done:
+            self.collectives_issued += 1
+            entry.ticket._settle(value, None)
 
     def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
-        assert entry.fusion is not None and entry.fusion.reduce is not None
-        try:
-            value = entry.fusion.reduce(entry.fusion.tensor, payloads)
-        except CollectivesError as error:
-            entry.ticket._settle(None, error)
-            return
-        except Exception as error:
-            entry.ticket._settle(
-                None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}")
-            )
-            return
-        self.reduced_in_round += 1
-        entry.ticket._settle(value, None)
+        fusion = entry.fusion
+        assert fusion is not None and fusion.reduce is not None
+        reduce = fusion.reduce
+        done, value = _attempt(entry, lambda: reduce(fusion.tensor, payloads))
+        if done:
+            self.reduced_in_round += 1
+            entry.ticket._settle(value, None)
 
     def _issue_fused(self, entries: list[_Entry]) -> None:
         first = entries[0].fusion
@@ -595,3 +582,15 @@ class Engine:
             # A thread inside a gloo exchange leaves when the old group is aborted or its peer is gone; it
             # is a daemon and touches nothing once abandoned.
             self._thread.join(1.0)
+
+
+def _attempt(entry: _Entry, run: Callable[[], Any]) -> tuple[bool, Any]:
+    """`run()`'s value; on an error the entry's ticket is settled with it (a failure of the transport as
+    HorovodInternalError) and (False, None) comes back."""
+    try:
+        return True, run()
+    except CollectivesError as error:
+        entry.ticket._settle(None, error)
+    except Exception as error:
+        entry.ticket._settle(None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}"))
+    return False, None
