@@ -35,7 +35,8 @@ sizes = []
 def held() -> None:
     (out / f"{os.getpid()}.pid").write_text(str(os.getpid()))
     (out / f"held.{start_rank}").write_text("")
-    signal.pause()
+    while True:  # any handled signal ends one pause (the stacks distrun takes at --timeout, say)
+        signal.pause()
 
 
 @hvd.elastic.run
