@@ -357,3 +357,26 @@ class Terminal:
         self.stream.close()
         os.close(self.master)
         os.close(self.slave)
+
+
+def start_two_ranks(script: Path, *args: str, port: int) -> list[subprocess.Popen[str]]:
+    """Two ranks of `script` on this machine, a world of 2 rendezvousing on 127.0.0.1:`port`, without a
+    launcher; their stdout is captured as text."""
+    return [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": str(rank),
+                "LOCAL_SIZE": "2",
+            },
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]

@@ -10,7 +10,6 @@ same worker: tests/integration/test_collectives_engine.py.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import textwrap
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, start_two_ranks
 
 torch = pytest.importorskip("torch")
 
@@ -43,24 +42,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize("during", ["issued", "op", "step"])
 def test_a_peer_killed_mid_operation_fails_the_survivor_on_nccl(during: str) -> None:
     port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), "kill", during],
-            env={
-                **os.environ,
-                "PYTHONPATH": str(REPO),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(r),
-                "LOCAL_SIZE": "2",
-            },
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    procs = start_two_ranks(WORKER, "kill", during, port=port)
     outputs = [p.communicate(timeout=180)[0] for p in procs]
     found = [json.loads(line.split("RESULT ", 1)[1]) for line in outputs[0].splitlines() if "RESULT " in line]
     assert found, outputs[0]

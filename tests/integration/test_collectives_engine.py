@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support import REPO, start_two_ranks
+
 WORKER = REPO / "tests" / "integration" / "workers" / "engine_worker.py"
 
 
@@ -85,24 +86,7 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
 @pytest.mark.parametrize("during", ["op", "barrier", "step", "issued"])
 def test_a_killed_peer_fails_the_survivors_pending_operations(during: str, tmp_path: Path) -> None:
     port = random.randint(20000, 40000)
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), "kill", during],
-            env={
-                **os.environ,
-                "PYTHONPATH": str(REPO),
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(r),
-                "WORLD_SIZE": "2",
-                "LOCAL_RANK": str(r),
-                "LOCAL_SIZE": "2",
-            },
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    procs = start_two_ranks(WORKER, "kill", during, port=port)
     outputs = [p.communicate(timeout=120)[0] for p in procs]
     survivor = _results(outputs[0])[0]
     assert survivor["outcome"] == "HorovodInternalError", survivor
