@@ -25,7 +25,8 @@ _COLLECTIVE_SYMBOLS = ("c10d", "gloo", "nccl")
 CUT_AT = 100
 
 
-@dataclass(frozen=True)
+# Ordered: a rank's signature sorts its threads, and two threads may differ only in their frames.
+@dataclass(frozen=True, order=True)
 class Frame:
     func: str
     file: str

@@ -206,3 +206,16 @@ def test_py_spy_dump_parsed_without_unresolved_native_addresses() -> None:
             ],
         }
     ]
+
+
+def test_ranks_with_two_helper_threads_of_different_stacks_group_without_error() -> None:
+    def thread(name: str, func: str) -> ThreadStack:
+        frames = (Frame("run", "/usr/lib/python3.11/threading.py", 10), Frame(func, "t.py", 3))
+        return ThreadStack(name, frames)
+
+    stacks = [
+        RankStacks(rank, "h1", threads=(thread("a", "sleep_a"), thread("b", "sleep_b"), thread("m", "main")))
+        for rank in range(2)
+    ]
+    groups = group_stacks(stacks)
+    assert [g.ranks for g in groups] == [(0, 1)]
