@@ -160,16 +160,30 @@ def group_stacks(stacks: Iterable[RankStacks]) -> list[Group]:
     return sorted(groups, key=lambda g: (bool(g.error), len(g.ranks), g.ranks[0]))
 
 
+def _own(frame: Frame) -> bool:
+    """A frame of the user's own code: Python, neither the interpreter's library nor an installed package,
+    nor a collective library's (whose wrappers, `hvd.elastic.run`'s say, call the user's code back)."""
+    return not frame.native and not is_library(frame.file) and not _collective_path(frame)
+
+
+def _collective_path(frame: Frame) -> bool:
+    return not frame.native and any(p in frame.file for p in _COLLECTIVE_PATHS)
+
+
 def _collective_index(stack: ThreadStack | None) -> int | None:
-    """The index of a thread's innermost collective frame, or None.
+    """The index of a thread's innermost collective frame, or None: only one inside (called from) the
+    thread's innermost frame of the user's own code counts. A collective library's frame further out is a
+    wrapper that called the user back (`hvd.elastic.run`), and a rank sleeping in the user's code is in no
+    collective.
 
     Python frames come first: `barrier` says more than the native `gloo::...` beneath it.
     """
     if stack is None:
         return None
-    inner_first = list(reversed(list(enumerate(stack.frames))))
+    own = [i for i, frame in enumerate(stack.frames) if _own(frame)]
+    inner_first = [(i, f) for i, f in reversed(list(enumerate(stack.frames))) if i > (own[-1] if own else -1)]
     for index, frame in inner_first:
-        if not frame.native and any(p in frame.file for p in _COLLECTIVE_PATHS):
+        if _collective_path(frame):
             return index
     for index, frame in inner_first:
         if frame.native and any(s in f"{frame.func} {frame.file}".lower() for s in _COLLECTIVE_SYMBOLS):
@@ -187,7 +201,7 @@ def _place_index(stack: ThreadStack) -> int:
     """The index of a thread's innermost frame of the user's own code, else of its innermost Python frame."""
     frames = list(enumerate(stack.frames))
     python = [(i, f) for i, f in frames if not f.native]
-    own = [(i, f) for i, f in python if not is_library(f.file)]
+    own = [(i, f) for i, f in python if _own(f)]
     return (own or python or frames)[-1][0]
 
 
@@ -206,47 +220,77 @@ def verdict_frames(stack: ThreadStack) -> set[int]:
     return {_place_index(stack), *(() if collective is None else (collective,))}
 
 
+@dataclass(frozen=True)
+class Spot:
+    """Where the main threads of some ranks are: the collective they wait in (None: in none) and their
+    place. Ranks whose other threads differ (an engine's, a loader's) are at one spot all the same."""
+
+    ranks: tuple[int, ...]
+    collective: str | None
+    where: str
+
+
+def spots(groups: Sequence[Group]) -> list[Spot]:
+    """The readable groups' ranks by their main thread's Python frames (whatever their other threads do):
+    fewest ranks first, then by lowest rank."""
+    by_main: dict[tuple[Frame, ...], tuple[ThreadStack | None, list[int]]] = {}
+    for group in groups:
+        if not group.error:
+            main = group.sample.main_stack
+            key = () if main is None else tuple(f for f in main.frames if not f.native)
+            by_main.setdefault(key, (main, []))[1].extend(group.ranks)
+    found = [
+        Spot(tuple(sorted(ranks)), collective_of(main), place_of(main)) for main, ranks in by_main.values()
+    ]
+    return sorted(found, key=lambda s: (len(s.ranks), s.ranks[0]))
+
+
 def verdict(groups: Sequence[Group], world_size: int) -> str:
-    """One line: which ranks wait in a collective and which are elsewhere, and where."""
-    legible = [g for g in groups if not g.error]
+    """One line: which ranks wait in a collective and which are not in one, and where (their main
+    thread's innermost frame of their own code); the same state gives the same line."""
     unreadable = sum(len(g.ranks) for g in groups if g.error)
     tail = f"; {plural(unreadable, 'rank', 'ranks')} could not be read" if unreadable else ""
-    cut = [r for g in legible if any(t.truncated for t in g.sample.threads) for r in g.ranks]
+    legible = [g for g in groups if not g.error]
+    cut = sorted(r for g in legible if any(t.truncated for t in g.sample.threads) for r in g.ranks)
     if cut:
         # Ranks that recurse from different callers look alike within faulthandler's innermost frames.
         tail += f"; {ranks_label(cut)}: stacks cut at {CUT_AT} frames, they may differ further out"
     if not legible:
         return f"no rank's stack could be read ({plural(world_size, 'rank', 'ranks')})"
-    waiting = [g for g in legible if collective_of(g.sample.main_stack)]
-    elsewhere = [g for g in legible if not collective_of(g.sample.main_stack)]
+    found = spots(legible)
+    waiting = [s for s in found if s.collective]
+    elsewhere = [s for s in found if not s.collective]
     if waiting and elsewhere:
-        count = sum(len(g.ranks) for g in waiting)
-        names = ", ".join(dict.fromkeys(str(collective_of(g.sample.main_stack)) for g in waiting))
-        others = [r for g in elsewhere for r in g.ranks]
+        count = sum(len(s.ranks) for s in waiting)
+        names = ", ".join(dict.fromkeys(str(s.collective) for s in waiting))
+        others = sorted(r for s in elsewhere for r in s.ranks)
         verb = "is" if len(others) == 1 else "are"
         places = "; ".join(
-            f"in {place_of(g.sample.main_stack)}" if len(elsewhere) == 1 else
-            f"{ranks_label(g.ranks)} in {place_of(g.sample.main_stack)}"
-            for g in elsewhere
-        )  # fmt: skip
+            f"in {s.where}" if len(elsewhere) == 1 else f"{ranks_label(s.ranks)} in {s.where}"
+            for s in elsewhere
+        )
         head = f"{plural(count, 'rank waits', 'ranks wait')} in a collective ({names})"
         return f"{head}; {ranks_label(others)} {verb} elsewhere: {places}{tail}"
-    if len(legible) == 1:
-        group = legible[0]
-        name = collective_of(group.sample.main_stack)
-        where = place_of(group.sample.main_stack)
-        if len(group.ranks) == 1:
-            what = f"{ranks_label(group.ranks)} is"
-            return f"{what} in a collective ({name}) at {where}{tail}" if name else f"{what} in {where}{tail}"
-        what = "both ranks" if len(group.ranks) == 2 else f"all {len(group.ranks)} ranks"
-        if name:
-            return f"{what} wait in the same collective ({name}) at {where}{tail}"
-        return f"{what} are at the same place: in {where}{tail}"
-    kind = "collectives" if waiting else "places"
-    odd = legible[0]
+    if len(found) == 1:
+        spot = found[0]
+        if len(spot.ranks) == 1:
+            what = f"{ranks_label(spot.ranks)} is"
+            if spot.collective:
+                return f"{what} in a collective ({spot.collective}) at {spot.where}{tail}"
+            return f"{what} not in a collective: in {spot.where}{tail}"
+        what = "both ranks" if len(spot.ranks) == 2 else f"all {len(spot.ranks)} ranks"
+        if spot.collective:
+            return f"{what} wait in the same collective ({spot.collective}) at {spot.where}{tail}"
+        return f"{what} are at the same place, not in a collective: in {spot.where}{tail}"
+    odd = found[0]
+    if waiting:
+        return (
+            f"the ranks are in {len(found)} different collectives; the fewest, {ranks_label(odd.ranks)}, "
+            f"in {odd.collective} at {odd.where}{tail}"
+        )
     return (
-        f"the ranks are in {len(legible)} different {kind}; the fewest, {ranks_label(odd.ranks)}, "
-        f"in {place_of(odd.sample.main_stack)}{tail}"
+        f"the ranks are in {len(found)} different places, none in a collective; the fewest, "
+        f"{ranks_label(odd.ranks)}, in {odd.where}{tail}"
     )
 
 
@@ -261,6 +305,12 @@ def _thread_lines(thread: ThreadStack, full: bool, verdicts: bool) -> list[str]:
         line.mark if line.frame is None else frames[line.frame].text(short=line.frame not in keep)
         for line in shown
     ]
+
+
+def shown_threads(stacks: RankStacks) -> list[ThreadStack]:
+    """A rank's threads in the order shown: the main thread first, then the others by name and frames,
+    however the stack tool listed them."""
+    return sorted(stacks.threads, key=lambda t: (not t.main, t.name, t.frames, t.truncated))
 
 
 @dataclass(frozen=True)
@@ -291,7 +341,7 @@ class StackDump:
                 out.append(f"{head}: cannot read the stacks: {group.error}")
                 continue
             out.append(f"{head}:")
-            threads = sorted(group.sample.threads, key=lambda t: not t.main)
+            threads = shown_threads(group.sample)
             for index, thread in enumerate(threads):
                 name = "main thread" if thread.main else thread.name or f"thread {index + 1}"
                 out.append(f"  {name}:")
@@ -326,7 +376,7 @@ class StackDump:
                                 for f in t.frames
                             ],
                         }
-                        for t in g.sample.threads
+                        for t in shown_threads(g.sample)
                     ],
                 }
                 for g in self.groups

@@ -101,8 +101,8 @@ def test_py_spy_adds_native_frames(tmp_path: Path) -> None:
     odd = lines[: lines.index("ranks 0,2 (2 of 3) on localhost:")]
     assert any(line.strip().startswith("[native]") for line in odd), shown
     assert (
-        "verdict: the ranks are in 2 different places; the fewest, rank 1, in odd_one_out, sleepers.py:12"
-        in lines
+        "verdict: the ranks are in 2 different places, none in a collective; the fewest, rank 1, in "
+        "odd_one_out, sleepers.py:12" in lines
     )
     assert_all_gone(recorded_pids(tmp_path))
 
@@ -136,7 +136,7 @@ def test_a_python_rank_under_a_shell_is_read_where_it_runs() -> None:
     err = result.stderr.decode()
     assert result.returncode == 124, err
     assert "ranks 0-1 (2 of 2) on localhost:" in err
-    assert "verdict: both ranks are at the same place: in <module>, <string>:1" in err
+    assert "verdict: both ranks are at the same place, not in a collective: in <module>, <string>:1" in err
 
 
 def test_stall_watchdog_fires_once_per_stall(tmp_path: Path) -> None:
@@ -151,7 +151,10 @@ def test_stall_watchdog_fires_once_per_stall(tmp_path: Path) -> None:
     for spell in spells:
         assert spell.count("no rank has written anything for 2s: a stall?") == 1, err
         assert spell.count("distrun: stacks of 2 ranks on 1 host (stall):") == 1, err
-    assert "verdict: both ranks are at the same place: in <module>, quiet_spells.py:19" in err
+    assert (
+        "verdict: both ranks are at the same place, not in a collective: in <module>, quiet_spells.py:19"
+        in err
+    )
 
 
 def test_stall_watchdog_is_quiet_while_progress_is_drawn() -> None:

@@ -93,7 +93,7 @@ def test_runs_of_library_frames_fold_and_the_innermost_stays() -> None:
         '    File "/job/tests/test_train.py", line 5, in test_hangs',
         f'    File "{STDLIB}/threading.py", line 320, in wait',
         f'    File "{STDLIB}/threading.py", line 1100, in acquire',
-        "verdict: rank 0 is in test_hangs, test_train.py:5",
+        "verdict: rank 0 is not in a collective: in test_hangs, test_train.py:5",
     ]
     full = _lines(UNDER_PYTEST, full=True)
     assert len(full) == len(UNDER_PYTEST.frames) + 3, "--output-dir keeps every frame"
