@@ -310,6 +310,7 @@ class Samples:
 
     interval: float = 0.0
     ranks: list[RankSample] = field(default_factory=list)
+    error: str = ""  # why sampling failed on the host this time (the ranks' last samples stand)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,17 @@ class Sampler:
     def due(self, now: float) -> bool:
         return self.next_at is not None and now >= self.next_at
 
+    def take(self, running: dict[int, int], now: float) -> Samples | None:
+        """`sample`, where an error of it becomes a Samples saying it (the boundary of sampling: the
+        launcher says it once and the ranks keep their last samples; the agent and the job run on)."""
+        try:
+            return self.sample(running, now)
+        except Exception as err:
+            if self.next_at is not None and self.next_at <= now:
+                self.next_at = now + max(self.interval, 1.0)
+            text = " ".join(str(err).split())
+            return Samples(self.interval, error=f"sampling failed: {type(err).__name__}: {text}")
+
     def sample(self, running: dict[int, int], now: float) -> Samples | None:
         """Every running rank (rank -> pid) now; None on the first call of an attempt, which only takes the
         CPU counters that the next sample's percentages start from."""

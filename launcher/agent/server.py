@@ -375,6 +375,7 @@ class Agent:
             self.send_message(STACK_DUMP, StackReply(request.request_id))
             return
         now = self.clock()
+        # Reading each rank is isolated there: an error of it names the rank, and the agent runs on.
         gathering = Gathering(
             request.request_id, running, self.dump_dir, tool=request.tool, wait=request.wait, now=now
         )
@@ -388,8 +389,8 @@ class Agent:
 
     def _sample(self, now: float) -> None:
         running = {e.rank: e.proc.pid for e in self.ranks.values() if e.returncode is None}
-        samples = self.sampler.sample(running, now)
-        if samples is not None and samples.ranks:
+        samples = self.sampler.take(running, now)
+        if samples is not None and (samples.ranks or samples.error):
             self.send_message(SAMPLES, samples)
 
     def kill(self) -> None:

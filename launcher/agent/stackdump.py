@@ -16,6 +16,7 @@ Two ways, chosen per host:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 HOOK_MODULE = "distrun_rankhook"
@@ -306,22 +308,34 @@ def parse_whole(text: str) -> list[dict[str, Any]]:
         fields = line.split("\t", 2)
         if fields[0] == "thread" and len(fields) == 3:
             threads.append({"name": fields[2], "main": fields[1] == "1", "frames": []})
-        elif len(fields) == 3 and threads:
+        elif len(fields) == 3 and threads and fields[0].isdigit():
             threads[-1]["frames"].append([fields[1], fields[2], int(fields[0])])
     return sorted(threads, key=lambda t: bool(t["main"]))
 
 
+def _line_number(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def parse_py_spy(text: str, pid: int) -> list[dict[str, Any]]:
-    """py-spy's JSON dump as threads (frames outermost first, unresolved native addresses left out)."""
+    """py-spy's JSON dump as threads (frames outermost first, unresolved native addresses left out).
+    ValueError where the text is no JSON (the agent then reads the rank with faulthandler); whatever else
+    the JSON holds is read as far as it has threads and frames, the rest left out."""
+    dump = json.loads(text)
     threads = []
-    for thread in json.loads(text):
+    for thread in dump if isinstance(dump, list) else []:
+        if not isinstance(thread, dict):
+            continue
         frames = []
-        for frame in reversed(thread.get("frames") or []):
+        listed = thread.get("frames")
+        for frame in reversed(listed if isinstance(listed, list) else []):
+            if not isinstance(frame, dict):
+                continue
             native = frame.get("module") is not None
             name = str(frame.get("name", "?"))
             if native and name.startswith("0x"):
                 continue  # an address, different in every process: it would split every group
-            frames.append([name, str(frame.get("filename", "")), int(frame.get("line") or 0), native])
+            frames.append([name, str(frame.get("filename", "")), _line_number(frame.get("line")), native])
         threads.append(
             {
                 "name": str(thread.get("thread_name") or ""),
@@ -335,29 +349,45 @@ def parse_py_spy(text: str, pid: int) -> list[dict[str, Any]]:
 class _One:
     """One rank being read: py-spy first where asked, faulthandler otherwise (or when py-spy fails)."""
 
-    def __init__(
-        self, rank: int, pid: int, dump_dir: DumpDir, py_spy: str | None, *, wait: float, now: float
-    ) -> None:
+    def __init__(self, rank: int, pid: int, dump_dir: DumpDir, py_spy: str | None) -> None:
         self.rank = rank
-        self.pid = python_process(pid)
+        self.pid = pid
         self.dir = dump_dir
         self.result: dict[str, Any] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.py_spy_error = ""
-        self.out_path = os.path.join(dump_dir.path, f"{self.pid}.py-spy")
+        self.out_path = ""
         self.size = -1
-        self.changed = now
+        self.changed = 0.0
         self.py_spy = py_spy
         # faulthandler's dump when it was cut at its frame limit, while the whole one is awaited.
         self.cut: list[dict[str, Any]] | None = None
         self.whole_until = 0.0
+        self.native_until: float | None = None
+
+    def isolated(self, step: Callable[..., None], *args: float) -> None:
+        """One step of reading the rank; where it fails, the rank is named with the error (py-spy stopped):
+        the boundary of reading one rank, so that no error of it ends the agent, the job, or the others'."""
+        if self.result is not None:
+            return
+        try:
+            step(*args)
+        except Exception as err:
+            self.result = {"rank": self.rank, "pid": self.pid, "error": failed(err)}
+            with contextlib.suppress(OSError):
+                self._stop_py_spy()
+
+    def begin(self, wait: float, now: float) -> None:
+        self.pid = python_process(self.pid)
+        self.out_path = os.path.join(self.dir.path, f"{self.pid}.py-spy")
+        self.changed = now
         # Native frames need the symbols of every library (seconds for libtorch): past two thirds of the wait,
         # py-spy is asked again for the Python frames alone, which takes a fraction of a second.
-        self.native_until: float | None = now + wait * 2 / 3
+        self.native_until = now + wait * 2 / 3
         state = unreadable_state(self.pid)
         if state:
             self._done(error=state)
-        elif py_spy:
+        elif self.py_spy:
             self._py_spy(native=True)
         else:
             self._signal()
@@ -473,6 +503,13 @@ class _One:
             self._done(error=f"no stacks within {waited:g}s")
 
 
+def failed(err: BaseException, what: str = "reading its stacks") -> str:
+    """Why `what` failed, on one line (`reading its stacks failed: ValueError: ...`): the rank is named with
+    it and the job runs on."""
+    text = " ".join(str(err).split())
+    return f"{what} failed: " + (f"{type(err).__name__}: {text}" if text else type(err).__name__)
+
+
 class Gathering:
     """Reading every listed rank at once; `poll` until `done`, then `results` (one dict per rank)."""
 
@@ -484,11 +521,9 @@ class Gathering:
         self.deadline = now + wait
         py_spy = find_py_spy() if tool in ("auto", "py-spy") else None
         self.missing = "py-spy is not installed on this host" if tool == "py-spy" and not py_spy else ""
-        self.ones = (
-            []
-            if self.missing
-            else [_One(r, p, dump_dir, py_spy, wait=wait, now=now) for r, p in ranks.items()]
-        )
+        self.ones = [] if self.missing else [_One(r, p, dump_dir, py_spy) for r, p in ranks.items()]
+        for one in self.ones:
+            one.isolated(one.begin, wait, now)
         self.ranks = ranks
 
     @property
@@ -497,10 +532,10 @@ class Gathering:
 
     def poll(self, now: float) -> bool:
         for one in self.ones:
-            one.poll(now)
+            one.isolated(one.poll, now)
         if now >= self.deadline:
             for one in self.ones:
-                one.give_up(self.deadline - self.started)
+                one.isolated(one.give_up, self.deadline - self.started)
         return self.done
 
     def results(self) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ slow host holds the others' stacks back by at most that long; its ranks are then
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 import time
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.core.timeline import Timeline, slowest
+from launcher.diagnose.isolation import Isolation, describe
 from launcher.diagnose.live import LiveView, host_lines
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.runtime.control import ControlError, ControlServer, answer, answer_busy
@@ -27,12 +30,14 @@ from launcher.runtime.node import HostAttempt
 
 if TYPE_CHECKING:  # stack dumps load at the first gathering, not on every job's start-up
     from launcher.core.config import LaunchConfig
+    from launcher.core.samples import Point
     from launcher.diagnose.stacks import RankStacks, StackDump
 
 log = logging.getLogger(__name__)
 
 # What an agent may take beyond the ranks' own wait before its host counts as not answering.
 AGENT_SLACK = 2.0
+TOP = "distrun top's live view"
 
 
 def open_control() -> ControlServer | None:
@@ -77,11 +82,13 @@ class _Gathering:
 
 class JobWatch:
     """The job's eyes: gatherings of stacks (one at a time; requests meanwhile join it), the stall
-    watchdog, the straggler watch and the start-up timeline, with what they found for the report."""
+    watchdog, the straggler watch and the start-up timeline, with what they found for the report. None of
+    them can end the job: each runs behind `isolation`'s guard where the job calls it."""
 
     def __init__(self, relay: LogRelay, options: WatchOptions, control: ControlServer | None = None) -> None:
         self.relay = relay
         self.options = options
+        self.isolation = Isolation()
         self.control = control
         self.dumps: list[StackDump] = []
         self.stragglers = StragglerWatch({}, options.straggler_window)
@@ -134,23 +141,41 @@ class JobWatch:
     def on_output(self, rank: int, data: bytes, now: float) -> None:
         self._last_output = now
         self._stall_shown = False
-        self.stragglers.seen(rank, data, now)
-        self.live.on_output(rank, data, now)
-        first = not self._timeline_told and self.timeline.wrote(rank, self._hosts.get(rank, "?"), now)
-        if first and sum(len(h.first_output) for h in self.timeline.hosts.values()) >= len(self._hosts):
-            self._tell_timeline()
+        with self.isolation.guard("the straggler watch"):
+            self.stragglers.seen(rank, data, now)
+        with self.isolation.guard(TOP):
+            self.live.on_output(rank, data, now)
+        with self.isolation.guard("the start-up timeline"):
+            first = not self._timeline_told and self.timeline.wrote(rank, self._hosts.get(rank, "?"), now)
+            if first and sum(len(h.first_output) for h in self.timeline.hosts.values()) >= len(self._hosts):
+                self._tell_timeline()
 
     def on_exit(self, rank: int, returncode: int) -> None:
-        self.live.on_exit(rank, returncode)
+        with self.isolation.guard(TOP):
+            self.live.on_exit(rank, returncode)
 
-    def on_samples(self, samples: Samples, now: float) -> None:
-        self.live.on_samples(samples, now, self.stragglers)
-        if self.relay.terminal:  # the status area's line per host; off a terminal nothing changes
-            self.relay.show_hosts(host_lines(self.live.rows(now, self.stragglers)))
+    def on_samples(self, samples: Samples, now: float, host: str = "") -> None:
+        if samples.error:  # the agent's sampling failed this time: its ranks keep their last samples
+            self.isolation.say(f"{TOP} on host {host or '?'}: {samples.error}")
+        with self.isolation.guard(TOP):
+            self.live.on_samples(samples, now, self.stragglers)
+            if self.relay.terminal:  # the status area's line per host; off a terminal nothing changes
+                self.relay.show_hosts(host_lines(self.live.rows(now, self.stragglers)))
 
     def answer_top(self, doing: str) -> str:
-        """`distrun top`'s answer, whatever the job is doing (`doing`, as the running phase says it)."""
-        return self.live.answer(doing, time.monotonic(), self.stragglers)
+        """`distrun top`'s answer, whatever the job is doing (`doing`, as the running phase says it); where
+        the live view fails, what the job is doing and the error."""
+        try:
+            return self.live.answer(doing, time.monotonic(), self.stragglers)
+        except Exception as err:  # the boundary of `distrun top` (launcher.diagnose.isolation)
+            failure = self.isolation.failed(TOP, err)
+        return json.dumps({"pid": os.getpid(), "doing": doing, "ranks": [], "error": failure}) + "\n"
+
+    def samples_of_attempt(self) -> dict[int, list[Point]] | None:
+        """Each rank's samples over the attempt, for the report (None where reading them failed)."""
+        with self.isolation.guard("the report's samples"):
+            return self.live.samples_of_attempt()
+        return None
 
     def _tell_timeline(self) -> None:
         """-v: the slowest host of each start-up phase, once every rank wrote (or the attempt ended)."""
@@ -166,10 +191,18 @@ class JobWatch:
         from launcher.diagnose.stacks import RankStacks
 
         pending.waiting.discard(host.name)
-        answered = {int(r["rank"]) for r in reply.ranks}
-        pending.stacks.extend(RankStacks.from_json(host.name, r) for r in reply.ranks)
+        read: list[RankStacks] = []
+        garbled = ""
+        for data in reply.ranks if isinstance(reply.ranks, list) else []:
+            try:
+                read.append(RankStacks.from_json(host.name, data))
+            except Exception as err:  # the boundary of an agent's answer (launcher.diagnose.isolation)
+                garbled = f"its agent's answer could not be read: {describe(err)}"
+                self.isolation.failed(f"distrun stacks (host {host.name}'s answer)", err)
+        answered = {r.rank for r in read}
+        pending.stacks.extend(read)
         pending.stacks.extend(
-            RankStacks(slot.rank, host.name, error="it has exited")
+            RankStacks(slot.rank, host.name, error=garbled or "it has exited")
             for slot in host.slots
             if slot.rank not in answered
         )
@@ -193,8 +226,9 @@ class JobWatch:
                 [f"no rank has written anything for {stall:g}s: a stall? gathering every rank's stacks"]
             )
             self.request("stall", now)
-        for straggler in self.stragglers.check(now):
-            self.relay.note([f"straggler: {straggler.text()}"])
+        with self.isolation.guard("the straggler watch"):
+            for straggler in self.stragglers.check(now):
+                self.relay.note([f"straggler: {straggler.text()}"])
 
     def next_deadline(self) -> float | None:
         due = [self._pending.deadline] if self._pending is not None else []
@@ -209,7 +243,16 @@ class JobWatch:
     # -- gathering
 
     def request(self, reason: str, now: float, client: socket.socket | None = None) -> None:
-        """Gather every rank's stacks (joining a gathering under way, whose reason a timeout overrides)."""
+        """Gather every rank's stacks (joining a gathering under way, whose reason a timeout overrides);
+        where asking fails, `client` is told why and the job runs on (a timeout then stops at once)."""
+        try:
+            self._request(reason, now, client)
+        except Exception as err:  # the boundary of asking for stacks (launcher.diagnose.isolation)
+            failure = self.isolation.failed("distrun stacks", err)
+            if client is not None and (self._pending is None or client not in self._pending.clients):
+                answer(client, failure + "\n")
+
+    def _request(self, reason: str, now: float, client: socket.socket | None) -> None:
         if self._pending is None:
             hosts = [h for h in self._hosts_now if not h.finished]
             wait = self.options.wait
@@ -231,7 +274,8 @@ class JobWatch:
         return self._pending is not None and self._pending.reason == reason
 
     def _finish(self, now: float) -> None:
-        from launcher.diagnose.stacks import RankStacks, StackDump
+        from launcher.diagnose.raw_dump import gathered
+        from launcher.diagnose.stacks import RankStacks
 
         pending, self._pending = self._pending, None
         assert pending is not None
@@ -240,16 +284,15 @@ class JobWatch:
                 reason = f"its host's agent did not answer within {self.options.wait + AGENT_SLACK:g}s"
                 pending.stacks.extend(RankStacks(s.rank, host.name, error=reason) for s in host.slots)
         world = sum(len(h.slots) for h in self._hosts_now) or len(pending.stacks)
-        dump = StackDump.of(pending.reason, time.time(), world, pending.stacks)
+        dump, body, full = gathered(pending.reason, time.time(), world, pending.stacks, self.isolation)
         self.dumps.append(dump)
         hosts = len({s.host for s in pending.stacks})
         head = f"stacks of {plural(len(pending.stacks), 'rank', 'ranks')} on {plural(hosts, 'host', 'hosts')}"
-        body = dump.lines()
         if pending.reason != "request":
             self.relay.note([f"{head} ({pending.reason}):"])
             self.relay.block(body)
         # The file keeps every frame as read; the console and `distrun stacks` get the readable form.
-        path = self._write(dump, [head + ":", *dump.lines(full=True)])
+        path = self._write(dump, [head + ":", *full])
         text = "\n".join([head + ":", *body, *([f"written to {path}"] if path else [])]) + "\n"
         for client in pending.clients:
             answer(client, SCRUBBER(text))

@@ -404,7 +404,7 @@ class Job:
             sup.measured,
             progress,
             self.config.output_dir,
-            samples=self.watch.live.samples_of_attempt() if self.watch is not None else None,
+            samples=self.watch.samples_of_attempt() if self.watch is not None else None,
         )
         outcome = sup.outcome()
         self.accounts.append(Attempt(number, started, time.time(), outcome.name, outcome.exit_code, ranks))

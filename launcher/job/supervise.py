@@ -232,7 +232,7 @@ class Supervisor(Phase[HostAttempt]):
 
     def _on_samples(self, host: HostAttempt, now: float, frame: Frame, samples: Samples) -> None:
         if self.watch is not None:
-            self.watch.on_samples(samples, now)
+            self.watch.on_samples(samples, now, host.name)
 
     def _on_exit(self, host: HostAttempt, now: float, frame: Frame, exited: RankExited) -> None:
         rank = frame.rank
