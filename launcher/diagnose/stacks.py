@@ -95,7 +95,10 @@ class RankStacks:
 
     @property
     def main_stack(self) -> ThreadStack | None:
-        return next((t for t in self.threads if t.main), self.threads[-1] if self.threads else None)
+        """The thread marked main; where none is, or several are (a garbled dump), the first of them in the
+        order shown, so that the verdict never depends on the order the stack tool listed them in."""
+        mains = [t for t in self.threads if t.main] or list(self.threads)
+        return min(mains, key=_thread_order) if mains else None
 
     def signature(self) -> tuple[Any, ...]:
         """What ranks must share to be one group: every thread's Python frames. Not thread ids, which differ,
@@ -307,10 +310,14 @@ def _thread_lines(thread: ThreadStack, full: bool, verdicts: bool) -> list[str]:
     ]
 
 
+def _thread_order(thread: ThreadStack) -> tuple[Any, ...]:
+    return (not thread.main, thread.name, thread.frames, thread.truncated)
+
+
 def shown_threads(stacks: RankStacks) -> list[ThreadStack]:
     """A rank's threads in the order shown: the main thread first, then the others by name and frames,
     however the stack tool listed them."""
-    return sorted(stacks.threads, key=lambda t: (not t.main, t.name, t.frames, t.truncated))
+    return sorted(stacks.threads, key=_thread_order)
 
 
 @dataclass(frozen=True)

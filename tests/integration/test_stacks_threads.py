@@ -1,0 +1,143 @@
+"""`distrun stacks` and --timeout with ranks that have threads (issue 38): a script with two helper threads
+of different stacks, and an `hvd.elastic` script (its engine's and elastic channel's threads), before and
+after a reset in place. Asking never harms the job, which then exits 0; at --timeout the stacks and a
+verdict come, exit 124. The verdict is the same at every ask: the ranks idle in their own code are in no
+collective, whatever their other threads do. The tests taking `where` run on SSH hosts too (tests/multihost).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.multihost.support import Where
+from tests.support import (
+    SCRIPTS,
+    ask_stacks_until,
+    assert_all_gone,
+    never_left_running,
+    recorded_pids,
+    start_distrun,
+    wait_for_files,
+)
+
+SCRIPT = SCRIPTS / "idle_threads.py"
+IDLE = "are at the same place, not in a collective: in idle, idle_threads.py:24"
+# The first elastic ranks import torch on a machine shared with other tests.
+ELASTIC_TIMEOUT = 90
+
+
+def _own_runtime(tmp_path: Path, where: Where) -> dict[str, str]:
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    return where.env(XDG_RUNTIME_DIR=str(runtime))
+
+
+def _asked_three_times(job: subprocess.Popen[bytes], verdict: str, env: dict[str, str]) -> str:
+    """`distrun stacks` until it shows `verdict`, then twice more: the same verdict each time, the job
+    running on."""
+    shown = ask_stacks_until(job.pid, verdict, env)
+    assert verdict in shown, shown
+    verdicts = {line for line in shown.splitlines() if line.startswith("verdict: ")}
+    for _ in range(2):
+        again = ask_stacks_until(job.pid, "verdict: ", env)
+        verdicts |= {line for line in again.splitlines() if line.startswith("verdict: ")}
+    assert len(verdicts) == 1, verdicts
+    assert job.poll() is None, "asking for the stacks must not disturb the job"
+    return shown
+
+
+def _released(job: subprocess.Popen[bytes], out: Path) -> str:
+    (out / "release").write_text("")
+    _, err = job.communicate(timeout=180)
+    assert job.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    return err.decode()
+
+
+def test_two_threads_stacks_while_it_runs_then_exit_0(tmp_path: Path, where: Where) -> None:
+    env = _own_runtime(tmp_path, where)
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
+    job = start_distrun(*hosts, SCRIPT, tmp_path, "threads", env=env)
+    with never_left_running(job):
+        wait_for_files(tmp_path, "*.pid", 2)
+        shown = _asked_three_times(job, f"verdict: both ranks {IDLE}", env)
+        assert shown.count(", in helper_sleeps") == 1 and shown.count(", in helper_polls") == 1, shown
+        _released(job, tmp_path)
+    if where.ssh:
+        where.assert_clean(within=10)
+    else:
+        assert_all_gone(recorded_pids(tmp_path))
+
+
+def test_two_threads_at_the_timeout_exit_124_with_stacks_and_a_verdict(tmp_path: Path, where: Where) -> None:
+    env = _own_runtime(tmp_path, where)
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
+    for tool in ("auto", "python"):
+        out = tmp_path / tool
+        out.mkdir()
+        job = start_distrun(*hosts, "--timeout", "10", "--stack-tool", tool, SCRIPT, out, "threads", env=env)
+        with never_left_running(job):
+            _, raw = job.communicate(timeout=120)
+        err = raw.decode()
+        assert job.returncode == 124, err
+        assert f"distrun: stacks of 2 ranks on {where.either('1 host', '2 hosts')} (timeout):" in err, err
+        assert f"verdict: both ranks {IDLE}" in err, err
+        assert err.index("verdict: ") < err.index("distrun: timed out after 10s"), err
+        assert "Traceback" not in err
+    where.assert_clean(within=10)
+
+
+def test_elastic_ranks_stacks_while_they_run_then_exit_0(tmp_path: Path, where: Where) -> None:
+    env = _own_runtime(tmp_path, where)
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
+    job = start_distrun(*hosts, SCRIPT, tmp_path, "elastic", env=env)
+    with never_left_running(job):
+        wait_for_files(tmp_path, "*.pid", 2, timeout=ELASTIC_TIMEOUT)
+        shown = _asked_three_times(job, f"verdict: both ranks {IDLE}", env)
+        assert "collectives-engine" in shown, shown
+        _released(job, tmp_path)
+    where.assert_clean(within=10)
+
+
+def test_elastic_ranks_at_the_timeout_exit_124_with_stacks_and_a_verdict(
+    tmp_path: Path, where: Where
+) -> None:
+    env = _own_runtime(tmp_path, where)
+    hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
+    timeout = str(ELASTIC_TIMEOUT)
+    job = start_distrun(*hosts, "--timeout", timeout, SCRIPT, tmp_path, "elastic", env=env)
+    with never_left_running(job):
+        wait_for_files(tmp_path, "*.pid", 2, timeout=ELASTIC_TIMEOUT)
+        _, raw = job.communicate(timeout=ELASTIC_TIMEOUT + 60)
+    err = raw.decode()
+    assert job.returncode == 124, err
+    assert f"verdict: both ranks {IDLE}" in err, err
+    assert err.index("verdict: ") < err.index(f"distrun: timed out after {timeout}s"), err
+    where.assert_clean(within=10)
+
+
+@pytest.mark.parametrize("end", ["release", "timeout"])
+def test_elastic_ranks_after_a_reset_in_place(tmp_path: Path, end: str) -> None:
+    """Rank 2 of 3 dies at batch 1; the survivors reset in place and idle: their stacks while they run,
+    then the job's end (exit 0 once released; 124 with the stacks at the timeout)."""
+    env = _own_runtime(tmp_path, Where(None))
+    timeout = ("--timeout", str(ELASTIC_TIMEOUT)) if end == "timeout" else ()
+    job = start_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", *timeout, SCRIPT, tmp_path, "elastic", "2", "1",
+        env=env,
+    )  # fmt: skip
+    with never_left_running(job):
+        wait_for_files(tmp_path, "*.pid", 2, timeout=ELASTIC_TIMEOUT)
+        shown = _asked_three_times(job, f"verdict: both ranks {IDLE}", env)
+        assert shown.startswith("stacks of 2 ranks on 1 host:\n"), shown
+        if end == "release":
+            err = _released(job, tmp_path)
+        else:
+            _, raw = job.communicate(timeout=ELASTIC_TIMEOUT + 60)
+            err = raw.decode()
+            assert job.returncode == 124, err
+            assert f"verdict: both ranks {IDLE}" in err[err.index("(timeout):") :], err
+    assert "rank 2 (host localhost) was killed by SIGKILL" in err, err
