@@ -82,6 +82,9 @@ def _screen(document: Mapping[str, object], color: bool, size: os.terminal_size 
 
     width = size.columns if size is not None else None
     lines = [heading(document)[: width - 1] if width else heading(document)]
+    error = document.get("error")  # the job's live view failed (the job runs on)
+    if isinstance(error, str):
+        lines.append(error)
     rows = _ranks(document)
     if rows:
         shown = table(rows, color=color, width=width)

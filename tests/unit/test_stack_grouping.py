@@ -106,7 +106,8 @@ def test_thread_order_and_ids_do_not_split_a_group() -> None:
         ([rank(0, LOADER)], "rank 0 is not in a collective: in stuck_in_loader, train.py:41"),
         (
             [rank(0, LOADER), rank(1, LOADER), rank(2, BARRIER[:1])],
-            "the ranks are in 2 different places, none in a collective; the fewest, rank 2, in <module>, train.py:12",
+            "the ranks are in 2 different places, none in a collective; the fewest, rank 2, in "
+            "<module>, train.py:12",
         ),
         (
             [rank(0, BARRIER), rank(1, BARRIER), rank(2, BARRIER, error="it has exited")],

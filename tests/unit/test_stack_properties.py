@@ -58,7 +58,7 @@ def python_frames(draw: st.DrawFn) -> list[tuple[str, str, int]]:
 
 
 def _faulthandler_text(threads: list[tuple[bool, list[tuple[str, str, int]], bool]]) -> str:
-    out = []
+    out: list[str] = []
     for current, frames, cut in threads:
         out.append(
             f"{'Current thread' if current else 'Thread'} 0x00007f{len(out):x} (most recent call first):"
@@ -144,7 +144,8 @@ def py_spy_dump(draw: st.DrawFn, pid: int) -> Any:
         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
         max_leaves=12,
     )
-    return draw(st.just(threads) | anything | st.lists(anything | st.fixed_dictionaries({"frames": anything})))
+    frames_of_anything = st.fixed_dictionaries({"frames": anything})
+    return draw(st.just(threads) | anything | st.lists(anything | frames_of_anything))
 
 
 def _counted(name: str) -> Iterator[None]:

@@ -1,7 +1,7 @@
 """Ranks with threads, idle in the user's own code until released (issue 38): DIR MODE [VICTIM KILL_AT].
 
 Each rank writes DIR/<start rank>.pid once it is idle in `idle`, polling for DIR/release, then exits 0. MODE:
-- threads: two helper threads of different stacks (one sleeps, one polls), no torch.
+- threads: two helper threads of different stacks (one sleeps, one polls), no torch (`garbled`: see garble).
 - elastic: an hvd.elastic loop of 4 batches (its engine's and elastic channel's threads), idle after batch
   2; the rank starting as VICTIM kills itself with SIGKILL at batch KILL_AT (before it idles), so that the
   others idle after a reset in place.
@@ -33,6 +33,24 @@ def helper_polls() -> None:
         time.sleep(0.05)
 
 
+def garble() -> None:
+    """Answer the agent's stack signal with garbage in place of faulthandler's dump and the hook's whole one
+    (marked cut, so that the agent waits for the whole one, which is garbled too)."""
+    where, signum = os.environ["DISTRUN_STACK_DIR"], int(os.environ["DISTRUN_STACK_SIGNAL"])
+
+    def write(*_: object) -> None:
+        noise = 'Thread 0x\n  File "x.py", line ? in \n  File "\n\x00\xff garbage\n  ...\n'
+        with open(os.path.join(where, f"{os.getpid()}.stack"), "a") as f:
+            f.write("Current thread 0x00007f (most recent call first):\n" + noise)
+        with open(os.path.join(where, f"{os.getpid()}.whole"), "w") as f:
+            f.write("thread\t1\n12\tf\nthread\tx\ty\tz\nabc\tf\tg.py\n\t\t\n")
+
+    signal.signal(signum, write)
+
+
+if mode == "garbled":
+    garble()
+    mode = "threads"
 if mode == "threads":
     threading.Thread(target=helper_sleeps, daemon=True).start()
     threading.Thread(target=helper_polls, daemon=True).start()
