@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,6 +100,9 @@ class JobWatch:
         self._stopping = False  # the attempt is being stopped: its silence is no stall
         self._hosts_now: list[HostAttempt] = []  # the running attempt's hosts
         self._hosts: dict[int, str] = {}
+        # An elastic job's world as it is now, (rank id, host) in rank order: after a reset in place, the
+        # ranks that left are not named as unread, nor counted (None: the attempt's slots are the world).
+        self.members: Callable[[], list[tuple[int, str]]] | None = None
         self.timeline = Timeline(time.monotonic())
         self._timeline_told = False
         # `distrun top`, the console's host lines, the report's samples; answered in every phase.
@@ -202,9 +205,9 @@ class JobWatch:
         answered = {r.rank for r in read}
         pending.stacks.extend(read)
         pending.stacks.extend(
-            RankStacks(slot.rank, host.name, error=garbled or "it has exited")
-            for slot in host.slots
-            if slot.rank not in answered
+            RankStacks(rank, host.name, error=garbled or "it has exited")
+            for rank in self._ranks_of(host)
+            if rank not in answered
         )
         if not pending.waiting:
             self._finish(now)
@@ -282,8 +285,8 @@ class JobWatch:
         for host in pending.hosts:
             if host.name in pending.waiting:
                 reason = f"its host's agent did not answer within {self.options.wait + AGENT_SLACK:g}s"
-                pending.stacks.extend(RankStacks(s.rank, host.name, error=reason) for s in host.slots)
-        world = sum(len(h.slots) for h in self._hosts_now) or len(pending.stacks)
+                pending.stacks.extend(RankStacks(r, host.name, error=reason) for r in self._ranks_of(host))
+        world = sum(len(self._ranks_of(h)) for h in self._hosts_now) or len(pending.stacks)
         dump, body, full = gathered(pending.reason, time.time(), world, pending.stacks, self.isolation)
         self.dumps.append(dump)
         hosts = len({s.host for s in pending.stacks})
@@ -296,6 +299,12 @@ class JobWatch:
         text = "\n".join([head + ":", *body, *([f"written to {path}"] if path else [])]) + "\n"
         for client in pending.clients:
             answer(client, SCRUBBER(text))
+
+    def _ranks_of(self, host: HostAttempt) -> list[int]:
+        """The ranks of the world on `host` now."""
+        if self.members is None:
+            return [slot.rank for slot in host.slots]
+        return [rank for rank, name in self.members() if name == host.name]
 
     def _write(self, dump: StackDump, lines: list[str]) -> Path | None:
         if self.options.output_dir is None:

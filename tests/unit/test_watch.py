@@ -76,3 +76,18 @@ def test_a_host_that_does_not_answer_holds_the_others_only_until_the_bounded_wai
         ((0, 1), ("h1",), ""),
         ((2,), ("h2",), f"its host's agent did not answer within {WAIT + AGENT_SLACK:g}s"),
     ]
+
+
+def test_after_a_reset_in_place_the_ranks_that_left_are_neither_named_nor_counted() -> None:
+    hosts, sup, watch = _watched(timeout=5.0)
+    watch.members = lambda: [(0, "h1"), (2, "h2")]  # rank 1 left the world in a reset (an elastic job's)
+    sup.on_tick(5.0)
+    _reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
+    _reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
+    dump = watch.dumps[0]
+    assert [(g.ranks, g.error) for g in dump.groups] == [((0, 2), "")]
+    assert dump.world_size == 2
+    assert (
+        dump.verdict
+        == "both ranks are at the same place, not in a collective: in stuck_in_loader, train.py:41"
+    )
