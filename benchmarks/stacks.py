@@ -8,14 +8,17 @@ Two jobs run at once on the same cluster, each rank idle in its own code beside 
 (benchmarks/workers/idle_threads.py): the big one, PER_HOST ranks on each of HOSTS hosts, and one of a
 single rank on h1. `distrun stacks` asks each in turn, interleaved, REPEAT times: wall time from the command's
 start to its whole answer (every rank's stacks, grouped, and the verdict), medians side by side, and their
-ratio. Both jobs use --stack-tool (python: faulthandler through the rank's hook; py-spy: native frames too,
-which need each library's symbols, seconds for a torch rank). Every host runs on this same machine, so the
+ratio; then the same request made from this process (the job's answer alone, without the start of a Python
+interpreter for the command, which on a loaded machine takes seconds by itself). Both jobs use --stack-tool
+(python: faulthandler through the rank's hook; py-spy: native frames too, which need each library's symbols,
+seconds for a torch rank). Every host runs on this same machine, so the
 figures include 16 hosts' agents sharing its cores; a real cluster's hosts read their ranks in parallel.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import REPO, WORKERS, distrun
 
+from launcher.runtime.control import ask_stacks
 from tests.multihost.cluster import Cluster, unavailable_reason
 
 WORKER = WORKERS / "idle_threads.py"
@@ -49,6 +53,13 @@ def _asked(pid: int, env: dict[str, str]) -> tuple[float, str]:
     if done.returncode != 0:
         raise SystemExit(f"stacks benchmark: distrun stacks {pid}: {done.stderr.decode().strip()}")
     return took, done.stdout.decode()
+
+
+def _answered(pid: int) -> float:
+    """Seconds the job took to answer `distrun stacks`' request (from this process: no interpreter start)."""
+    start = time.perf_counter()
+    ask_stacks(pid, 120.0)
+    return time.perf_counter() - start
 
 
 def _start(hosts: str, ready: Path, tool: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -85,12 +96,15 @@ def main() -> int:
         try:
             _ready(big_ready, ranks)
             _ready(one_ready, 1)
+            os.environ["XDG_RUNTIME_DIR"] = str(runtime)  # where ask_stacks finds the jobs' sockets
             samples: dict[str, list[float]] = {name: [] for name in jobs}
+            answers: dict[str, list[float]] = {name: [] for name in jobs}
             verdicts: dict[str, str] = {}
             for _ in range(args.repeat):
                 for name, job in jobs.items():  # interleaved: the machine's noise hits both alike
                     took, answer = _asked(job.pid, env)
                     samples[name].append(took)
+                    answers[name].append(_answered(job.pid))
                     verdicts[name] = next(
                         line for line in answer.splitlines() if line.startswith("verdict: ")
                     )
@@ -103,13 +117,19 @@ def main() -> int:
                 except subprocess.TimeoutExpired:
                     job.kill()
                     job.communicate()
-    medians = {name: statistics.median(values) for name, values in samples.items()}
-    print(f"stacks benchmark: --stack-tool {args.stack_tool}, {args.repeat} asks each, interleaved")
-    for name, label in (("one", "1 rank on 1 host"), ("all", f"{ranks} ranks on {args.hosts} hosts")):
-        shown = ", ".join(f"{v:.2f}" for v in samples[name])
-        print(f"  {label:22s} median {medians[name]:5.2f} s  ({shown})")
-        print(f"  {'':22s} {verdicts[name]}")
-    print(f"  {ranks} ranks / 1 rank: {medians['all'] / medians['one']:.1f}x")
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(
+        f"stacks benchmark: --stack-tool {args.stack_tool}, {args.repeat} asks each, interleaved, load {load}"
+    )
+    for what, measured in (("distrun stacks", samples), ("the job's answer", answers)):
+        medians = {name: statistics.median(values) for name, values in measured.items()}
+        print(f"{what}:")
+        for name, label in (("one", "1 rank on 1 host"), ("all", f"{ranks} ranks on {args.hosts} hosts")):
+            shown = ", ".join(f"{v:.2f}" for v in measured[name])
+            print(f"  {label:22s} median {medians[name]:5.2f} s  ({shown})")
+        print(f"  {ranks} ranks / 1 rank: {medians['all'] / medians['one']:.1f}x")
+    for name, verdict in verdicts.items():
+        print(f"{name}: {verdict}")
     return 0
 
 
