@@ -125,13 +125,15 @@ class JobWatch:
         self._stopping = False
         self._hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
-        self.live.attempt_started(self._hosts, now, self.options.sample_interval)
+        with self.isolation.guard(TOP):
+            self.live.attempt_started(self._hosts, now, self.options.sample_interval)
 
     def attempt_ended(self) -> None:
         """Whatever was still being gathered is answered with what came (the attempt is over)."""
         if self._pending is not None:
             self._finish(time.monotonic())
-        self._tell_timeline()
+        with self.isolation.guard("the start-up timeline"):
+            self._tell_timeline()
         self.named.extend(self.stragglers.named)
         self._hosts_now = []
         self.relay.show_hosts([])  # the host lines go with the attempt
