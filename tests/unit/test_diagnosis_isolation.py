@@ -19,7 +19,7 @@ from launcher.core.result import TimedOut
 from launcher.diagnose import live, stacks
 from launcher.diagnose.isolation import Isolation
 from launcher.diagnose.raw_dump import RawDump
-from tests.unit.test_watch import FRAMES, _reply, _watched
+from tests.unit.watch_support import FRAMES, reply, watched
 
 Raise = pytest.MonkeyPatch
 
@@ -36,10 +36,10 @@ def test_a_verdict_that_raises_still_times_out_with_the_stacks_as_read(
     monkeypatch: Raise, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(stacks, "verdict", _boom)
-    hosts, sup, watch = _watched(timeout=5.0)
+    hosts, sup, watch = watched(timeout=5.0)
     sup.on_tick(5.0)
     for host, ranks in ((hosts[0], (0, 1)), (hosts[1], (2,))):
-        _reply(sup, host, [{"rank": r, "threads": [{"main": True, "frames": FRAMES}]} for r in ranks], 5.5)
+        reply(sup, host, [{"rank": r, "threads": [{"main": True, "frames": FRAMES}]} for r in ranks], 5.5)
     assert sup.outcome() == TimedOut(5.0, (0, 1, 2))
     dump = watch.dumps[0]
     assert isinstance(dump, RawDump)
@@ -52,10 +52,10 @@ def test_a_verdict_that_raises_still_times_out_with_the_stacks_as_read(
 
 
 def test_a_garbled_answer_names_that_hosts_ranks_and_the_others_are_grouped() -> None:
-    hosts, sup, watch = _watched(timeout=5.0)
+    hosts, sup, watch = watched(timeout=5.0)
     sup.on_tick(5.0)
-    _reply(sup, hosts[0], [{"rank": 0, "threads": [{"frames": [["f", "x.py", "not a line"]]}]}], 5.5)
-    _reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
+    reply(sup, hosts[0], [{"rank": 0, "threads": [{"frames": [["f", "x.py", "not a line"]]}]}], 5.5)
+    reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
     assert isinstance(sup.outcome(), TimedOut)
     groups = [(g.ranks, g.error) for g in watch.dumps[0].groups]
     assert groups == [
@@ -68,7 +68,7 @@ def test_a_garbled_answer_names_that_hosts_ranks_and_the_others_are_grouped() ->
 def test_distrun_top_answers_with_the_error_where_the_live_view_fails(
     monkeypatch: Raise, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, sup, watch = _watched(timeout=50.0)
+    _, sup, watch = watched(timeout=50.0)
     monkeypatch.setattr(live.LiveView, "answer", _boom)
     monkeypatch.setattr(live.LiveView, "on_samples", _boom)
     watch.on_samples(Samples(1.0), 1.0, "h1")

@@ -2,59 +2,22 @@
 
 from __future__ import annotations
 
-from launcher.agent.protocol import (
-    STACK_DUMP,
-    STACKS,
-    STOP,
-    Frame,
-    FrameReader,
-    StackReply,
-    StacksRequest,
-    decode_message,
-    encode_message,
-)
+from launcher.agent.protocol import STACKS, STOP
 from launcher.core.result import TimedOut
-from launcher.diagnose.watch import AGENT_SLACK, JobWatch, WatchOptions
-from launcher.job.supervise import Supervisor
-from launcher.runtime.loop import Deadline
-from launcher.runtime.node import HostAttempt
-from tests.fakes import FakeLink, fake_hosts, memory_relay
-
-WAIT = 10.0
-FRAMES = [["<module>", "/job/train.py", 3], ["stuck_in_loader", "/job/train.py", 41]]
-
-
-def _watched(timeout: float) -> tuple[list[HostAttempt], Supervisor, JobWatch]:
-    hosts = fake_hosts({"h1": 2, "h2": 1})
-    relay, _, _ = memory_relay({s.rank: h.name for h in hosts for s in h.slots})
-    watch = JobWatch(relay, WatchOptions(wait=WAIT))
-    sup = Supervisor(hosts, relay, deadline=Deadline(timeout, 0.0), grace=1.0, dead_after=100.0, watch=watch)
-    watch.attempt_started(hosts, 0.0)
-    return hosts, sup, watch
-
-
-def _sent(host: HostAttempt) -> list[Frame]:
-    assert isinstance(host.link, FakeLink)
-    return host.link.sent
-
-
-def _reply(sup: Supervisor, host: HostAttempt, ranks: list[dict[str, object]], now: float) -> None:
-    """The host's agent answers the STACKS request it was sent."""
-    request = decode_message(StacksRequest, next(f for f in _sent(host) if f.kind == STACKS).payload)
-    for frame in FrameReader().feed(encode_message(STACK_DUMP, StackReply(request.request_id, ranks))):
-        sup.on_frame(host, frame, now)
+from launcher.diagnose.watch import AGENT_SLACK
+from tests.unit.watch_support import FRAMES, WAIT, reply, sent, watched
 
 
 def test_the_timeout_waits_for_the_stacks_then_stops_every_host() -> None:
-    hosts, sup, watch = _watched(timeout=5.0)
+    hosts, sup, watch = watched(timeout=5.0)
     sup.on_tick(5.0)
-    assert [f.kind for f in _sent(hosts[0])] == [STACKS], "the stacks are asked for before anything stops"
+    assert [f.kind for f in sent(hosts[0])] == [STACKS], "the stacks are asked for before anything stops"
     assert sup.cause is None and sup.until_deadline(5.0) is None
-    _reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
+    reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
     assert sup.cause is None, "one host of two answered: still gathering"
-    _reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
+    reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
     assert sup.outcome() == TimedOut(5.0, (0, 1, 2))
-    assert [f.kind for f in _sent(hosts[1])] == [STACKS, STOP]
+    assert [f.kind for f in sent(hosts[1])] == [STACKS, STOP]
     dump = watch.dumps[0]
     assert dump.reason == "timeout"
     # Rank 1 is on an answering host but was not in its answer: it no longer runs.
@@ -62,9 +25,9 @@ def test_the_timeout_waits_for_the_stacks_then_stops_every_host() -> None:
 
 
 def test_a_host_that_does_not_answer_holds_the_others_only_until_the_bounded_wait() -> None:
-    hosts, sup, watch = _watched(timeout=5.0)
+    hosts, sup, watch = watched(timeout=5.0)
     sup.on_tick(5.0)
-    _reply(sup, hosts[0], [{"rank": r, "threads": [{"main": True, "frames": FRAMES}]} for r in (0, 1)], 5.5)
+    reply(sup, hosts[0], [{"rank": r, "threads": [{"main": True, "frames": FRAMES}]} for r in (0, 1)], 5.5)
     deadline = 5.0 + WAIT + AGENT_SLACK
     assert watch.next_deadline() == deadline
     sup.on_tick(deadline - 0.1)
@@ -79,11 +42,11 @@ def test_a_host_that_does_not_answer_holds_the_others_only_until_the_bounded_wai
 
 
 def test_after_a_reset_in_place_the_ranks_that_left_are_neither_named_nor_counted() -> None:
-    hosts, sup, watch = _watched(timeout=5.0)
+    hosts, sup, watch = watched(timeout=5.0)
     watch.members = lambda: [(0, "h1"), (2, "h2")]  # rank 1 left the world in a reset (an elastic job's)
     sup.on_tick(5.0)
-    _reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
-    _reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
+    reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
+    reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
     dump = watch.dumps[0]
     assert [(g.ranks, g.error) for g in dump.groups] == [((0, 2), "")]
     assert dump.world_size == 2
