@@ -56,6 +56,7 @@ from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
 from collectives.peer_loss import abort_nccl
+from collectives.progress import progress_for
 from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
@@ -105,6 +106,7 @@ class _Entry:
     device: int | None = None
     driven: bool = False
     row: list[int] | None = None
+    seq: int = 0  # this rank's count of submissions to the engine (collectives.progress); 0: a stand-in's
 
     def announcement(self) -> Announcement:
         fusion = self.fusion
@@ -136,6 +138,12 @@ class Engine:
         )
         self._table = Table(groups.size)
         self._sequence = 0
+        self._submitted = 0
+        # The latest operation issued, agreed and done, for distrun's diagnosis (a few fields set per op).
+        self.progress = progress_for(groups.set_id)
+        # Positions in the set of the ranks whose engine announced its stop (their script ended or called
+        # shutdown()): a round that fails later names them, not a crash.
+        self._peers_stopping: set[int] = set()
         self._held: Turn | None = None
         self._stopping = False
         self._abandoned = False
@@ -236,7 +244,11 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row)
+            self._submitted += 1
+            seq = self._submitted
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row, seq)
+            progress = self.progress
+            progress.issued_seq, progress.issued_kind, progress.issued_name = seq, call.kind, label
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
@@ -366,6 +378,8 @@ class Engine:
             # Bounded: a peer that stops answering without closing its connections still ends the round.
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
         )
+        if result.stopping:
+            self._peers_stopping.update(result.stopping)
         for key in result.ready:
             payloads = self._table.take_payloads(key)
             self._queue.append((key, self._table.take(key), payloads))
@@ -408,12 +422,23 @@ class Engine:
 
     def _fail_round(self, error: BaseException) -> None:
         if not self._abandoned:
-            self._fail_all(
-                HorovodInternalError(
+            left = sorted(self.groups.ranks[p] for p in self._peers_stopping if p != self.groups.index)
+            if left and not self._stopping:
+                # gloo blames "a remote worker crashing" for any closed connection; these ranks left cleanly.
+                with self._mutex:
+                    waiting = sorted({e.label for e in self._local.values() if e.seq})
+                who = f"rank {left[0]}" if len(left) == 1 else f"ranks {left}"
+                message = (
+                    f"process set {self.groups.set_id}: {who} shut down collectives (the script ended or "
+                    f"called shutdown()) while this rank waited for {waiting or 'its next round'}; the "
+                    f"connection closed ({type(error).__name__})"
+                )
+            else:
+                message = (
                     f"process set {self.groups.set_id}: a collective failed ({type(error).__name__}: "
                     f"{error}); the job's process group must be re-formed"
                 )
-            )
+            self._fail_all(HorovodInternalError(message))
             abort_nccl(self.groups)
         with self._mutex:
             self._abandoned = True
@@ -428,6 +453,10 @@ class Engine:
             key, rows, payloads = self._queue.popleft()
             with self._mutex:
                 entry = self._local.pop(key)
+            progress = self.progress
+            if entry.seq:
+                progress.negotiated_seq, progress.negotiated_kind = entry.seq, entry.call.kind
+                progress.negotiated_name = entry.label
             try:
                 agreement = _verdict(entry.call, self.groups, rows)
             except CollectivesError as error:
@@ -444,13 +473,16 @@ class Engine:
             if entry.turn is not None:
                 with self._mutex:
                     self._held = entry.turn
+                self._done(entry)
                 entry.ticket._settle(agreement, None)
                 continue
             if entry.start is None:
+                self._done(entry)
                 entry.ticket._settle(agreement, None)
                 continue
             if payloads is not None and entry.fusion is not None and not agreement.joined:
                 self._reduce_in_round(entry, payloads)
+                self._done(entry)
                 continue
             # With a rank joined, each operation is matched one by one by its zeros: no fusion.
             fusable = entry.fusion is not None and not agreement.joined
@@ -459,6 +491,13 @@ class Engine:
                 self._issue_fused(fused)
             else:
                 self._issue(entry, agreement)
+            self._done(fused[-1])
+
+    def _done(self, entry: _Entry) -> None:
+        if entry.seq:
+            progress = self.progress
+            progress.done_seq, progress.done_kind = entry.seq, entry.call.kind
+            progress.done_name = entry.label
 
     def _fusable_after(self, first: _Entry) -> list[_Entry]:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
@@ -528,18 +567,20 @@ class Engine:
             entry.ticket._settle(value, None)
 
     def _check_stalls(self) -> None:
-        missing = self._table.stalled(self.settings.stall_check_s, self.groups.ranks)
-        text = "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
+        older, ranks = self.settings.stall_check_s, self.groups.ranks
+        text = _missing_text(self._table.stalled(older, ranks))
         if text != self._stall_text:
             self._stall_text = text
             self._thread.name = self._thread_name()
-        if text and self.groups.index == 0:
+        # Logged by the first rank that submitted each stalled operation: the one that knows its name.
+        mine = _missing_text(self._table.stalled(older, ranks, reporter=self.groups.index)) if text else ""
+        if mine:
             _log.warning(
                 "One or more operations were submitted by a subset of the ranks of process set %d and have "
                 "waited for the others for more than %.0f seconds (stall check): %s",
                 self.groups.set_id,
                 self.settings.stall_check_s,
-                text,
+                mine,
             )
 
     def stall_report(self) -> str:
@@ -582,6 +623,10 @@ class Engine:
             # A thread inside a gloo exchange leaves when the old group is aborted or its peer is gone; it
             # is a daemon and touches nothing once abandoned.
             self._thread.join(1.0)
+
+
+def _missing_text(missing: dict[int, list[str]]) -> str:
+    return "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
 
 
 def _attempt(entry: _Entry, run: Callable[[], Any]) -> tuple[bool, Any]:
