@@ -22,7 +22,7 @@ hvd.init()
 rank = hvd.rank()
 ready, mode = sys.argv[1], sys.argv[2]
 if mode == "skip":
-    for step in range(3):
+    for _ in range(3):
         hvd.allreduce(torch.ones(4), name="grad.layer3.weight")
         hvd.allreduce(torch.ones(4), name="grad.layer3.bias")
 name = "grad.layer4.weight" if mode == "skip" else "only_me"
