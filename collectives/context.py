@@ -321,7 +321,6 @@ def init(
 
     with links.owned():
         registry._setup(context.topology.rank, context.topology.size)
-    _start_world_engine(context.topology.size)
     if context.owns_group:
         leaving.leave_at_exit(_leave)
     topology = context.topology
@@ -337,17 +336,6 @@ def init(
         context.backend,
     )
     return topology
-
-
-def _start_world_engine(size: int) -> None:
-    """Start the global set's engine now, as Horovod starts its background thread in init(): a rank that runs
-    no collective for a while still answers the others' rounds, so their stall check names it, and distrun
-    sees that it has issued nothing yet."""
-    from collectives import registry
-    from collectives.engines import engine_for
-
-    if size > 1:
-        engine_for(registry._registered[0])
 
 
 def _create_group(topology: Topology, choice: BackendChoice, timeout: datetime.timedelta) -> _Context:

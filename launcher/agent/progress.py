@@ -1,6 +1,6 @@
 """Ask a rank for its latest collectives (stdlib-only, Python 3.7; shipped with the agent).
 
-Every Python rank the agent starts imports a second small hook beside the stack hook (`HOOK_MODULE`, through
+Every Python rank the agent starts imports a second small hook beside the stack hook (`ANSWER_MODULE`, through
 PYTHONWARNINGS as `launcher.agent.stackdump` does): a daemon thread that waits in `open()` on a FIFO in the
 agent's dump directory, `<pid>.progress.pipe`. Waiting there holds no GIL and costs the rank nothing; a byte
 written to it makes the thread answer with `<pid>.progress`, written whole: the records of
@@ -19,14 +19,14 @@ import json
 import os
 from typing import Any
 
-HOOK_MODULE = "distrun_progresshook"
+ANSWER_MODULE = "distrun_progresshook"
 PIPE_SUFFIX = ".progress.pipe"
 FILE_SUFFIX = ".progress"
 # How long a gathering of stacks waits for the answers once every stack is in.
 ANSWER_WAIT = 0.5
 
 
-HOOK_SOURCE = """\
+ANSWER_SOURCE = """\
 import json, os, sys, threading
 
 _where = os.environ.get("DISTRUN_STACK_DIR")

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from launcher.agent import progress
 from launcher.agent.nvml import Nvml, open_nvml
+from launcher.agent.progress import ask, read, summary
 from launcher.agent.protocol import RankSample, Samples
 from launcher.agent.reaper import descendants
 
@@ -120,8 +120,8 @@ class Sampler:
         if self.progress_dir is None:
             return {}
         for pid in pids:
-            if progress.ask(self.progress_dir, pid):
-                return progress.summary(progress.read(self.progress_dir, pid))
+            if ask(self.progress_dir, pid):
+                return summary(read(self.progress_dir, pid))
         return {}
 
     def _gpus(self, trees: dict[int, list[int]]) -> dict[int, tuple[float | None, int | None]]:

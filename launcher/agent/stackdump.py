@@ -28,7 +28,7 @@ import sys
 import tempfile
 from typing import Any
 
-from launcher.agent import progress
+from launcher.agent.progress import ANSWER_MODULE, ANSWER_SOURCE, ANSWER_WAIT, answer_path, ask, read
 
 HOOK_MODULE = "distrun_rankhook"
 # What the agent adds to each rank's environment for the hook: a distrun started inside a rank sees them.
@@ -166,16 +166,16 @@ class DumpDir:
         # Compiled once here, not in every rank (PYTHONDONTWRITEBYTECODE would make each compile it again);
         # a rank of another Python version compiles it itself.
         py_compile.compile(source, doraise=False)
-        answers = os.path.join(self.path, progress.HOOK_MODULE + ".py")  # the ranks' collectives (progress)
+        answers = os.path.join(self.path, ANSWER_MODULE + ".py")  # the ranks' collectives (progress)
         with open(answers, "w") as f:
-            f.write(progress.HOOK_SOURCE)
+            f.write(ANSWER_SOURCE)
         py_compile.compile(answers, doraise=False)
 
     def rank_env(self, env: dict[str, str]) -> dict[str, str]:
         """What a rank's environment `env` needs for the hook (the user's PYTHONPATH/PYTHONWARNINGS kept)."""
         path = env.get("PYTHONPATH")
         warnings = env.get("PYTHONWARNINGS")
-        hook = f"ignore::{HOOK_MODULE}.Never,ignore::{progress.HOOK_MODULE}.Never"
+        hook = f"ignore::{HOOK_MODULE}.Never,ignore::{ANSWER_MODULE}.Never"
         directory, signal_number = HOOK_VARIABLES
         return {
             directory: self.path,
@@ -498,13 +498,13 @@ class Gathering:
         self.ranks = ranks
         # Each rank's latest collectives (launcher.agent.progress), asked beside its stacks.
         self.dir = dump_dir.path
-        self.asked = {one.pid for one in self.ones if progress.ask(self.dir, one.pid, fresh=True)}
+        self.asked = {one.pid for one in self.ones if ask(self.dir, one.pid, fresh=True)}
         self.stacks_in: float | None = None
 
     @property
     def done(self) -> bool:
         stacks = all(one.result is not None for one in self.ones)
-        return stacks and all(os.path.exists(progress.answer_path(self.dir, pid)) for pid in self.asked)
+        return stacks and all(os.path.exists(answer_path(self.dir, pid)) for pid in self.asked)
 
     def poll(self, now: float) -> bool:
         for one in self.ones:
@@ -515,7 +515,7 @@ class Gathering:
         if self.asked and all(one.result is not None for one in self.ones):
             # The stacks are in: the answers get a moment more, then the ranks that gave none go without.
             self.stacks_in = now if self.stacks_in is None else self.stacks_in
-            if now >= self.stacks_in + progress.ANSWER_WAIT:
+            if now >= self.stacks_in + ANSWER_WAIT:
                 self.asked = set()
         return self.done
 
@@ -529,7 +529,7 @@ class Gathering:
             result = dict(one.result)
             # The thread that answers for the rank's collectives is distrun's, not the rank's.
             result["threads"] = [t for t in result.get("threads", ()) if not _answering(t)]
-            records = progress.read(self.dir, one.pid)
+            records = read(self.dir, one.pid)
             if records is not None:
                 result["collectives"] = records
             out.append(result)
@@ -537,5 +537,5 @@ class Gathering:
 
 
 def _answering(thread: dict[str, Any]) -> bool:
-    hook = progress.HOOK_MODULE + ".py"
+    hook = ANSWER_MODULE + ".py"
     return any(str(frame[1]).endswith(hook) for frame in thread.get("frames", ()) if len(frame) > 1)

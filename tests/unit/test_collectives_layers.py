@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
         "collectives.engine_values",
         "collectives.engine_rounds",
         "collectives.engine_tickets",
+        "collectives.progress",
         "collectives.elastic.channel",
         "collectives.elastic.failures",
     ],
