@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from typing import Any
 
 import torch
 
+from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
 from collectives.engine_tickets import Ticket
 from collectives.engine_values import Fusion, Settings
@@ -61,7 +61,6 @@ from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
 
-_log = logging.getLogger("collectives")
 
 _MAX_IDLE_WAIT_S = 0.02
 # How many cycles a burst of submissions may keep the engine thread's round waiting for more of it.
@@ -139,11 +138,8 @@ class Engine:
         self._table = Table(groups.size)
         self._sequence = 0
         self._submitted = 0
-        # The latest operation issued, agreed and done, for distrun's diagnosis (a few fields set per op).
-        self.progress = progress_for(groups.set_id)
-        # Positions in the set of the ranks whose engine announced its stop (their script ended or called
-        # shutdown()): a round that fails later names them, not a crash.
-        self._peers_stopping: set[int] = set()
+        self.progress = progress_for(groups.set_id)  # the latest operation issued, agreed and done
+        self._peers_stopping: set[int] = set()  # positions whose engine announced its stop (a clean leave)
         self._held: Turn | None = None
         self._stopping = False
         self._abandoned = False
@@ -244,8 +240,7 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            self._submitted += 1
-            seq = self._submitted
+            seq = self._submitted = self._submitted + 1
             entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row, seq)
             progress = self.progress
             progress.issued_seq, progress.issued_kind, progress.issued_name = seq, call.kind, label
@@ -378,8 +373,7 @@ class Engine:
             # Bounded: a peer that stops answering without closing its connections still ends the round.
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
         )
-        if result.stopping:
-            self._peers_stopping.update(result.stopping)
+        self._peers_stopping.update(result.stopping)
         for key in result.ready:
             payloads = self._table.take_payloads(key)
             self._queue.append((key, self._table.take(key), payloads))
@@ -422,23 +416,11 @@ class Engine:
 
     def _fail_round(self, error: BaseException) -> None:
         if not self._abandoned:
-            left = sorted(self.groups.ranks[p] for p in self._peers_stopping if p != self.groups.index)
-            if left and not self._stopping:
-                # gloo blames "a remote worker crashing" for any closed connection; these ranks left cleanly.
-                with self._mutex:
-                    waiting = sorted({e.label for e in self._local.values() if e.seq})
-                who = f"rank {left[0]}" if len(left) == 1 else f"ranks {left}"
-                message = (
-                    f"process set {self.groups.set_id}: {who} shut down collectives (the script ended or "
-                    f"called shutdown()) while this rank waited for {waiting or 'its next round'}; the "
-                    f"connection closed ({type(error).__name__})"
-                )
-            else:
-                message = (
-                    f"process set {self.groups.set_id}: a collective failed ({type(error).__name__}: "
-                    f"{error}); the job's process group must be re-formed"
-                )
-            self._fail_all(HorovodInternalError(message))
+            stopping = set() if self._stopping else self._peers_stopping - {self.groups.index}
+            with self._mutex:
+                waiting = [e.label for e in self._local.values() if e.seq]
+            left = sorted(self.groups.ranks[p] for p in stopping)
+            self._fail_all(HorovodInternalError(failure_message(self.groups.set_id, error, left, waiting)))
             abort_nccl(self.groups)
         with self._mutex:
             self._abandoned = True
@@ -538,7 +520,7 @@ class Engine:
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
         start = entry.start
         assert start is not None
-        done, value = _attempt(entry, lambda: start(agreement))
+        done, value = attempt(entry.ticket, entry.label, lambda: start(agreement))
         if done:
             self.collectives_issued += 1
             entry.ticket._settle(value, None)
@@ -547,7 +529,7 @@ class Engine:
         fusion = entry.fusion
         assert fusion is not None and fusion.reduce is not None
         reduce = fusion.reduce
-        done, value = _attempt(entry, lambda: reduce(fusion.tensor, payloads))
+        done, value = attempt(entry.ticket, entry.label, lambda: reduce(fusion.tensor, payloads))
         if done:
             self.reduced_in_round += 1
             entry.ticket._settle(value, None)
@@ -567,21 +549,13 @@ class Engine:
             entry.ticket._settle(value, None)
 
     def _check_stalls(self) -> None:
-        older, ranks = self.settings.stall_check_s, self.groups.ranks
-        text = _missing_text(self._table.stalled(older, ranks))
+        groups = self.groups
+        text, mine = stall_texts(self._table, self.settings.stall_check_s, groups.ranks, groups.index)
         if text != self._stall_text:
             self._stall_text = text
             self._thread.name = self._thread_name()
-        # Logged by the first rank that submitted each stalled operation: the one that knows its name.
-        mine = _missing_text(self._table.stalled(older, ranks, reporter=self.groups.index)) if text else ""
-        if mine:
-            _log.warning(
-                "One or more operations were submitted by a subset of the ranks of process set %d and have "
-                "waited for the others for more than %.0f seconds (stall check): %s",
-                self.groups.set_id,
-                self.settings.stall_check_s,
-                mine,
-            )
+        if mine:  # logged by the first rank that submitted each stalled operation: it knows the names
+            log_stall(groups.set_id, self.settings.stall_check_s, mine)
 
     def stall_report(self) -> str:
         """The last stall check's finding: which ranks miss which names ("" when nothing stalls)."""
@@ -623,19 +597,3 @@ class Engine:
             # A thread inside a gloo exchange leaves when the old group is aborted or its peer is gone; it
             # is a daemon and touches nothing once abandoned.
             self._thread.join(1.0)
-
-
-def _missing_text(missing: dict[int, list[str]]) -> str:
-    return "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
-
-
-def _attempt(entry: _Entry, run: Callable[[], Any]) -> tuple[bool, Any]:
-    """`run()`'s value; on an error the entry's ticket is settled with it (a failure of the transport as
-    HorovodInternalError) and (False, None) comes back."""
-    try:
-        return True, run()
-    except CollectivesError as error:
-        entry.ticket._settle(None, error)
-    except Exception as error:
-        entry.ticket._settle(None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}"))
-    return False, None

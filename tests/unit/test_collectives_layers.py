@@ -32,6 +32,7 @@ LAYERS: list[list[str]] = [
     [
         "collectives.placement",
         "collectives.negotiation",
+        "collectives.engine_reports",
         "collectives.grad_buckets",
         "collectives.optimizer_args",
         "collectives.peer_loss",
