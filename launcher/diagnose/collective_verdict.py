@@ -155,6 +155,10 @@ def _set_verdict(
         tail = f"; rank {rank}'s stack: {place}" if place else ""
         parts.append(f"rank {rank} never issued it: {last}{tail}")
     others = [(key, rs) for key, rs in sorted(waiting.items()) if key != (seq, kind, name)]
+    if others and not behind:
+        # Ranks in different operations and none outside: a job on its way (each rank's record is read at
+        # its own moment), or a tangle the stacks tell better.
+        return None
     for (oseq, okind, oname), rs in others:
         parts.append(
             f"{_ranges(rs)} {'waits' if len(rs) == 1 else 'wait'} in {Op(oseq, okind, oname).text()}"

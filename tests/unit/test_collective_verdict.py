@@ -58,8 +58,15 @@ CASES = [
     pytest.param(
         {0: [rec(0, 3, 2, "a")], 1: [rec(1, 3, 2, "a")], 2: [rec(2, 4, 3, "b")]},
         3,
-        "ranks 0-1 wait in allreduce `a` (#3, process set 0); rank 2 waits in allreduce `b` (#4)",
-        id="two-waits",
+        None,
+        id="ranks-on-their-way",
+    ),
+    pytest.param(
+        {0: [rec(0, 3, 2, "a")], 1: [rec(1, 4, 3, "b")], 2: [rec(2, 2, 2)]},
+        3,
+        "rank 0 waits in allreduce `a` (#3, process set 0); rank 2 never issued it: its last completed is "
+        "#2; rank 1 waits in allreduce `b` (#4)",
+        id="two-waits-and-one-behind",
     ),
     pytest.param(
         {0: [rec(0, 2, 1, "s", process_set=1)], 1: [rec(1, 1, 1, process_set=1)], 2: []},
