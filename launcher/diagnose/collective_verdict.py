@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Op", "RankProgress", "collective_verdict", "progress_line", "records_of"]
+__all__ = ["Op", "RankProgress", "collective_verdict", "progress_line", "record_json", "records_of"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,22 @@ def records_of(rank: int, data: Any) -> tuple[RankProgress, ...]:
     return tuple(out)
 
 
+def record_json(record: RankProgress) -> dict[str, Any]:
+    """The report's form (docs/report.schema.json, a stack dump's `collectives`)."""
+
+    def op(o: Op | None) -> dict[str, Any] | None:
+        return None if o is None else {"seq": o.seq, "kind": o.kind, "name": o.name}
+
+    return {
+        "rank": record.rank,
+        "process_set": record.process_set,
+        "source": record.source,
+        "issued": op(record.issued),
+        "done": op(record.done),
+        "note": record.note or None,
+    }
+
+
 def progress_line(records: Sequence[RankProgress]) -> str:
     """What `distrun stacks` prints beside a rank's stack: its last collective issued and last completed."""
     parts = []
@@ -120,7 +136,12 @@ def _set_verdict(
     world: Sequence[int],
     places: Mapping[int, str],
 ) -> str | None:
-    mine = {rank: r for rank, records in progress.items() for r in records if r.process_set == process_set}
+    mine = {
+        rank: r
+        for rank, records in progress.items()
+        for r in records
+        if r.process_set == process_set and not r.note
+    }
     waiting: dict[tuple[int, str, str], list[int]] = {}
     for rank, r in sorted(mine.items()):
         if r.pending and r.issued is not None:

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.core.plan import plural
-from launcher.diagnose.collective_verdict import RankProgress, collective_verdict, progress_line, records_of
+from launcher.diagnose.collective_verdict import (
+    RankProgress,
+    collective_verdict,
+    progress_line,
+    record_json,
+    records_of,
+)
 from launcher.diagnose.readable import is_library, readable, shorten_symbol
 
 # Where a frame's file or native symbol says the rank is inside a collective: torch.distributed (c10d, its
@@ -340,6 +346,7 @@ class StackDump:
             "reason": self.reason,
             "time": self.time,
             "verdict": self.verdict,
+            **({"collectives": [record_json(r) for r in self.collectives]} if self.collectives else {}),
             "groups": [
                 {
                     "ranks": list(g.ranks),

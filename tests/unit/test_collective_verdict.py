@@ -143,3 +143,31 @@ def test_without_records_the_stacks_verdict_stays() -> None:
     dump = StackDump.of("request", 0.0, 2, [_rank(0, "step", []), _rank(1, "step", [])])
     assert dump.collectives == ()
     assert dump.verdict == "both ranks are at the same place: in step, train.py:20"
+
+
+def test_the_reports_stack_dump_carries_the_records_and_fits_the_schema() -> None:
+    import json
+
+    import jsonschema
+
+    from tests.support import REPO
+
+    schema = json.loads((REPO / "docs" / "report.schema.json").read_text())
+    dump_schema = {"$defs": schema["$defs"], "$ref": "#/$defs/stack_dump"}
+    records = [
+        {"process_set": 0, "issued": {"seq": 2, "kind": "allreduce", "name": "g"}, "done": None},
+        {"source": "torch (gloo)", "note": "no trace: torch's flight recorder is off"},
+    ]
+    dump = StackDump.of("timeout", 1.0, 2, [_rank(0, "step", records), _rank(1, "step", [])])
+    data = dump.to_json()
+    jsonschema.validate(data, dump_schema)
+    assert data["collectives"][0] == {
+        "rank": 0,
+        "process_set": 0,
+        "source": "collectives",
+        "issued": {"seq": 2, "kind": "allreduce", "name": "g"},
+        "done": None,
+        "note": None,
+    }
+    assert data["verdict"].startswith("rank 0 waits in allreduce `g` (#2, process set 0); rank 1 never")
+    assert "collectives" not in StackDump.of("request", 1.0, 1, [_rank(0, "step", [])]).to_json()
