@@ -42,7 +42,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -50,17 +49,18 @@ from typing import Any
 
 import torch
 
+from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
 from collectives.engine_rounds import Announcement, Table, exchange, name_key
 from collectives.engine_tickets import Ticket
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
 from collectives.peer_loss import abort_nccl
+from collectives.progress import progress_for
 from collectives.registry import _Groups
 
 __all__ = ["Engine", "Ticket", "Turn"]
 
-_log = logging.getLogger("collectives")
 
 _MAX_IDLE_WAIT_S = 0.02
 # How many cycles a burst of submissions may keep the engine thread's round waiting for more of it.
@@ -105,6 +105,7 @@ class _Entry:
     device: int | None = None
     driven: bool = False
     row: list[int] | None = None
+    seq: int = 0  # this rank's count of submissions to the engine (collectives.progress); 0: a stand-in's
 
     def announcement(self) -> Announcement:
         fusion = self.fusion
@@ -136,6 +137,9 @@ class Engine:
         )
         self._table = Table(groups.size)
         self._sequence = 0
+        self._submitted = 0
+        self.progress = progress_for(groups.set_id)  # the latest operation issued, agreed and done
+        self._peers_stopping: set[int] = set()  # positions whose engine announced its stop (a clean leave)
         self._held: Turn | None = None
         self._stopping = False
         self._abandoned = False
@@ -236,7 +240,10 @@ class Engine:
                 key = -self._sequence
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row)
+            seq = self._submitted = self._submitted + 1
+            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row, seq)
+            progress = self.progress
+            progress.issued_seq, progress.issued_kind, progress.issued_name = seq, call.kind, label
             self._local[key] = entry
             now = time.monotonic()
             if not self._new:
@@ -366,6 +373,7 @@ class Engine:
             # Bounded: a peer that stops answering without closing its connections still ends the round.
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
         )
+        self._peers_stopping.update(result.stopping)
         for key in result.ready:
             payloads = self._table.take_payloads(key)
             self._queue.append((key, self._table.take(key), payloads))
@@ -408,12 +416,11 @@ class Engine:
 
     def _fail_round(self, error: BaseException) -> None:
         if not self._abandoned:
-            self._fail_all(
-                HorovodInternalError(
-                    f"process set {self.groups.set_id}: a collective failed ({type(error).__name__}: "
-                    f"{error}); the job's process group must be re-formed"
-                )
-            )
+            stopping = set() if self._stopping else self._peers_stopping - {self.groups.index}
+            with self._mutex:
+                waiting = [e.label for e in self._local.values() if e.seq]
+            left = sorted(self.groups.ranks[p] for p in stopping)
+            self._fail_all(HorovodInternalError(failure_message(self.groups.set_id, error, left, waiting)))
             abort_nccl(self.groups)
         with self._mutex:
             self._abandoned = True
@@ -428,6 +435,10 @@ class Engine:
             key, rows, payloads = self._queue.popleft()
             with self._mutex:
                 entry = self._local.pop(key)
+            progress = self.progress
+            if entry.seq:
+                progress.negotiated_seq, progress.negotiated_kind = entry.seq, entry.call.kind
+                progress.negotiated_name = entry.label
             try:
                 agreement = _verdict(entry.call, self.groups, rows)
             except CollectivesError as error:
@@ -444,13 +455,16 @@ class Engine:
             if entry.turn is not None:
                 with self._mutex:
                     self._held = entry.turn
+                self._done(entry)
                 entry.ticket._settle(agreement, None)
                 continue
             if entry.start is None:
+                self._done(entry)
                 entry.ticket._settle(agreement, None)
                 continue
             if payloads is not None and entry.fusion is not None and not agreement.joined:
                 self._reduce_in_round(entry, payloads)
+                self._done(entry)
                 continue
             # With a rank joined, each operation is matched one by one by its zeros: no fusion.
             fusable = entry.fusion is not None and not agreement.joined
@@ -459,6 +473,13 @@ class Engine:
                 self._issue_fused(fused)
             else:
                 self._issue(entry, agreement)
+            self._done(fused[-1])
+
+    def _done(self, entry: _Entry) -> None:
+        if entry.seq:
+            progress = self.progress
+            progress.done_seq, progress.done_kind = entry.seq, entry.call.kind
+            progress.done_name = entry.label
 
     def _fusable_after(self, first: _Entry) -> list[_Entry]:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
@@ -499,7 +520,7 @@ class Engine:
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
         start = entry.start
         assert start is not None
-        done, value = _attempt(entry, lambda: start(agreement))
+        done, value = attempt(entry.ticket, entry.label, lambda: start(agreement))
         if done:
             self.collectives_issued += 1
             entry.ticket._settle(value, None)
@@ -508,7 +529,7 @@ class Engine:
         fusion = entry.fusion
         assert fusion is not None and fusion.reduce is not None
         reduce = fusion.reduce
-        done, value = _attempt(entry, lambda: reduce(fusion.tensor, payloads))
+        done, value = attempt(entry.ticket, entry.label, lambda: reduce(fusion.tensor, payloads))
         if done:
             self.reduced_in_round += 1
             entry.ticket._settle(value, None)
@@ -528,19 +549,13 @@ class Engine:
             entry.ticket._settle(value, None)
 
     def _check_stalls(self) -> None:
-        missing = self._table.stalled(self.settings.stall_check_s, self.groups.ranks)
-        text = "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
+        groups = self.groups
+        text, mine = stall_texts(self._table, self.settings.stall_check_s, groups.ranks, groups.index)
         if text != self._stall_text:
             self._stall_text = text
             self._thread.name = self._thread_name()
-        if text and self.groups.index == 0:
-            _log.warning(
-                "One or more operations were submitted by a subset of the ranks of process set %d and have "
-                "waited for the others for more than %.0f seconds (stall check): %s",
-                self.groups.set_id,
-                self.settings.stall_check_s,
-                text,
-            )
+        if mine:  # logged by the first rank that submitted each stalled operation: it knows the names
+            log_stall(groups.set_id, self.settings.stall_check_s, mine)
 
     def stall_report(self) -> str:
         """The last stall check's finding: which ranks miss which names ("" when nothing stalls)."""
@@ -582,15 +597,3 @@ class Engine:
             # A thread inside a gloo exchange leaves when the old group is aborted or its peer is gone; it
             # is a daemon and touches nothing once abandoned.
             self._thread.join(1.0)
-
-
-def _attempt(entry: _Entry, run: Callable[[], Any]) -> tuple[bool, Any]:
-    """`run()`'s value; on an error the entry's ticket is settled with it (a failure of the transport as
-    HorovodInternalError) and (False, None) comes back."""
-    try:
-        return True, run()
-    except CollectivesError as error:
-        entry.ticket._settle(None, error)
-    except Exception as error:
-        entry.ticket._settle(None, HorovodInternalError(f"{entry.label}: {type(error).__name__}: {error}"))
-    return False, None

@@ -69,6 +69,7 @@ class RoundResult:
 
     ready: list[int]
     stop: bool
+    stopping: tuple[int, ...] = ()  # positions whose engine asked to stop (its rank is leaving)
 
 
 class Table:
@@ -116,16 +117,28 @@ class Table:
         self.payloads.pop(key, None)
         return [seen[p] for p in range(self.size)]
 
-    def stalled(self, older_than_s: float, ranks: tuple[int, ...]) -> dict[int, list[str]]:
-        """Global rank -> names it has not submitted, of operations others submitted ``older_than_s`` ago."""
+    def stalled(
+        self, older_than_s: float, ranks: tuple[int, ...], reporter: int | None = None
+    ) -> dict[int, list[str]]:
+        """Global rank -> names it has not submitted, of operations others submitted ``older_than_s`` ago.
+
+        A rank knows the names of its own submissions only (rounds carry keys): an operation is named as its
+        submitter named it, else as "an operation of rank R" after the first rank that submitted it.
+        ``reporter``: only the operations whose first submitter (lowest position) is this position, which
+        knows their names; every stalled operation has exactly one reporter.
+        """
         now = time.monotonic()
         missing: dict[int, list[str]] = {}
         for key, seen in self.rows.items():
             if now - self.first_seen[key] < older_than_s:
                 continue
+            first = min(seen)
+            if reporter is not None and first != reporter:
+                continue
+            label = self.labels.get(key) or f"an operation of rank {ranks[first]}"
             for position, rank in enumerate(ranks):
                 if position not in seen:
-                    missing.setdefault(rank, []).append(self.labels.get(key, f"key {key}"))
+                    missing.setdefault(rank, []).append(label)
         return missing
 
 
@@ -265,4 +278,5 @@ def exchange(
         for key, row, payload in entries:
             if add(p, key, row, payload, now):
                 ready.append(key)
-    return RoundResult(ready, all(h[1] == 1 for h in headers))
+    stopping = tuple(p for p, h in enumerate(headers) if h[1] == 1)
+    return RoundResult(ready, len(stopping) == len(headers), stopping)

@@ -1,4 +1,5 @@
-"""The process's engines (:mod:`collectives.engine`): one per process set, started on first use, stopped
+"""The process's engines (:mod:`collectives.engine`): one per process set, the global set's started by
+``init()`` and the others' on first use, stopped
 together at ``shutdown()``, one at ``remove_process_set``, and reset together by an elastic reset."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collectives.engine import Engine
 from collectives.engine_values import Settings
 from collectives.errors import HorovodInternalError
 from collectives.negotiation import Call, Kind
-from collectives.registry import _Groups, _registered, _teardown_hooks
+from collectives.registry import _Groups, _registered, _setup_hooks, _teardown_hooks
 
 __all__ = ["engine_for", "reset_engines", "shutdown_engines", "stall_report", "stop_engine"]
 
@@ -78,4 +79,13 @@ def stall_report() -> dict[int, str]:
     return {set_id: e.stall_report() for set_id, e in _engines.items() if e.stall_report()}
 
 
+def _start_world(groups: _Groups) -> None:
+    """Start the global set's engine at init(), as Horovod starts its background thread there: a rank that
+    runs no collective for a while still answers the others' rounds, so their stall check names it, and
+    distrun sees that it has issued nothing yet."""
+    if groups.size > 1:
+        engine_for(groups)
+
+
+_setup_hooks.append(_start_world)
 _teardown_hooks.append(shutdown_engines)

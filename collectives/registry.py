@@ -93,6 +93,8 @@ _next_id = [1]
 # Called with the seconds to wait for the other ranks (None: as long as it takes, 0: not at all) before the
 # groups go: the engines (a layer above) stop here.
 _teardown_hooks: list[Callable[[float | None], None]] = []
+# Called with the global set once registered: the engines (a layer above) start the global set's engine here.
+_setup_hooks: list[Callable[[_Groups], None]] = []
 
 
 def _setup(rank: int, size: int) -> None:
@@ -103,6 +105,8 @@ def _setup(rank: int, size: int) -> None:
     _process_groups[0] = (None, control, engine)
     global_process_set.process_set_id = 0
     global_process_set.ranks = list(range(size))
+    for hook in _setup_hooks:
+        hook(_registered[0])
 
 
 def _stop(wait_s: float | None) -> None:

@@ -302,6 +302,11 @@ class RankSample:
     last_output_age_s: float | None = None
     stopped: bool = False
     processes: int = 0
+    # Its global set's latest collectives (launcher.agent.progress): sequence numbers of the last issued and
+    # the last done, and the last issued one's name; None where the rank keeps no record.
+    collective_issued: int | None = None
+    collective_done: int | None = None
+    collective_name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import os
 from typing import Any
 
 from launcher.agent.nvml import Nvml, open_nvml
+from launcher.agent.progress import ask, read, summary
 from launcher.agent.protocol import RankSample, Samples
 from launcher.agent.reaper import descendants
 
@@ -56,6 +57,8 @@ class Sampler:
         self._wrote: dict[int, float] = {}
         self._nvml = nvml  # opened at the first sample: a job that never samples never loads NVML
         self._nvml_tried = nvml is not None
+        # The agent's dump directory, where ranks answer for their collectives (launcher.agent.progress).
+        self.progress_dir: str | None = None
 
     def wrote(self, rank: int, now: float) -> None:
         self._wrote[rank] = now
@@ -118,9 +121,19 @@ class Sampler:
                     last_output_age_s=None if wrote is None else round(now - wrote, 2),
                     stopped=state in ("T", "t"),
                     processes=len(trees[rank]),
+                    **self._collectives(trees[rank]),
                 )
             )
         return Samples(interval=self.interval, ranks=ranks)
+
+    def _collectives(self, pids: list[int]) -> dict[str, Any]:
+        """The answer to the last sample's ask (one interval old), and the ask for the next sample's."""
+        if self.progress_dir is None:
+            return {}
+        for pid in pids:
+            if ask(self.progress_dir, pid):
+                return summary(read(self.progress_dir, pid))
+        return {}
 
     def _gpus(self, trees: dict[int, list[int]]) -> dict[int, tuple[float | None, int | None]]:
         if not self._nvml_tried:

@@ -251,6 +251,7 @@ class Agent:
         self.sampler = Sampler(spec.sample_interval, self.clock())
         if self.dump_dir is None:
             self.dump_dir = DumpDir()
+        self.sampler.progress_dir = self.dump_dir.path
         if spec.elastic and self.elastic is None:
             self.elastic = ElasticLines(self.dump_dir.path)
             self.sel.register(self.elastic, selectors.EVENT_READ, "elastic")

@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from launcher.agent.progress import ANSWER_MODULE, ANSWER_SOURCE, ANSWER_WAIT, answer_path, ask, read
+
 HOOK_MODULE = "distrun_rankhook"
 # What the agent adds to each rank's environment for the hook: a distrun started inside a rank sees them.
 HOOK_VARIABLES = ("DISTRUN_STACK_DIR", "DISTRUN_STACK_SIGNAL")
@@ -166,12 +168,16 @@ class DumpDir:
         # Compiled once here, not in every rank (PYTHONDONTWRITEBYTECODE would make each compile it again);
         # a rank of another Python version compiles it itself.
         py_compile.compile(source, doraise=False)
+        answers = os.path.join(self.path, ANSWER_MODULE + ".py")  # the ranks' collectives (progress)
+        with open(answers, "w") as f:
+            f.write(ANSWER_SOURCE)
+        py_compile.compile(answers, doraise=False)
 
     def rank_env(self, env: dict[str, str]) -> dict[str, str]:
         """What a rank's environment `env` needs for the hook (the user's PYTHONPATH/PYTHONWARNINGS kept)."""
         path = env.get("PYTHONPATH")
         warnings = env.get("PYTHONWARNINGS")
-        hook = f"ignore::{HOOK_MODULE}.Never"
+        hook = f"ignore::{HOOK_MODULE}.Never,ignore::{ANSWER_MODULE}.Never"
         directory, signal_number = HOOK_VARIABLES
         return {
             directory: self.path,
@@ -525,10 +531,15 @@ class Gathering:
         for one in self.ones:
             one.isolated(one.begin, wait, now)
         self.ranks = ranks
+        # Each rank's latest collectives (launcher.agent.progress), asked beside its stacks.
+        self.dir = dump_dir.path
+        self.asked = {one.pid for one in self.ones if ask(self.dir, one.pid, fresh=True)}
+        self.stacks_in: float | None = None
 
     @property
     def done(self) -> bool:
-        return all(one.result is not None for one in self.ones)
+        stacks = all(one.result is not None for one in self.ones)
+        return stacks and all(os.path.exists(answer_path(self.dir, pid)) for pid in self.asked)
 
     def poll(self, now: float) -> bool:
         for one in self.ones:
@@ -536,9 +547,30 @@ class Gathering:
         if now >= self.deadline:
             for one in self.ones:
                 one.isolated(one.give_up, self.deadline - self.started)
+        if self.asked and all(one.result is not None for one in self.ones):
+            # The stacks are in: the answers get a moment more, then the ranks that gave none go without.
+            self.stacks_in = now if self.stacks_in is None else self.stacks_in
+            if now >= self.stacks_in + ANSWER_WAIT:
+                self.asked = set()
         return self.done
 
     def results(self) -> list[dict[str, Any]]:
         if self.missing:
             return [{"rank": r, "pid": p, "error": self.missing} for r, p in self.ranks.items()]
-        return [one.result for one in self.ones if one.result is not None]
+        out = []
+        for one in self.ones:
+            if one.result is None:
+                continue
+            result = dict(one.result)
+            # The thread that answers for the rank's collectives is distrun's, not the rank's.
+            result["threads"] = [t for t in result.get("threads", ()) if not _answering(t)]
+            records = read(self.dir, one.pid)
+            if records is not None:
+                result["collectives"] = records
+            out.append(result)
+        return out
+
+
+def _answering(thread: dict[str, Any]) -> bool:
+    hook = ANSWER_MODULE + ".py"
+    return any(str(frame[1]).endswith(hook) for frame in thread.get("frames", ()) if len(frame) > 1)

@@ -139,9 +139,12 @@ class LiveView:
                     "processes": sample.processes or None,
                     "straggler": rank in named,
                     "sampled_s_ago": None if seen is None else round(now - seen.at, 2),
+                    "collective_issued": sample.collective_issued if running else None,
+                    "collective_done": sample.collective_done if running else None,
+                    "collective_name": sample.collective_name if running else None,
                 }
             )
-        return rows
+        return mark_behind(rows)
 
     def answer(self, doing: str, now: float, stragglers: StragglerWatch) -> str:
         """`distrun top`'s answer: one JSON object, the job's state and a row per rank."""
@@ -164,3 +167,15 @@ def host_lines(rows: Sequence[Mapping[str, object]]) -> list[str]:
     for row in rows:
         by_host.setdefault(str(row["host"]), []).append(row)
     return [host_summary(host, ranks) for host, ranks in by_host.items()]
+
+
+def mark_behind(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Each row's `collectives_behind`: how many collectives the others issued past this rank's last one,
+    where it has nothing pending itself (it is outside any collective while the others wait); else None."""
+    issued = [v for r in rows if isinstance(v := r.get("collective_issued"), int)]
+    top = max(issued, default=0)
+    for row in rows:
+        mine, done = row.get("collective_issued"), row.get("collective_done")
+        idle = isinstance(mine, int) and mine == done
+        row["collectives_behind"] = top - mine if idle and isinstance(mine, int) and top > mine else None
+    return rows

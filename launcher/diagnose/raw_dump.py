@@ -86,5 +86,5 @@ def gathered(
         return dump, lines, full
     except Exception as err:  # the boundary of grouping and the verdict (launcher.diagnose.isolation)
         failure = isolation.failed("distrun stacks' grouping", err)
-    raw = RawDump(reason, when, world_size, (), tuple(stacks), failure)
+    raw = RawDump(reason, when, world_size, (), stacks=tuple(stacks), failure=failure)
     return raw, raw.lines(), raw.lines(full=True)

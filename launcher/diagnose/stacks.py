@@ -15,6 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.core.plan import plural
+from launcher.diagnose.collective_verdict import (
+    RankProgress,
+    collective_verdict,
+    progress_line,
+    record_json,
+    records_of,
+)
 from launcher.diagnose.readable import is_library, readable, shorten_symbol
 
 # Where a frame's file or native symbol says the rank is inside a collective: torch.distributed (c10d, its
@@ -68,6 +75,8 @@ class RankStacks:
     source: str = ""
     threads: tuple[ThreadStack, ...] = ()
     error: str = ""
+    # Its latest collectives, where it keeps a record (launcher.diagnose.collective_verdict).
+    collectives: tuple[RankProgress, ...] = ()
 
     @classmethod
     def from_json(cls, host: str, data: dict[str, Any]) -> RankStacks:
@@ -91,6 +100,7 @@ class RankStacks:
             str(data.get("source", "")),
             threads,
             str(data.get("error", "")),
+            records_of(int(data["rank"]), data.get("collectives")),
         )
 
     @property
@@ -328,14 +338,38 @@ class StackDump:
     time: float  # time.time()
     world_size: int
     groups: tuple[Group, ...]
+    # Every rank's latest collectives, where kept: the verdict names the ranks behind from them.
+    collectives: tuple[RankProgress, ...] = ()
 
     @classmethod
     def of(cls, reason: str, time: float, world_size: int, stacks: Iterable[RankStacks]) -> StackDump:
-        return cls(reason, time, world_size, tuple(group_stacks(stacks)))
+        read = list(stacks)
+        records = tuple(r for rank in sorted(read, key=lambda s: s.rank) for r in rank.collectives)
+        return cls(reason, time, world_size, tuple(group_stacks(read)), records)
 
     @property
     def verdict(self) -> str:
-        return verdict(self.groups, self.world_size)
+        return self.collective_verdict() or verdict(self.groups, self.world_size)
+
+    def collective_verdict(self) -> str | None:
+        """The verdict from the ranks' collectives (collective_verdict), None where they tell nothing."""
+        if not self.collectives:
+            return None
+        by_rank: dict[int, list[RankProgress]] = {}
+        for record in self.collectives:
+            by_rank.setdefault(record.rank, []).append(record)
+        places = {rank: place_of(g.sample.main_stack) for g in self.groups if not g.error for rank in g.ranks}
+        return collective_verdict(by_rank, range(self.world_size), places)
+
+    def _collective_lines(self, group: Group) -> list[str]:
+        """Beside a group's stacks: its ranks' last collective issued and completed (one line when alike)."""
+        texts = {rank: progress_line([r for r in self.collectives if r.rank == rank]) for rank in group.ranks}
+        shown = {rank: text for rank, text in texts.items() if text}
+        if not shown:
+            return []
+        if len(set(shown.values())) == 1 and len(shown) == len(group.ranks):
+            return [f"  collectives: {next(iter(shown.values()))}"]
+        return [f"  collectives of rank {rank}: {text}" for rank, text in shown.items()]
 
     def lines(self, full: bool = False) -> list[str]:
         """What a person reads: each group's threads made readable (`readable`), the verdict's frames whole;
@@ -346,8 +380,10 @@ class StackDump:
             head = f"{ranks_label(group.ranks)} ({len(group.ranks)} of {self.world_size}) on {hosts}"
             if group.error:
                 out.append(f"{head}: cannot read the stacks: {group.error}")
+                out.extend(self._collective_lines(group))
                 continue
             out.append(f"{head}:")
+            out.extend(self._collective_lines(group))
             threads = shown_threads(group.sample)
             for index, thread in enumerate(threads):
                 name = "main thread" if thread.main else thread.name or f"thread {index + 1}"
@@ -367,6 +403,7 @@ class StackDump:
             "reason": self.reason,
             "time": self.time,
             "verdict": self.verdict,
+            **({"collectives": [record_json(r) for r in self.collectives]} if self.collectives else {}),
             "groups": [
                 {
                     "ranks": list(g.ranks),

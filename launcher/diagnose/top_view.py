@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 
 Row = Mapping[str, object]
 
-_HEADER = ("RANK", "HOST", "STATE", "STEP RATE", "CPU%", "RSS", "GPU%", "GPU MEM", "LAST OUT", "")
-_RIGHT = {0, 3, 4, 5, 6, 7, 8}  # figures are right-aligned
+_HEADER = ("RANK", "HOST", "STATE", "STEP RATE", "CPU%", "RSS", "GPU%", "GPU MEM", "LAST OUT", "COLL #", "")
+_RIGHT = {0, 3, 4, 5, 6, 7, 8, 9}  # figures are right-aligned
 _RED, _YELLOW, _BOLD, _DIM, _RESET = "\x1b[31m", "\x1b[33m", "\x1b[1m", "\x1b[2m", "\x1b[0m"
 
 
@@ -50,10 +50,22 @@ def age(value: float | None) -> str:
     return f"{value:.1f}s" if value < 60 else f"{value / 60:.0f}m"
 
 
+def collective(row: Row) -> str:
+    """The sequence number of the rank's last collective done, and `+N` issued past it (pending)."""
+    done, issued = _number(row, "collective_done"), _number(row, "collective_issued")
+    if done is None or issued is None:
+        return "-"
+    return f"{done:.0f}" + (f" +{issued - done:.0f}" if issued > done else "")
+
+
 def note(row: Row) -> str:
-    """What marks the row: a straggler (the straggler rule), a stopped or silent rank."""
+    """What marks the row: a straggler (the straggler rule), a rank behind the others' collectives, a stopped
+    or silent rank."""
     if row.get("straggler"):
         return "straggler"
+    behind = _number(row, "collectives_behind")
+    if behind:
+        return f"{behind:.0f} behind"
     state = str(row.get("state", ""))
     return state if state in ("stopped", "silent") else ""
 
@@ -69,6 +81,7 @@ def _cells(row: Row, host: str) -> tuple[str, ...]:
         percent(_number(row, "gpu_util_percent")),
         memory(_number(row, "gpu_memory_bytes")),
         age(_number(row, "last_output_age_s")),
+        collective(row),
         note(row),
     )
 
@@ -90,6 +103,7 @@ def _total(host: str, rows: Sequence[Row]) -> tuple[str, ...]:
         memory(_sum(rows, "rss_bytes")),
         percent(statistics.mean(gpu) if gpu else None),
         memory(_sum(rows, "gpu_memory_bytes")),
+        "",
         "",
         "",
     )

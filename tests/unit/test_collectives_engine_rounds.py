@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from collectives import engine_rounds
+from collectives.engine_reports import failure_message, stall_texts
 from collectives.engine_rounds import Announcement, Table, name_key
 from collectives.negotiation import ROW, Call, Kind, row_of
 from collectives.reduce_op import ReduceOp
@@ -47,6 +48,35 @@ def test_the_stall_check_names_the_ranks_missing_each_operation() -> None:
     table.add(2, key, [0])
     assert table.stalled(60.0, (4, 5, 6)) == {}
     assert table.stalled(0.0, (4, 5, 6)) == {5: ["lonely"]}
+
+
+def test_the_stall_is_logged_by_its_first_submitter_which_knows_the_name() -> None:
+    """Rounds carry keys, not names: rank 5 (position 1) never submitted `only_me`, so only position 2, its
+    first and only submitter, names it; the others' text says whose operation it is."""
+    table = Table(3)
+    key = name_key("only_me")
+    table.add(2, key, [0])
+    assert table.stalled(0.0, (4, 5, 6)) == {4: ["an operation of rank 6"], 5: ["an operation of rank 6"]}
+    assert table.stalled(0.0, (4, 5, 6), reporter=0) == {}
+    table.labels[key] = "only_me"  # as on the submitter
+    assert stall_texts(table, 0.0, (4, 5, 6), 2) == (
+        "rank 4 missing ['only_me']; rank 5 missing ['only_me']",
+        "rank 4 missing ['only_me']; rank 5 missing ['only_me']",
+    )
+    assert stall_texts(table, 0.0, (4, 5, 6), 0)[1] == ""
+    assert stall_texts(table, 60.0, (4, 5, 6), 2) == ("", "")
+
+
+def test_a_round_that_fails_after_a_peer_left_cleanly_says_so() -> None:
+    error = RuntimeError("Connection closed by peer (typically caused by a remote worker crashing)")
+    assert failure_message(0, error, [0], ["only_me", "only_me"]) == (
+        "process set 0: rank 0 shut down collectives (the script ended or called shutdown()) while this rank "
+        "waited for ['only_me']; the connection closed (RuntimeError)"
+    )
+    assert "ranks [1, 2] shut down" in failure_message(3, error, [1, 2], [])
+    assert failure_message(0, error, [], ["x"]).startswith(
+        "process set 0: a collective failed (RuntimeError:"
+    )
 
 
 def _round(monkeypatch: pytest.MonkeyPatch, mine: list[Announcement]) -> tuple[Table, list[int], int]:

@@ -40,6 +40,8 @@ def test_the_table_has_every_rank_grouped_by_host_with_totals() -> None:
         "MEM",
         "LAST",
         "OUT",
+        "COLL",
+        "#",
     ]
     assert lines[1].split() == [
         "0",
@@ -54,6 +56,7 @@ def test_the_table_has_every_rank_grouped_by_host_with_totals() -> None:
         "10.0",
         "GiB",
         "0.4s",
+        "-",
     ]
     assert lines[2].split()[:3] == ["1", "running", "2"] and lines[2].endswith("straggler")
     assert lines[3].split()[:7] == ["h1", "total", "2", "ranks", "6", "it/s", "149"]
@@ -89,3 +92,21 @@ def test_the_heading_says_what_the_job_does() -> None:
         heading({"pid": 42, "doing": "starting its ranks", "ranks": []})
         == "distrun job 42: starting its ranks"
     )
+
+
+def test_the_collective_column_shows_the_last_done_and_what_is_pending_and_marks_a_rank_behind() -> None:
+    from launcher.diagnose.live import mark_behind
+
+    rows = mark_behind(
+        [
+            {"rank": r, "host": "h1", "state": "running", "collective_issued": 43, "collective_done": 42}
+            for r in range(3)
+        ]
+        + [{"rank": 3, "host": "h1", "state": "running", "collective_issued": 42, "collective_done": 42}]
+        + [{"rank": 4, "host": "h1", "state": "running", "collective_issued": None, "collective_done": None}]
+    )
+    assert [r["collectives_behind"] for r in rows] == [None, None, None, 1, None]
+    lines = table(rows)
+    assert lines[1].split()[-2:] == ["42", "+1"]
+    assert lines[4].split()[-3:] == ["42", "1", "behind"]
+    assert lines[5].split()[-1] == "-"

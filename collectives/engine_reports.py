@@ -1,0 +1,67 @@
+"""What an engine says when something stalls or breaks: the stall check's text, as Horovod's names tensors,
+and the failure of a round whose peer left cleanly, which gloo would blame on "a remote worker crashing"."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from collectives.engine_rounds import Table
+from collectives.engine_tickets import Ticket
+from collectives.errors import CollectivesError, HorovodInternalError
+
+__all__ = ["attempt", "failure_message", "log_stall", "missing_text", "stall_texts"]
+
+_log = logging.getLogger("collectives")
+
+
+def missing_text(missing: dict[int, list[str]]) -> str:
+    return "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
+
+
+def stall_texts(
+    table: Table, older_than_s: float, ranks: tuple[int, ...], index: int | None
+) -> tuple[str, str]:
+    """(every stalled operation, for the engine thread's name; those this rank logs: the ones it submitted
+    first, whose names it knows)."""
+    every = missing_text(table.stalled(older_than_s, ranks))
+    return every, missing_text(table.stalled(older_than_s, ranks, reporter=index)) if every else ""
+
+
+def log_stall(set_id: int, seconds: float, text: str) -> None:
+    _log.warning(
+        "One or more operations were submitted by a subset of the ranks of process set %d and have waited "
+        "for the others for more than %.0f seconds (stall check): %s",
+        set_id,
+        seconds,
+        text,
+    )
+
+
+def failure_message(set_id: int, error: BaseException, left: list[int], waiting: Iterable[str]) -> str:
+    """A failed round's error: `left`, the ranks whose engines had announced their stop (the script ended or
+    called shutdown()), are named as such, with what this rank waited for."""
+    if not left:
+        return (
+            f"process set {set_id}: a collective failed ({type(error).__name__}: {error}); the job's process "
+            "group must be re-formed"
+        )
+    who = f"rank {left[0]}" if len(left) == 1 else f"ranks {left}"
+    names = sorted(set(waiting))
+    return (
+        f"process set {set_id}: {who} shut down collectives (the script ended or called shutdown()) while "
+        f"this rank waited for {names or 'its next round'}; the connection closed ({type(error).__name__})"
+    )
+
+
+def attempt(ticket: Ticket, label: str, run: Callable[[], Any]) -> tuple[bool, Any]:
+    """`run()`'s value; on an error ``ticket`` is settled with it (a failure of the transport as
+    HorovodInternalError, naming ``label``) and (False, None) comes back."""
+    try:
+        return True, run()
+    except CollectivesError as error:
+        ticket._settle(None, error)
+    except Exception as error:
+        ticket._settle(None, HorovodInternalError(f"{label}: {type(error).__name__}: {error}"))
+    return False, None
