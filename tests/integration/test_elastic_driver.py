@@ -66,6 +66,23 @@ def test_a_killed_ranks_survivors_go_on_in_a_smaller_world(tmp_path: Path) -> No
     assert reset["recovery_s"] > 0
 
 
+def test_a_survivors_uncaught_exception_after_a_reset_has_torchs_rank_prefix_once(tmp_path: Path) -> None:
+    """torch prefixes an uncaught exception's lines with "[rank<N>]: " from a hook each group formation
+    installs; a survivor forms its group again at the reset, and must not print the prefix twice."""
+    done = run_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", SCRIPT, tmp_path, "2", "5",
+        env=clean_env(ELASTIC_RAISE_AT_END="1"), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert "reset 1:" in err
+    assert json.loads((tmp_path / "1.json").read_text())["sizes"] == [2], "rank 1 went through the reset"
+    raised = [line for line in err.splitlines() if "RuntimeError: raised at the end by start rank 1" in line]
+    assert raised, err
+    assert all(line.count("[rank1]: ") == 1 for line in raised), raised
+    assert "[rank1]: [rank1]:" not in err
+
+
 def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     done = run_distrun(

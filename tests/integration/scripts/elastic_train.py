@@ -5,7 +5,8 @@ DIR/<start rank>.json when it finishes: its pid, its final rank and size, the ba
 sizes its reset callbacks saw, and its weights. ELASTIC_SLOW_S slows each batch (seconds), so a test can act
 mid-run; ELASTIC_TIMEOUT_S bounds a collective's wait for a peer whose link was cut. With ELASTIC_HOLD_RESET
 set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset callback and stays there: a
-reset that does not end, for tests that act during one.
+reset that does not end, for tests that act during one. ELASTIC_RAISE_AT_END=<start rank>: that rank raises
+once it wrote its result (an uncaught exception after the reset formed its group again).
 """
 
 import json
@@ -76,3 +77,5 @@ train(state)
         }
     )
 )
+if os.environ.get("ELASTIC_RAISE_AT_END") == str(start_rank):
+    raise RuntimeError(f"raised at the end by start rank {start_rank}")
