@@ -63,8 +63,9 @@ def cli(ctx: click.Context, /, **options: Any) -> Request:
     if options.get("horovodrun_check_build"):
         # horovodrun prints the build and exits, whatever else its command line says.
         from launcher.cli.check_build import build_report
+        from launcher.core.command import interpreter
 
-        click.echo(build_report())
+        click.echo(build_report(interpreter(options.get("python"))))
         raise click.exceptions.Exit(EXIT_OK)
     options, said = translate(ctx, options)
     values, sources = merge_config_file(ctx, options)

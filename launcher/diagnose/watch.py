@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,7 +20,7 @@ from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.core.timeline import Timeline, slowest
-from launcher.diagnose.live import LiveView, host_lines
+from launcher.diagnose.live import LiveView, World, host_lines
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.runtime.control import ControlError, ControlServer, answer, answer_busy
 from launcher.runtime.node import HostAttempt
@@ -108,14 +108,17 @@ class JobWatch:
 
     # -- the attempt
 
-    def attempt_started(self, hosts: Sequence[HostAttempt], now: float) -> None:
+    def attempt_started(
+        self, hosts: Sequence[HostAttempt], now: float, world: Callable[[], World] | None = None
+    ) -> None:
+        """`world`: an elastic attempt's world now, which its resets change (`distrun top` shows it)."""
         self._hosts_now = list(hosts)
         self._last_output = now
         self._stall_shown = False
         self._stopping = False
         self._hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
-        self.live.attempt_started(self._hosts, now, self.options.sample_interval)
+        self.live.attempt_started(self._hosts, now, self.options.sample_interval, world)
 
     def attempt_ended(self) -> None:
         """Whatever was still being gathered is answered with what came (the attempt is over)."""

@@ -239,6 +239,12 @@ class Resetter:
         """(rank id, host) of every rank of the world, in rank order."""
         return [(rank_id, self.host_of[rank_id]) for rank_id in self._by_rank()]
 
+    def world(self) -> tuple[list[tuple[int, str]], dict[int, str]]:
+        """The world now, for `distrun top`: (rank id, host) of its ranks in rank order, and rank id -> host
+        of each rank that left it (lost, or told to leave by a reset)."""
+        gone = [*self.failed, *self.leavers]
+        return self.members(), {r: self.host_of[r] for r in gone if r not in self.place}
+
     def change_hosts(self, cause: str, update: int, regrouped: Regrouping, now: float) -> str | None:
         """Begin a planned reset: every rank hears `hosts_updated` and raises HostsUpdatedInterrupt at its
         next commit; then those leaving get LEAVE, those staying RESET, and the newcomers start. None when it
