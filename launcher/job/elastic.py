@@ -40,12 +40,14 @@ class ResetRecord:
     size: int
     recovery_s: float  # from the failure to the new world's first collective (the ranks' slowest `synced`)
     planned: bool = False  # the discovery script's hosts changed: no failure, every rank at the same commit
+    size_before: int | None = None  # the old world's size
 
     def to_json(self) -> dict[str, object]:
         return {
             "at": self.at, "cause": self.cause, "hosts_left": list(self.left),
             "hosts_joined": list(self.joined),
             "ranks_left": list(self.left_ranks), "size": self.size, "recovery_s": round(self.recovery_s, 3),
+            **({} if self.size_before is None else {"size_before": self.size_before}),
         }  # fmt: skip
 
 
@@ -359,7 +361,7 @@ class Resetter:
         size = reset.size or len(reset.survivors)
         record = ResetRecord(
             reset.at, reset.cause, left_hosts, joined, tuple(reset.left), size, recovery,
-            planned=reset.planned is not None,
+            planned=reset.planned is not None, size_before=len(reset.survivors) + len(reset.left),
         )  # fmt: skip
         self.records.append(record)
         self.current = None
