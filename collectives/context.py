@@ -13,7 +13,8 @@ import inspect
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from collectives import leaving, links
@@ -237,6 +238,12 @@ _context: _Context | None = None
 # keys sit behind a prefix of its own.
 _stores: dict[tuple[str, int], tuple[int, Any]] = {}
 
+# (the excepthook torch's init_process_group wrapped, the one it installed): every group torch forms installs
+# a hook prefixing each line of an uncaught exception with "[rank<N>]: " around whatever hook is set, so a
+# process that forms its group again (an elastic reset, shutdown() and init()) would print "[rank1]: [rank1]:"
+# (or the old rank's prefix before the new one). Torch's hook of the last group is taken off first.
+_torch_excepthook: tuple[Callable[..., Any], Callable[..., Any]] | None = None
+
 
 def _require(what: str) -> _Context:
     if _context is None:
@@ -358,30 +365,34 @@ def _create_group(topology: Topology, choice: BackendChoice, timeout: datetime.t
         # A plain `python train.py` (or an environment with half an address): a world of one needs no
         # rendezvous, and an in-memory store needs no address or port.
         store = dist.HashStore()  # type: ignore[attr-defined]
-        dist.init_process_group(store=store, rank=0, world_size=1, **kwargs)  # type: ignore[arg-type]
+        _init_process_group(store=store, rank=0, world_size=1, **kwargs)
         return context
     address = (str(topology.master_addr), int(topology.master_port or 0))
     joined, kept = _stores.get(address, (0, None))
     if kept is None:
-        dist.init_process_group(
-            init_method="env://",
-            rank=topology.rank,
-            world_size=topology.size,
-            **kwargs,  # type: ignore[arg-type]
-        )
+        _init_process_group(init_method="env://", rank=topology.rank, world_size=topology.size, **kwargs)
         default_store: Any = dist.distributed_c10d._get_default_store()
         kept = default_store.underlying_store  # inside torch's own "default_pg" prefix
     else:
         # init() again after shutdown(): the same store, the old group's keys left behind their own prefix.
         prefixed = dist.distributed_c10d.PrefixStore(f"collectives/group/{joined}", kept)
-        dist.init_process_group(
-            store=prefixed,
-            rank=topology.rank,
-            world_size=topology.size,
-            **kwargs,  # type: ignore[arg-type]
-        )
+        _init_process_group(store=prefixed, rank=topology.rank, world_size=topology.size, **kwargs)
     _stores[address] = (joined + 1, kept)
     return context
+
+
+def _init_process_group(**kwargs: Any) -> None:
+    """torch's init_process_group, with one prefixing excepthook of torch's at a time (see
+    ``_torch_excepthook``); a hook someone set over torch's since is left alone."""
+    global _torch_excepthook
+    import torch.distributed as dist
+
+    if _torch_excepthook is not None and sys.excepthook is _torch_excepthook[1]:
+        sys.excepthook = _torch_excepthook[0]
+    below = sys.excepthook
+    dist.init_process_group(**kwargs)
+    if sys.excepthook is not below:
+        _torch_excepthook = (below, sys.excepthook)
 
 
 def _device_type(backend_name: str) -> str:

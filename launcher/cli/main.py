@@ -20,7 +20,13 @@ import click
 from launcher import release_start_guard, without_gc
 from launcher.cli.backend_options import backends_of, named_launcher, with_backend
 from launcher.cli.config_file import bad_value_message, merge_config_file
-from launcher.cli.horovodrun import horovodrun_options, translate
+from launcher.cli.horovodrun import (
+    expand_abbreviations,
+    flags_of_settings,
+    horovodrun_options,
+    notes,
+    translate,
+)
 from launcher.cli.launch_options import ENV_PREFIX, EPILOG, launch_options
 from launcher.cli.request import Request, build_request
 from launcher.cli.verbosity import configure_logging
@@ -54,9 +60,22 @@ log = logging.getLogger(__name__)
 @click.pass_context
 def cli(ctx: click.Context, /, **options: Any) -> Request:
     """Run COMMAND as one rank per slot on every host, with the torch/Horovod/TF environment set."""
-    options = translate(ctx, options, lambda line: click.echo(line, err=True))
+    if options.get("horovodrun_check_build"):
+        # horovodrun prints the build and exits, whatever else its command line says.
+        from launcher.cli.check_build import build_report
+        from launcher.core.command import interpreter
+
+        click.echo(build_report(interpreter(options.get("python"))))
+        raise click.exceptions.Exit(EXIT_OK)
+    options, said = translate(ctx, options)
     values, sources = merge_config_file(ctx, options)
-    return build_request(values, sources, backends_of(ctx.command))
+    request = build_request(values, sources, backends_of(ctx.command))
+    config = request.config
+    # A HOROVOD_* variable asks what its horovodrun flag asks, wherever the ranks' environment gets it from.
+    settings = {**os.environ, **dict(config.env_file), **dict(config.exports)}
+    for line in notes((*said, *flags_of_settings(settings))):
+        click.echo(line, err=True)
+    return request
 
 
 def _launch_command(argv: Sequence[str]) -> click.Command:
@@ -90,7 +109,7 @@ def _parse(argv: Sequence[str]) -> Request | int:
             with command.make_context(f"distrun {argv[0]}", list(argv[1:])) as ctx:
                 return cast(int, command.invoke(ctx))
         launch = _launch_command(argv)
-        with launch.make_context("distrun", list(argv)) as ctx:
+        with launch.make_context("distrun", expand_abbreviations(argv, launch.params)) as ctx:
             return cast(Request, launch.invoke(ctx))
     except click.exceptions.Exit as done:
         return done.exit_code

@@ -245,6 +245,9 @@ def _found_hosts(
 
 
 def build_request(values: Mapping[str, Any], sources: Sources, backends: Sequence[Backend]) -> Request:
+    if values["host_discovery_script"] is not None and values["min_np"] is None and values["num_proc"]:
+        # horovodrun: a discovery script makes the job elastic, and its least size is -np unless --min-np.
+        values = {**values, "min_np": values["num_proc"]}
     command = tuple(values["command"])
     resolve_command(command, interpreter(values["python"]))
     num_proc: int | None = values["num_proc"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.agent.protocol import RankSample, Samples
@@ -22,6 +22,11 @@ from launcher.errors import signal_name
 SILENT_AFTER = 30.0
 # Lines per second are counted over about this many samples.
 RATE_SAMPLES = 5
+
+
+# An elastic attempt's world as its driver knows it now: (rank id, host) of each rank of the world in rank
+# order, and rank id -> host of each rank that left it (lost, or told to leave). Asked at each answer.
+World = tuple[Sequence[tuple[int, str]], Mapping[int, str]]
 
 
 @dataclass(frozen=True)
@@ -48,13 +53,22 @@ class LiveView:
         self._wrote: dict[int, float] = {}
         self._lines: dict[int, int] = {}
         self._line_marks: dict[int, deque[tuple[float, int]]] = {}
+        self._world: Callable[[], World] | None = None
 
     # -- the running attempt
 
-    def attempt_started(self, hosts: Mapping[int, str], now: float, interval: float) -> None:
+    def attempt_started(
+        self,
+        hosts: Mapping[int, str],
+        now: float,
+        interval: float,
+        world: Callable[[], World] | None = None,
+    ) -> None:
+        """`world`: an elastic attempt's world now (its resets change it); else the attempt's ranks are it."""
         self.attempt += 1
         self.interval = interval
         self.hosts = dict(sorted(hosts.items()))
+        self._world = world
         self.attempt_t = now - self.origin
         self._seen.clear()
         self._exits.clear()
@@ -99,8 +113,13 @@ class LiveView:
         (t0, n0), (t1, n1) = marks[0], marks[-1]
         return round((n1 - n0) / (t1 - t0), 3) if t1 > t0 else None
 
-    def _state(self, rank: int, seen: Seen | None, age: float | None) -> str:
+    def _state(self, rank: int, seen: Seen | None, age: float | None, left: bool = False) -> str:
         code = self._exits.get(rank)
+        if left:
+            # Left the world at a reset: told to leave (exit 0) is no failure; a lost rank says how it ended.
+            if code is None:
+                return "leaving"
+            return "left" if code == 0 else f"left ({self._state(rank, seen, age)})"
         if code is not None:
             return f"killed {signal_name(-code)}" if code < 0 else f"exited {code}"
         if seen is None:
@@ -112,23 +131,33 @@ class LiveView:
         return "running"
 
     def rows(self, now: float, stragglers: StragglerWatch) -> list[dict[str, object]]:
-        """One object per rank of the current (or last) attempt: what `distrun top` shows."""
+        """One object per rank of the current (or last) attempt's world, then one per rank that left it at a
+        reset: what `distrun top` shows. `rank` is the rank's id (the console's prefix), `world_rank` its
+        rank in the world now (None once it left)."""
         rates = stragglers.rates(now)
         named = {s.rank for s in stragglers.named}
         rows = []
-        for rank, host in self.hosts.items():
+        members: Sequence[tuple[int, str]] = list(self.hosts.items())
+        gone: Mapping[int, str] = {}
+        if self._world is not None:
+            members, gone = self._world()
+        place = {rank: position for position, (rank, _) in enumerate(members)}
+        for rank, host in [*members, *sorted(gone.items())]:
+            left = rank not in place
             seen = self._seen.get(rank)
             sample = seen.sample if seen is not None else RankSample(rank)
             wrote = self._wrote.get(rank)
             age = None if wrote is None else now - wrote
             if age is None and sample.last_output_age_s is not None and seen is not None:
                 age = sample.last_output_age_s + (now - seen.at)
-            running = rank not in self._exits
+            running = rank not in self._exits and not left
             rows.append(
                 {
                     "rank": rank,
                     "host": host,
-                    "state": self._state(rank, seen, age),
+                    "world_rank": place.get(rank),
+                    "left": left,
+                    "state": self._state(rank, seen, age, left),
                     "steps_per_s": rates.get(rank) if running else None,
                     "lines_per_s": self._lines_per_s(rank) if running else None,
                     "cpu_percent": sample.cpu_percent if running else None,

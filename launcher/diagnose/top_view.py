@@ -94,10 +94,11 @@ def _sum(rows: Sequence[Row], key: str) -> float | None:
 def _total(host: str, rows: Sequence[Row]) -> tuple[str, ...]:
     gpu = [v for v in (_number(r, "gpu_util_percent") for r in rows) if v is not None]
     steps = _sum(rows, "steps_per_s")
+    current = len([r for r in rows if not r.get("left")])
     return (
         "",
         f"{host} total",
-        f"{len(rows)} ranks" if len(rows) != 1 else "1 rank",
+        f"{current} ranks" if current != 1 else "1 rank",
         "-" if steps is None else f"{steps:.3g} it/s",
         percent(_sum(rows, "cpu_percent")),
         memory(_sum(rows, "rss_bytes")),
@@ -127,6 +128,8 @@ def table(rows: Sequence[Row], *, color: bool = False, width: int | None = None)
                 str(row.get("state", "")).startswith(("killed", "exited")) and row.get("state") != "exited 0"
             )
             style = _RED if row.get("straggler") or failed else _YELLOW if marked else ""
+            if not style and row.get("left"):
+                style = _DIM
             lines.append((_cells(row, host if i == 0 else ""), style))
         lines.append((_total(host, ranks), _DIM))
     widths = [max(len(cells[i]) for cells, _ in lines) for i in range(len(_HEADER))]
@@ -145,14 +148,17 @@ def table(rows: Sequence[Row], *, color: bool = False, width: int | None = None)
 def heading(document: Mapping[str, object]) -> str:
     """`distrun job 123: running its ranks; attempt 0; 4 ranks on 2 hosts; sampled every 2s`."""
     rows = document.get("ranks")
-    ranks = rows if isinstance(rows, list) else []
+    listed = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    ranks = [r for r in listed if not r.get("left")]  # the world now: not the ranks that left it at a reset
     hosts = len({str(r.get("host")) for r in ranks})
     parts = [f"distrun job {document.get('pid')}: {document.get('doing')}"]
-    if ranks:
+    if listed:
         parts.append(f"attempt {document.get('attempt', 0)}")
         parts.append(
             f"{len(ranks)} rank{'s' if len(ranks) != 1 else ''} on {hosts} host{'s' if hosts != 1 else ''}"
         )
+        if len(listed) > len(ranks):
+            parts.append(f"{len(listed) - len(ranks)} left at resets")
     interval = document.get("interval")
     if isinstance(interval, int | float) and interval > 0:
         parts.append(f"sampled every {interval:g}s")

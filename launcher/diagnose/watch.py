@@ -23,7 +23,7 @@ from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
 from launcher.core.timeline import Timeline, slowest
 from launcher.diagnose.isolation import Isolation, describe
-from launcher.diagnose.live import LiveView, host_lines
+from launcher.diagnose.live import LiveView, World, host_lines
 from launcher.diagnose.stragglers import Straggler, StragglerWatch
 from launcher.runtime.control import ControlError, ControlServer, answer, answer_busy
 from launcher.runtime.node import HostAttempt
@@ -118,7 +118,10 @@ class JobWatch:
 
     # -- the attempt
 
-    def attempt_started(self, hosts: Sequence[HostAttempt], now: float) -> None:
+    def attempt_started(
+        self, hosts: Sequence[HostAttempt], now: float, world: Callable[[], World] | None = None
+    ) -> None:
+        """`world`: an elastic attempt's world now, which its resets change (`distrun top` shows it)."""
         self._hosts_now = list(hosts)
         self._last_output = now
         self._stall_shown = False
@@ -126,7 +129,7 @@ class JobWatch:
         self._hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.stragglers = StragglerWatch(self._hosts, self.options.straggler_window)
         with self.isolation.guard(TOP):
-            self.live.attempt_started(self._hosts, now, self.options.sample_interval)
+            self.live.attempt_started(self._hosts, now, self.options.sample_interval, world)
 
     def attempt_ended(self) -> None:
         """Whatever was still being gathered is answered with what came (the attempt is over)."""

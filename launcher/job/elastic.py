@@ -40,12 +40,14 @@ class ResetRecord:
     size: int
     recovery_s: float  # from the failure to the new world's first collective (the ranks' slowest `synced`)
     planned: bool = False  # the discovery script's hosts changed: no failure, every rank at the same commit
+    size_before: int | None = None  # the old world's size
 
     def to_json(self) -> dict[str, object]:
         return {
             "at": self.at, "cause": self.cause, "hosts_left": list(self.left),
             "hosts_joined": list(self.joined),
             "ranks_left": list(self.left_ranks), "size": self.size, "recovery_s": round(self.recovery_s, 3),
+            **({} if self.size_before is None else {"size_before": self.size_before}),
         }  # fmt: skip
 
 
@@ -239,6 +241,12 @@ class Resetter:
         """(rank id, host) of every rank of the world, in rank order."""
         return [(rank_id, self.host_of[rank_id]) for rank_id in self._by_rank()]
 
+    def world(self) -> tuple[list[tuple[int, str]], dict[int, str]]:
+        """The world now, for `distrun top`: (rank id, host) of its ranks in rank order, and rank id -> host
+        of each rank that left it (lost, or told to leave by a reset)."""
+        gone = [*self.failed, *self.leavers]
+        return self.members(), {r: self.host_of[r] for r in gone if r not in self.place}
+
     def change_hosts(self, cause: str, update: int, regrouped: Regrouping, now: float) -> str | None:
         """Begin a planned reset: every rank hears `hosts_updated` and raises HostsUpdatedInterrupt at its
         next commit; then those leaving get LEAVE, those staying RESET, and the newcomers start. None when it
@@ -353,7 +361,7 @@ class Resetter:
         size = reset.size or len(reset.survivors)
         record = ResetRecord(
             reset.at, reset.cause, left_hosts, joined, tuple(reset.left), size, recovery,
-            planned=reset.planned is not None,
+            planned=reset.planned is not None, size_before=len(reset.survivors) + len(reset.left),
         )  # fmt: skip
         self.records.append(record)
         self.current = None

@@ -321,7 +321,8 @@ class Job:
             host_watch.attach(sup)
         started = time.time()
         if self.watch is not None:
-            self.watch.attempt_started(hosts, time.monotonic())
+            world = elastic.world if elastic is not None else None
+            self.watch.attempt_started(hosts, time.monotonic(), world)
         try:
             outcome = supervise(sup, self.loop)
             if host_watch is not None and host_watch.fatal is not None:

@@ -1,8 +1,9 @@
 """`distrun plot`: one picture of a run from its `--report`: step rate, CPU, memory, GPU per rank over time.
 
 Ranks are coloured by host (a hue per host, a shade per rank), restarts are vertical lines (a restart with
-another number of ranks, an elastic reset, says so), the start-up timeline is shaded with each phase's last
-host marked, and stragglers are drawn bold and named. matplotlib is an optional extra (`distrun[plot]`),
+another number of ranks says so), each elastic reset in place a dashed one with the world's size before and
+after, the start-up timeline is shaded with each phase's last host marked, and stragglers are drawn bold and
+named. matplotlib is an optional extra (`distrun[plot]`),
 imported only here and only with the Agg backend, so the launcher itself stays light.
 """
 
@@ -58,6 +59,7 @@ class RunPicture:
     restarts: tuple[Marker, ...]
     startup: tuple[Marker, ...]
     stragglers: frozenset[int]
+    resets: tuple[Marker, ...] = ()
 
 
 def load_report(path: Path) -> dict[str, Any]:
@@ -111,6 +113,12 @@ def _picture(report: Mapping[str, Any], name: str) -> RunPicture:
             if len(attempt["ranks"]) != len(before["ranks"]):
                 label += f": {len(before['ranks'])} -> {len(attempt['ranks'])} ranks"
             restarts.append(Marker(_seconds_between(attempt["started"], origin), label))
+    resets = []
+    if origin:
+        for number, reset in enumerate(report.get("resets") or (), start=1):
+            before = reset.get("size_before")
+            sizes = f"{before} -> {reset['size']}" if before is not None else f"-> {reset['size']}"
+            resets.append(Marker(_seconds_between(reset["at"], origin), f"reset {number}: {sizes} ranks"))
     startup = []
     timeline = report.get("timeline") or []
     for phase in _PHASES:
@@ -124,7 +132,9 @@ def _picture(report: Mapping[str, Any], name: str) -> RunPicture:
     ended = f"{report.get('outcome')}, exit {report.get('exit_code')}, run {report.get('run_id')}"
     title = f"{command[:80]}  ({ended})"
     stragglers = frozenset(int(s["rank"]) for s in report.get("stragglers") or ())
-    return RunPicture(title, tuple(lines), tuple(hosts), tuple(restarts), tuple(startup), stragglers)
+    return RunPicture(
+        title, tuple(lines), tuple(hosts), tuple(restarts), tuple(startup), stragglers, tuple(resets)
+    )
 
 
 def _colours(hosts: Sequence[str], lines: Sequence[Line]) -> dict[tuple[str, int], Any]:
@@ -194,12 +204,19 @@ def draw(run: RunPicture, out: Path) -> None:
             )
         for mark in run.restarts:
             axis.axvline(mark.t, color="crimson", linewidth=1.2)
+        for mark in run.resets:
+            axis.axvline(mark.t, color="darkorange", linewidth=1.2, linestyle="--")
         if run.startup:
             axis.axvspan(0, run.startup[-1].t, color="grey", alpha=0.12, linewidth=0)
     top = axes[0]
     for mark in run.restarts:
         top.annotate(
             mark.label, (mark.t, 1.0), xycoords=("data", "axes fraction"), fontsize=7, color="crimson",
+            rotation=90, va="top", ha="right",
+        )  # fmt: skip
+    for mark in run.resets:
+        top.annotate(
+            mark.label, (mark.t, 1.0), xycoords=("data", "axes fraction"), fontsize=7, color="darkorange",
             rotation=90, va="top", ha="right",
         )  # fmt: skip
     for mark in run.startup:

@@ -39,3 +39,30 @@ def test_shutdown_then_init_again_on_every_rank(size: int, tmp_path: Path) -> No
     assert all(r["sums"] == expected for r in found)
     # The pattern's own cost: each round is an init, three collectives and a leave, no timeout.
     assert "leaves without every rank" not in done.stdout + done.stderr
+
+
+def test_a_group_formed_again_prefixes_an_uncaught_exception_once(tmp_path: Path) -> None:
+    """Each formation of torch's default group wraps the excepthook in one adding "[rank<N>]: "; the third
+    group of a process prints that prefix once, not three times."""
+    code = (
+        "import collectives as hvd\n"
+        "for _ in range(3):\n"
+        "    hvd.init()\n"
+        "    hvd.allreduce(__import__('torch').ones(1))\n"
+        "    hvd.shutdown()\n"
+        "hvd.init()\n"
+        "raise RuntimeError('raised in the fourth group')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line]
+    assert "[rank0]: RuntimeError: raised in the fourth group" in lines, done.stderr
+    assert all(line.startswith("[rank0]: ") and "[rank0]: [rank0]" not in line for line in lines), lines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+from datetime import datetime
 from pathlib import Path
 
 import jsonschema
@@ -64,6 +65,46 @@ def test_a_killed_ranks_survivors_go_on_in_a_smaller_world(tmp_path: Path) -> No
     [reset] = doc["resets"]
     assert (reset["ranks_left"], reset["hosts_left"], reset["size"]) == ([2], ["localhost"], 2)
     assert reset["recovery_s"] > 0
+
+
+def test_a_survivors_uncaught_exception_after_a_reset_has_torchs_rank_prefix_once(tmp_path: Path) -> None:
+    """torch prefixes an uncaught exception's lines with "[rank<N>]: " from a hook each group formation
+    installs; a survivor forms its group again at the reset, and must not print the prefix twice."""
+    done = run_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", SCRIPT, tmp_path, "2", "5",
+        env=clean_env(ELASTIC_RAISE_AT_END="1"), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode != 0, err
+    assert "reset 1:" in err
+    assert json.loads((tmp_path / "1.json").read_text())["sizes"] == [2], "rank 1 went through the reset"
+    raised = [line for line in err.splitlines() if "RuntimeError: raised at the end by start rank 1" in line]
+    assert raised, err
+    assert all(line.count("[rank1]: ") == 1 for line in raised), raised
+    assert "[rank1]: [rank1]:" not in err
+
+
+def test_the_report_carries_each_reset_and_plot_marks_it_with_both_sizes(tmp_path: Path) -> None:
+    from launcher.report.plot import load_report, picture
+
+    report = tmp_path / "report.json"
+    done = run_distrun(
+        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "5",
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    [reset] = doc["resets"]
+    assert (reset["size_before"], reset["size"]) == (3, 2)
+    [mark] = picture(load_report(report), "report.json").resets
+    assert mark.label == "reset 1: 3 -> 2 ranks"
+    ended = datetime.fromisoformat(doc["ended"]) - datetime.fromisoformat(doc["origin"])
+    assert 0 < mark.t < ended.total_seconds()
+    svg = tmp_path / "run.svg"
+    drawn = run_distrun("plot", report, "-o", svg)
+    assert drawn.returncode == 0, drawn.stderr.decode()
+    assert b"#ff8c00" in svg.read_bytes(), "the reset's dashed line (darkorange)"
 
 
 def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(tmp_path: Path) -> None:

@@ -110,3 +110,21 @@ def test_the_collective_column_shows_the_last_done_and_what_is_pending_and_marks
     assert lines[1].split()[-2:] == ["42", "+1"]
     assert lines[4].split()[-3:] == ["42", "1", "behind"]
     assert lines[5].split()[-1] == "-"
+
+
+def test_ranks_that_left_at_a_reset_count_in_neither_the_heading_nor_the_totals() -> None:
+    rows = [
+        _row(0, "h1", world_rank=0, left=False),
+        _row(1, "h1", world_rank=1, left=False),
+        _row(2, "h2", world_rank=None, left=True, state="left"),
+        _row(3, "h2", world_rank=None, left=True, state="left (killed SIGKILL)"),
+    ]
+    document = {"pid": 7, "doing": "running its ranks", "attempt": 0, "interval": 2.0, "ranks": rows}
+    assert heading(document) == (
+        "distrun job 7: running its ranks; attempt 0; 2 ranks on 1 host; 2 left at resets; sampled every 2s"
+    )
+    lines = table(rows)
+    totals = {line.split()[0]: line.split()[2:4] for line in lines if " total " in line}
+    assert totals == {"h1": ["2", "ranks"], "h2": ["0", "ranks"]}
+    assert "left (killed SIGKILL)" in "\n".join(lines)
+    assert table(rows, color=True)[3].startswith("\x1b[2m"), "a rank that left is dimmed"

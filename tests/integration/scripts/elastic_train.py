@@ -5,7 +5,11 @@ DIR/<start rank>.json when it finishes: its pid, its final rank and size, the ba
 sizes its reset callbacks saw, and its weights. ELASTIC_SLOW_S slows each batch (seconds), so a test can act
 mid-run; ELASTIC_TIMEOUT_S bounds a collective's wait for a peer whose link was cut. With ELASTIC_HOLD_RESET
 set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset callback and stays there: a
-reset that does not end, for tests that act during one.
+reset that does not end, for tests that act during one. With ELASTIC_HOLD_BEFORE_COMMIT=<start rank>, that
+rank writes DIR/<pid>.pid and DIR/paused.<start rank> at batch KILL_AT, before its collective, and stays
+there: the reset that the victim's death begins waits for its last commit forever.
+ELASTIC_RAISE_AT_END=<start rank>: that rank raises once it wrote its result (an uncaught exception after the
+reset formed its group again).
 """
 
 import json
@@ -39,6 +43,13 @@ def held() -> None:
         signal.pause()
 
 
+def paused_before_commit() -> None:
+    (out / f"{os.getpid()}.pid").write_text(str(os.getpid()))
+    (out / f"paused.{start_rank}").write_text("")
+    while True:  # as held(): a handled signal ends one pause only
+        signal.pause()
+
+
 @hvd.elastic.run
 def train(state):
     (out / f"opted.{start_rank}").write_text("")  # its hello is sent: the agent knows it opted in
@@ -46,6 +57,8 @@ def train(state):
         if state.batch == kill_at and start_rank == victim and not (out / "killed").exists():
             (out / "killed").write_text(str(os.getpid()))  # once: a newcomer may start as the same rank
             os.kill(os.getpid(), signal.SIGKILL)
+        if state.batch == kill_at and os.environ.get("ELASTIC_HOLD_BEFORE_COMMIT") == str(start_rank):
+            paused_before_commit()
         time.sleep(float(os.environ.get("ELASTIC_SLOW_S", "0")))
         optimizer.zero_grad()
         model(torch.ones(8, 4)).sum().backward()
@@ -76,3 +89,5 @@ train(state)
         }
     )
 )
+if os.environ.get("ELASTIC_RAISE_AT_END") == str(start_rank):
+    raise RuntimeError(f"raised at the end by start rank {start_rank}")
