@@ -100,9 +100,10 @@ class JobWatch:
         self._stopping = False  # the attempt is being stopped: its silence is no stall
         self._hosts_now: list[HostAttempt] = []  # the running attempt's hosts
         self._hosts: dict[int, str] = {}
-        # An elastic job's world as it is now, (rank id, host) in rank order: after a reset in place, the
-        # ranks that left are not named as unread, nor counted (None: the attempt's slots are the world).
-        self.members: Callable[[], list[tuple[int, str]]] | None = None
+        # An elastic job's world as it is now (its ranks, (rank id, host) in rank order, and those that left):
+        # after a reset in place, the ranks that left are not named as unread in the stacks, nor counted, and
+        # `distrun top` marks them. None: the attempt's slots are the world.
+        self.world: Callable[[], World] | None = None
         self.timeline = Timeline(time.monotonic())
         self._timeline_told = False
         # `distrun top`, the console's host lines, the report's samples; answered in every phase.
@@ -121,7 +122,8 @@ class JobWatch:
     def attempt_started(
         self, hosts: Sequence[HostAttempt], now: float, world: Callable[[], World] | None = None
     ) -> None:
-        """`world`: an elastic attempt's world now, which its resets change (`distrun top` shows it)."""
+        """`world`: an elastic attempt's world now, which its resets change."""
+        self.world = world
         self._hosts_now = list(hosts)
         self._last_output = now
         self._stall_shown = False
@@ -307,9 +309,9 @@ class JobWatch:
 
     def _ranks_of(self, host: HostAttempt) -> list[int]:
         """The ranks of the world on `host` now."""
-        if self.members is None:
+        if self.world is None:
             return [slot.rank for slot in host.slots]
-        return [rank for rank, name in self.members() if name == host.name]
+        return [rank for rank, name in self.world()[0] if name == host.name]
 
     def _write(self, dump: StackDump, lines: list[str]) -> Path | None:
         if self.options.output_dir is None:

@@ -84,8 +84,6 @@ class Supervisor(Phase[HostAttempt]):
         self.rank_hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         if elastic is not None:
             self.rank_hosts = elastic.host_of  # one map: a reset's newcomers are the attempt's ranks too
-            if watch is not None:
-                watch.members = elastic.members  # its stacks name the world as it is after a reset
         self.deadline = deadline
         self.grace = grace
         for host in self.hosts:

@@ -43,7 +43,7 @@ def test_a_host_that_does_not_answer_holds_the_others_only_until_the_bounded_wai
 
 def test_after_a_reset_in_place_the_ranks_that_left_are_neither_named_nor_counted() -> None:
     hosts, sup, watch = watched(timeout=5.0)
-    watch.members = lambda: [(0, "h1"), (2, "h2")]  # rank 1 left the world in a reset (an elastic job's)
+    watch.world = lambda: ([(0, "h1"), (2, "h2")], {1: "h1"})  # rank 1 left the world in a reset
     sup.on_tick(5.0)
     reply(sup, hosts[0], [{"rank": 0, "threads": [{"main": True, "frames": FRAMES}]}], 5.5)
     reply(sup, hosts[1], [{"rank": 2, "threads": [{"main": True, "frames": FRAMES}]}], 6.0)
