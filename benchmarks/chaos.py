@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import random
@@ -166,10 +167,8 @@ def _event(job: Job, soak: Soak, kind: str) -> None:
         os.kill(pid, signal.SIGSTOP)
         soak.did(kind, f"rank pid {pid} on {host} for {held:.1f}s")
         time.sleep(held)  # the length of the pause is the event itself
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
     elif kind == "cut":
         _, host = rng.choice(ranks)
         held = rng.uniform(2, 8)
@@ -295,7 +294,8 @@ def main() -> int:
             soak = soak_one(lab, seed, args.duration, tuple(args.gap), args.step_s)
             soaks.append(soak)
             print(
-                f"seed {seed:4d}  {soak.seconds:6.0f}s  events: {soak.counts()}  resets {soak.resets:3d}  restarts {soak.restarts}  "
+                f"seed {seed:4d}  {soak.seconds:6.0f}s  events: {soak.counts()}  resets {soak.resets:3d}  "
+                f"restarts {soak.restarts}  "
                 f"exit {soak.exit_code}  {soak.final}  problems {len(soak.problems)}",
                 flush=True,
             )

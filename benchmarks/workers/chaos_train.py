@@ -1,10 +1,10 @@
 """The training script of benchmarks/chaos.py: hvd.elastic with a TorchState committed every epoch, a helper
 thread of its own, a DataLoader with a worker process, as a Horovod elastic script is written.
 
-`OUT`: each rank process writes OUT/pid.<pid> (its host) when it starts and OUT/trained.<pid> at each commit; the job trains until OUT/stop exists
-(every rank agrees on it at an epoch's end, so all stop at the same commit), then each rank of the last world
-writes OUT/final.<pid> with its rank, epoch and a digest of its weights. CHAOS_STEP_S: a pause per step, so
-that events land inside epochs.
+`OUT`: each rank process writes OUT/pid.<pid> (its host) when it starts and OUT/trained.<pid> at each
+commit; the job trains until OUT/stop exists (every rank agrees on it at an epoch's end, so all stop at
+the same commit), then each rank of the last world writes OUT/final.<pid> with its rank, epoch and a digest
+of its weights. CHAOS_STEP_S: a pause per step, so that events land inside epochs.
 """
 
 import hashlib
