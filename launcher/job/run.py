@@ -151,7 +151,8 @@ class Job:
                 AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
             )
             if self._reset_limit_hit is not None:
-                # The (N+1)th reset would have begun: the job ends; a whole restart would only reset more.
+                # Horovod's rules ended the job (every rank failed, the (N+1)th reset would have begun...): a
+                # whole restart would only fail or reset more.
                 self.give_up = GiveUp(f"the job ends: {self._reset_limit_hit}")
                 return outcome
             discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
@@ -335,7 +336,8 @@ class Job:
             self.record(attempt, started, sup, hosts)
             if elastic is not None:
                 self.resets.extend(elastic.records)
-                if elastic.refused is not None and elastic.refused.startswith("--reset-limit"):
+                limit = elastic.refused is not None and elastic.refused.startswith("--reset-limit")
+                if elastic.refused is not None and (elastic.final or limit):
                     self._reset_limit_hit = elastic.refused
         self.relay.finish()
         return outcome
