@@ -308,12 +308,6 @@ class Resetter:
         self.host_values[host.name] = host.node.host
         self.gone_hosts.discard(host.name)
 
-    def drop_newcomers(self, hosts: set[str]) -> None:
-        """The planned reset's newcomers on these hosts do not come (the hosts could not be reached)."""
-        reset = self.current
-        if reset is not None and reset.planned is not None and not reset.sent:
-            reset.planned = [member for member in reset.planned if member.host.name not in hosts]
-
     def members(self) -> list[tuple[int, str]]:
         """(rank id, host) of every rank of the world, in rank order."""
         return [(rank_id, self.host_of[rank_id]) for rank_id in self._by_rank()]

@@ -39,9 +39,10 @@ from launcher.errors import (
     HostError,
     Interrupted,
 )
+from launcher.job.attempt_hosts import AttemptHosts
 from launcher.job.discovery import between_attempts
 from launcher.job.elastic import ResetRecord, Resetter
-from launcher.job.host_watch import watch_hosts
+from launcher.job.host_watch import HostWatch
 from launcher.job.hostpool import HostPool
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
@@ -292,7 +293,6 @@ class Job:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
         hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
         idle = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
-        self.began: set[str] = set()  # hosts without ranks at the start whose agent has started ranks since
         self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
@@ -305,9 +305,10 @@ class Job:
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
         # Every host of the attempt, spares included; a host the discovery script adds joins this list.
-        everyone = [*hosts, *spares]
+        self.hosts = self.attempt_hosts([*hosts, *spares], master_addr)
+        everyone = self.hosts.everyone
         elastic = self.resetter(attempt, everyone, [h.node for h in everyone])
-        host_watch = watch_hosts(self, plan, everyone, elastic, master_addr)
+        host_watch = self.host_watch(plan, elastic)
         sup = Supervisor(
             everyone,
             self.relay,
@@ -356,7 +357,7 @@ class Job:
         def spawn(
             world: NewWorld, newcomers: Sequence[Member], envs: Mapping[int, Mapping[str, str]]
         ) -> None:
-            self.spawn(attempt, world, newcomers, envs, hosts)
+            self.spawn(attempt, world, newcomers, envs)
 
         return Resetter(
             hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
@@ -365,19 +366,61 @@ class Job:
             rank_failed=self.pool.rank_failed, usable=self.pool.usable,
         )  # fmt: skip
 
+    def attempt_hosts(self, everyone: list[HostAttempt], master_addr: str) -> AttemptHosts:
+        """The attempt's hosts (launcher.job.attempt_hosts), with how a host added while it runs is reached,
+        probed (its software asked whatever the count) and refused."""
+
+        def reach(new: Sequence[Host]) -> list[Node]:
+            control = self.watch.control if self.watch is not None else None
+            with progress_line(sys.stderr) as line:
+                fresh = connect(
+                    new, self.config, line, control=control,
+                    doing=f"adding {plural(len(new), 'host', 'hosts')}: connecting",
+                )  # fmt: skip
+            self.heartbeat.add(fresh)
+            self.nodes.update((node.name, node) for node in fresh)
+            return fresh
+
+        def admit(joined: Sequence[HostAttempt], hosts: Sequence[HostAttempt]) -> None:
+            self.probe(joined, master_addr, software=True)
+            if self.workdir is not None:
+                self.copies.update(self.sync([h.node for h in joined], self.workdir))
+            self.same_software(hosts)
+
+        def forget(nodes: Sequence[Node]) -> None:
+            for node in nodes:
+                self.nodes.pop(node.name, None)
+                node.drop()
+
+        return AttemptHosts(everyone, reach, admit, forget)
+
+    def host_watch(self, plan: Plan, elastic: Resetter | None) -> HostWatch | None:
+        """An elastic attempt's watch of its hosts: the --host-discovery-script polled while its ranks run,
+        or (fixed hosts with --blacklist-cooldown-range) a host left out brought back once its cooldown ends;
+        None where neither applies."""
+        options = self.config.restart
+        script = options.discovery_script
+        if elastic is None or (script is None and options.cooldown_range is None):
+            return None
+        return HostWatch(
+            script, plan.nodes, elastic, self.hosts.join, max_np=options.max_np or plan.world_size,
+            slots_per_host=options.slots_per_host,
+            called_before=options.discovered_first or bool(self.attempts), usable=self.pool.usable,
+            revive=self.hosts.revive,
+        )  # fmt: skip
+
     def spawn(
         self,
         attempt: int,
         world: NewWorld,
         newcomers: Sequence[Member],
         envs: Identities,
-        hosts: Sequence[HostAttempt],
     ) -> None:
         """Start a reset's newcomers beside the running ranks (ADD), each as rank `world.rank_of` of the new
         world, under its own id."""
         first = envs[newcomers[0].rank_id]
         rdzv = Rendezvous(first["MASTER_ADDR"], int(first["MASTER_PORT"]), (), ())
-        by_name = {host.name: host for host in hosts}
+        by_name = self.hosts.by_name()
         nodes = [by_name[node.name] for node in world.plan.nodes]
         requests = start_requests(
             self.config, world.plan, rdzv, self.env, local=[h.node.local for h in nodes],
@@ -391,8 +434,8 @@ class Job:
             if ranks:
                 # A spare, or a host the discovery script added, runs no attempt yet: its first ranks START
                 # one, and from then the attempt waits for it to end.
-                kind = ADD if host.slots or host.name in self.began else START
-                self.began.add(host.name)
+                kind = ADD if host.slots or host.name in self.hosts.began else START
+                self.hosts.began.add(host.name)
                 host.idle = False
                 host.node.send(kind, dataclasses.replace(request, ranks=ranks))
         self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
@@ -442,14 +485,15 @@ class Job:
             )
         raise HostError("every remote host is reached through a proxy; give --master-addr")
 
-    def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
-        """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
+    def probe(self, hosts: Sequence[HostAttempt], master_addr: str, *, software: bool | None = None) -> None:
+        """Every host's facts, set on its record and checked: a missing cwd, script or python ends here.
+        `software`: ask each host's software versions (None: where there is more than one host to compare)."""
         synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = probe_requests(
             hosts, route_to=master_addr, python=interpreter(self.config.python),
             cwd=None if synced else self.cwd, script=None if synced else script_of(self.config.command),
             heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
-            wait_while_stopped=self.on_terminal,
+            wait_while_stopped=self.on_terminal, software=software,
         )  # fmt: skip
         nodes = [host.node for host in hosts]
         for node in nodes:
