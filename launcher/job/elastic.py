@@ -123,6 +123,7 @@ class Resetter:
         self.max_np = max_np
         self.spawn = spawn
         self.failed: list[int] = []  # rank ids lost in this attempt
+        self.freed: set[int] = set()  # of them, those whose slot is free again (their host came back)
         self.gone_hosts: set[str] = set()  # lost mid-attempt: no newcomer goes there
         self.next_id = max(self.host_of, default=-1) + 1
         self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
@@ -179,6 +180,13 @@ class Resetter:
         """Record the `lost` rank ids in the round (opening it with the first loss); the round is decided once
         every rank of the world reported (launcher.core.elastic_policy). False when no reset in place can
         follow at all (the reason in `refused`): the job stops at once."""
+        host_lost = cause.startswith("lost host ")
+        if host_lost:  # whoever ran there (ranks leaving too): no newcomer goes there
+            gone = {self.host_of[r] for r in lost} - self.gone_hosts
+            self.gone_hosts.update(gone)
+            if self.leave_out is not None:
+                for name in sorted(gone):
+                    self.leave_out(name, "lost " + cause.removeprefix(f"lost host {name} "))
         lost = [r for r in lost if r not in self.leavers and r in self.place]
         if not lost:
             return True
@@ -190,15 +198,8 @@ class Resetter:
         if not all(rank_id in self.opted for rank_id in world):
             self.refused = "not every rank uses hvd.elastic"
             return False
-        host_lost = cause.startswith("lost host ")
         for rank_id in lost:
             self.states[rank_id] = RankState.LOST if host_lost else RankState.FAILURE
-        if host_lost:
-            gone = {self.host_of[r] for r in lost} - self.gone_hosts
-            self.gone_hosts.update(gone)
-            if self.leave_out is not None:
-                for name in sorted(gone):
-                    self.leave_out(name, "lost " + cause.removeprefix(f"lost host {name} "))
         if reset is None:
             survivors = [r for r in world if r not in lost]
             reset = _Reset(cause, now, time.time(), [], survivors)
@@ -244,7 +245,7 @@ class Resetter:
         """The round's decision once every rank reported: the reset goes on, or the attempt stops."""
         if reset.sent:
             return
-        spent = Counter(self.host_of[r] for r in self.failed)
+        spent = self.spent()
         slots = {name: host.slots for name, host in self.host_values.items() if name not in self.gone_hosts}
         if reset.planned is not None:
             slots = {}  # a planned reset's newcomers are chosen already
@@ -292,12 +293,16 @@ class Resetter:
         reset.survivors = list(decision.survivors)
         self._send_new_world(reset)
 
+    def spent(self) -> Counter[str]:
+        """Slots of each host that no newcomer takes: failed ranks' (left out, not refilled)."""
+        return Counter(self.host_of[r] for r in self.failed if r not in self.freed)
+
     def limits(self) -> Limits:
         return Limits(self.min_np, self.max_np or len(self.place), self.reset_limit)
 
     def host_back(self, name: str) -> None:
         """A host back from its cooldown: its failed ranks' slots are free again."""
-        self.failed = [r for r in self.failed if self.host_of[r] != name]
+        self.freed.update(r for r in self.failed if self.host_of[r] == name)
         self.gone_hosts.discard(name)
 
     # -- a planned change (the discovery script's hosts)
@@ -327,8 +332,8 @@ class Resetter:
             return refusal
         members = []
         for host in newcomers:
+            # Its host is known once it starts (`_send_new_world`): a newcomer that never came is no rank.
             members.append(Member(self.next_id, host))
-            self.host_of[self.next_id] = host.name
             self.next_id += 1
         for rank_id in leaving:
             self.place.pop(rank_id, None)
@@ -375,7 +380,7 @@ class Resetter:
         wanted = self.max_np - len(survivors)
         used = {name: 0 for name in self.host_values}
         # A failed rank's slot counts as used: it is left out, not refilled; spares are slots beyond them.
-        for rank_id in [*survivors, *self.failed]:
+        for rank_id in [*survivors, *(r for r in self.failed if r not in self.freed)]:
             used[self.host_of[rank_id]] += 1
         members: list[Member] = []
         for name, host in self.host_values.items():
@@ -415,6 +420,7 @@ class Resetter:
             assert self.spawn is not None
             for member in newcomers:
                 self.place[member.rank_id] = world.rank_of(member.rank_id)
+                self.host_of[member.rank_id] = member.host.name
             reset.joined = [member.host.name for member in newcomers]
             reset.size = world.plan.world_size
             self.spawn(world, newcomers, envs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -70,11 +69,14 @@ class HostWatch:
         every: float = EVERY,
         usable: Callable[[str], bool] = lambda host: True,
         revive: Revive = lambda host: None,
+        exclusions: Callable[[str], int] = lambda host: 0,
     ) -> None:
         """`script` None: the job's hosts are fixed (-H), and the watch only brings back a host left out
         once its cooldown ends. `called_before`: the script already answered once (it named the job's first
-        hosts), so no failure of it ends the job. `usable(host)`: not on the blacklist now; a host left out
-        is out of the world's hosts until it is usable again, when it comes back as an addition."""
+        hosts), so no failure of it ends the job. `usable(host)`: not on the blacklist now;
+        `exclusions(host)`:
+        how many times the blacklist left it out. A host left out since the world was formed is out of the
+        world's hosts, however short its cooldown: once usable again it comes back as an addition."""
         self.script = script
         self.known = tuple(known)
         self.resetter = resetter
@@ -90,6 +92,8 @@ class HostWatch:
         self.usable = usable
         self.revive = revive
         self.out: set[str] = set()  # hosts of the world the blacklist left out since it was formed
+        self.exclusions = exclusions
+        self.seen = {host.name: exclusions(host.name) for host in self.known}
         self.wake = False  # a run ended: its result is taken at the loop's next pass
         # Added hosts that could not be joined, left out while the script lists them.
         self.unreachable: set[str] = set()
@@ -165,7 +169,7 @@ class HostWatch:
             return
         # A host left out is out of the world's hosts: when its time is up (and the script, if any, lists it)
         # it comes back as an addition. A host left out for the rest of the job never does.
-        self.out |= {host.name for host in self.known if not self.usable(host.name)}
+        self.out |= {h.name for h in self.known if self.exclusions(h.name) > self.seen.get(h.name, 0)}
         self.known = tuple(host for host in self.known if host.name not in self.out)
         # A host whose ranks all ended runs no attempt any more: one left out comes back on a new record,
         # others (their ranks left, or finished) at the next restart.
@@ -177,18 +181,19 @@ class HostWatch:
             and self.usable(host.name)
             and (host.name not in done or host.name in self.out)
         )
-        update = hosts_update([host for host in self.known if host.name not in done], hosts)
+        source = "--host-discovery-script" if self.polls else "a cooldown ended"
+        update = hosts_update([host for host in self.known if host.name not in done], hosts, source)
         if update is None:
             return
         members = resetter.members()
         if not all(rank_id in resetter.opted for rank_id, _ in members):
             self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic", logging.INFO)
             return
-        for name in update.added:
-            if name in done:
-                resetter.host_back(name)  # back from its cooldown: its failed ranks' slots are free again
-        failed = Counter(resetter.host_of[rank_id] for rank_id in resetter.failed)
-        regrouped = regroup(members, hosts, self.max_np, failed)
+        back = [name for name in update.added if name in done]
+        spent = resetter.spent()
+        for name in back:
+            del spent[name]  # back from its cooldown: its failed ranks' slots are free again
+        regrouped = regroup(members, hosts, self.max_np, spent)
         if not regrouped.leaving and not regrouped.newcomers:
             # Added slots beyond --max-np: spares, no reset (an agent with no rank would hold the attempt); a
             # later loss leaves room for them.
@@ -199,10 +204,13 @@ class HostWatch:
         # refused costs no reset (it is left out while the script lists it, and the change made again).
         if not self._join([h for h in hosts if h.name in coming], done):
             return
+        for name in back:
+            resetter.host_back(name)
         refusal = resetter.change_hosts(update.cause, update.kind, regrouped, now)
         if refusal is None:
             self.known = hosts
             self.out -= {host.name for host in hosts}
+            self.seen = {host.name: self.exclusions(host.name) for host in hosts}
             self.changed = True
             self.said = None
             return
@@ -218,13 +226,14 @@ class HostWatch:
         assert self.sup is not None
         ready: list[HostAttempt] = []
         missing: set[str] = set()
+        again: set[str] = set()  # lost, back from a cooldown: reached again as an added host is
         for name in dict.fromkeys(h.name for h in coming if h.name in done):
             back = self.revive(name)
             if back is None:
-                missing.add(name)
+                again.add(name)
             else:
                 ready.append(back)
-        new = [h for h in dict.fromkeys(coming) if h.name not in resetter.hosts]
+        new = [h for h in dict.fromkeys(coming) if h.name not in resetter.hosts or h.name in again]
         joined = self.join(new)
         missing |= {h.name for h in new} - {h.name for h in joined}
         for attempt_host in [*ready, *joined]:

@@ -406,7 +406,7 @@ class Job:
             script, plan.nodes, elastic, self.hosts.join, max_np=options.max_np or plan.world_size,
             slots_per_host=options.slots_per_host,
             called_before=options.discovered_first or bool(self.attempts), usable=self.pool.usable,
-            revive=self.hosts.revive,
+            revive=self.hosts.revive, exclusions=lambda host: self.book.blacklist.counts.get(host, 0),
         )  # fmt: skip
 
     def spawn(
