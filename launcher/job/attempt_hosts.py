@@ -11,7 +11,7 @@ a new START.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.core.hosts import Host
@@ -69,3 +69,27 @@ class AttemptHosts:
         self.everyone.append(back)
         self.began.discard(name)
         return back
+
+
+def same_software(hosts: Sequence[HostAttempt], workdirs: Mapping[str, str], *, allow_mismatch: bool) -> None:
+    """Refuse hosts that would run another copy of the code (`workdirs`: each host's copy's hash), Python,
+    torch, CUDA or NCCL (MismatchError), unless `allow_mismatch`; each difference logged."""
+    if len(hosts) < 2:
+        return
+    from launcher.core.same_software import differences, refuse
+
+    reports = []
+    for host in hosts:
+        assert host.facts is not None, "the probe sets every host's facts"
+        values = dict(host.facts.software or {})
+        if host.name in workdirs:
+            values["workdir"] = workdirs[host.name]
+        reports.append((host.name, values))
+    lines = differences(reports)
+    for line in lines:
+        if allow_mismatch:
+            log.warning("%s (--allow-mismatch: running anyway)", line)
+        else:
+            log.error("%s", line)
+    if lines and not allow_mismatch:
+        raise refuse(lines)

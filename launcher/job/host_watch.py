@@ -19,9 +19,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from launcher.core.config import RestartOptions
 from launcher.core.host_changes import hosts_update, regroup
 from launcher.core.hosts import Host
+from launcher.core.plan import Plan
 from launcher.errors import EXIT_INTERNAL, DistrunError
+from launcher.job.attempt_hosts import AttemptHosts
 from launcher.job.discovery import TIMEOUT, DiscoveryError, Polling
 from launcher.job.elastic import Resetter
 from launcher.runtime.node import HostAttempt
@@ -253,3 +256,26 @@ class HostWatch:
         if self.polling is not None:
             self.polling.close()
             self.polling = None
+
+
+def watch_hosts(
+    options: RestartOptions,
+    plan: Plan,
+    elastic: Resetter | None,
+    hosts: AttemptHosts,
+    usable: Callable[[str], bool],
+    *,
+    exclusions: Callable[[str], int],
+    called_before: bool,
+) -> HostWatch | None:
+    """An elastic attempt's watch of its hosts: the --host-discovery-script polled while its ranks run, or
+    (fixed hosts with --blacklist-cooldown-range) a host left out brought back once its cooldown ends; None
+    where neither applies. `called_before`: an earlier attempt ran (the script answered then)."""
+    script = options.discovery_script
+    if elastic is None or (script is None and options.cooldown_range is None):
+        return None
+    return HostWatch(
+        script, plan.nodes, elastic, hosts.join, max_np=options.max_np or plan.world_size,
+        slots_per_host=options.slots_per_host, called_before=options.discovered_first or called_before,
+        usable=usable, revive=hosts.revive, exclusions=exclusions,
+    )  # fmt: skip

@@ -90,6 +90,10 @@ class HostPool:
     def usable(self, host: str) -> bool:
         return self.book.blacklist.usable(host, time.monotonic())
 
+    def exclusions(self, host: str) -> int:
+        """How many times `host` was left out."""
+        return self.book.blacklist.counts.get(host, 0)
+
     def name_left_out(self, before: Mapping[str, Exclusion]) -> None:
         """One console line for each host the blacklist took in since `before`."""
         now = time.monotonic()

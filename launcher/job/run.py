@@ -28,7 +28,7 @@ from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.core.elastic_plan import Member, NewWorld
 from launcher.core.hosts import Host
-from launcher.core.plan import Plan, Slot, build_plan, plural
+from launcher.core.plan import Plan, build_plan, plural
 from launcher.core.rendezvous import Rendezvous, choose_rendezvous
 from launcher.core.restart import GiveUp, Restart, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled
@@ -39,10 +39,10 @@ from launcher.errors import (
     HostError,
     Interrupted,
 )
-from launcher.job.attempt_hosts import AttemptHosts
+from launcher.job.attempt_hosts import AttemptHosts, same_software
 from launcher.job.discovery import between_attempts
 from launcher.job.elastic import ResetRecord, Resetter
-from launcher.job.host_watch import HostWatch
+from launcher.job.host_watch import watch_hosts
 from launcher.job.hostpool import HostPool
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
@@ -146,7 +146,8 @@ class Job:
         while True:
             index = len(self.attempts)
             if index:
-                self.relay.note([f"attempt {index}: {_ranks_on_hosts(plan)}"])
+                where = f"{plural(plan.node_count, 'host', 'hosts')}"
+                self.relay.note([f"attempt {index}: {plural(plan.world_size, 'rank', 'ranks')} on {where}"])
             outcome = self.attempt(index, plan)
             self.attempts.append(
                 AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
@@ -247,6 +248,9 @@ class Job:
         self.loop.run(pause)
         return pause.outcome
 
+    def control(self) -> ControlServer | None:
+        return self.watch.control if self.watch is not None else None
+
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
         in_plan = {h.name for h in plan.nodes}
@@ -259,10 +263,9 @@ class Job:
                 self.pool.leave_out(name, "lost while a spare")
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
-            control = self.watch.control if self.watch is not None else None
             doing = f"restarting: connecting to {plural(len(missing), 'host', 'hosts')}"
             with progress_line(sys.stderr) as line:
-                fresh = connect(missing, self.config, line, control=control, doing=doing)
+                fresh = connect(missing, self.config, line, control=self.control(), doing=doing)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
@@ -291,9 +294,10 @@ class Job:
 
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
-        hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
+        slots_by_node = [plan.node_slots(i) for i in range(plan.node_count)]
+        hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, slots_by_node, strict=True)]
         idle = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
-        self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
+        self.rank_hosts = {s.rank: s.host.name for s in plan.slots}  # the console's prefixes, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
         # One round with the plan's hosts (the software check compares them all), again without a bad spare.
@@ -308,7 +312,10 @@ class Job:
         self.hosts = self.attempt_hosts([*hosts, *spares], master_addr)
         everyone = self.hosts.everyone
         elastic = self.resetter(attempt, everyone, [h.node for h in everyone])
-        host_watch = self.host_watch(plan, elastic)
+        host_watch = watch_hosts(
+            self.config.restart, plan, elastic, self.hosts, self.pool.usable, exclusions=self.pool.exclusions,
+            called_before=bool(self.attempts),
+        )  # fmt: skip
         sup = Supervisor(
             everyone,
             self.relay,
@@ -371,12 +378,9 @@ class Job:
         probed (its software asked whatever the count) and refused."""
 
         def reach(new: Sequence[Host]) -> list[Node]:
-            control = self.watch.control if self.watch is not None else None
+            doing = f"adding {plural(len(new), 'host', 'hosts')}: connecting"
             with progress_line(sys.stderr) as line:
-                fresh = connect(
-                    new, self.config, line, control=control,
-                    doing=f"adding {plural(len(new), 'host', 'hosts')}: connecting",
-                )  # fmt: skip
+                fresh = connect(new, self.config, line, control=self.control(), doing=doing)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
             return fresh
@@ -393,21 +397,6 @@ class Job:
                 node.drop()
 
         return AttemptHosts(everyone, reach, admit, forget)
-
-    def host_watch(self, plan: Plan, elastic: Resetter | None) -> HostWatch | None:
-        """An elastic attempt's watch of its hosts: the --host-discovery-script polled while its ranks run,
-        or (fixed hosts with --blacklist-cooldown-range) a host left out brought back once its cooldown ends;
-        None where neither applies."""
-        options = self.config.restart
-        script = options.discovery_script
-        if elastic is None or (script is None and options.cooldown_range is None):
-            return None
-        return HostWatch(
-            script, plan.nodes, elastic, self.hosts.join, max_np=options.max_np or plan.world_size,
-            slots_per_host=options.slots_per_host,
-            called_before=options.discovered_first or bool(self.attempts), usable=self.pool.usable,
-            revive=self.hosts.revive, exclusions=lambda host: self.book.blacklist.counts.get(host, 0),
-        )  # fmt: skip
 
     def spawn(
         self,
@@ -536,24 +525,8 @@ class Job:
 
     def same_software(self, hosts: Sequence[HostAttempt]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
-        if len(hosts) < 2:
-            return
-        from launcher.core.same_software import differences, refuse
-
-        reports = []
-        for host in hosts:
-            values = dict(_facts(host).software or {})
-            if host.name in self.copies:
-                values["workdir"] = self.copies[host.name].manifest_hash[:12]
-            reports.append((host.name, values))
-        lines = differences(reports)
-        for line in lines:
-            if self.config.allow_mismatch:
-                log.warning("%s (--allow-mismatch: running anyway)", line)
-            else:
-                log.error("%s", line)
-        if lines and not self.config.allow_mismatch:
-            raise refuse(lines)
+        workdirs = {name: copy.manifest_hash[:12] for name, copy in self.copies.items()}
+        same_software(hosts, workdirs, allow_mismatch=self.config.allow_mismatch)
 
     def place(self, plan: Plan, hosts: Sequence[HostAttempt]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
@@ -622,15 +595,3 @@ class Job:
 def _facts(host: HostAttempt) -> Facts:
     assert host.facts is not None, "Job.probe sets every host's facts"
     return host.facts
-
-
-def rank_hosts(plan: Plan) -> dict[int, str]:
-    return {s.rank: s.host.name for s in plan.slots}
-
-
-def _ranks_on_hosts(plan: Plan) -> str:
-    return f"{plural(plan.world_size, 'rank', 'ranks')} on {plural(plan.node_count, 'host', 'hosts')}"
-
-
-def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
-    return [plan.node_slots(i) for i in range(plan.node_count)]
