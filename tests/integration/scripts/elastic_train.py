@@ -5,7 +5,9 @@ DIR/<start rank>.json when it finishes: its pid, its final rank and size, the ba
 sizes its reset callbacks saw, and its weights. ELASTIC_SLOW_S slows each batch (seconds), so a test can act
 mid-run; ELASTIC_TIMEOUT_S bounds a collective's wait for a peer whose link was cut. With ELASTIC_HOLD_RESET
 set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset callback and stays there: a
-reset that does not end, for tests that act during one.
+reset that does not end, for tests that act during one. With ELASTIC_FAIL_ALL_AT set to a batch, every rank
+raises there (again after each reset), start rank r ELASTIC_FAIL_SPACING_S x r seconds after reaching it:
+Horovod's all-ranks-failure scenario, its failures spaced apart.
 """
 
 import json
@@ -46,6 +48,9 @@ def train(state):
         if state.batch == kill_at and start_rank == victim and not (out / "killed").exists():
             (out / "killed").write_text(str(os.getpid()))  # once: a newcomer may start as the same rank
             os.kill(os.getpid(), signal.SIGKILL)
+        if state.batch == int(os.environ.get("ELASTIC_FAIL_ALL_AT", "-1")):
+            time.sleep(start_rank * float(os.environ.get("ELASTIC_FAIL_SPACING_S", "0")))
+            raise RuntimeError(f"start rank {start_rank} fails at batch {state.batch}")
         time.sleep(float(os.environ.get("ELASTIC_SLOW_S", "0")))
         optimizer.zero_grad()
         model(torch.ones(8, 4)).sum().backward()
