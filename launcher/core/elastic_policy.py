@@ -131,7 +131,8 @@ def decide_round(
     free = sum(max(0, n - used.get(host, 0)) for host, n in slots.items() if host not in bad and usable(host))
     size = min(limits.max_np, len(survivors) + free + coming)
     if size < limits.min_np:
-        hosts = [h for h in slots if h not in bad and usable(h)]
+        kept = [r.host for r in ready if r.host not in bad]
+        hosts = list(dict.fromkeys([*kept, *(h for h in slots if h not in bad and usable(h))]))
         return Stop(
             too_few(size, limits.min_np, hosts, without=", ".join(bad)), final=False, left_out=tuple(bad)
         )

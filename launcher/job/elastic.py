@@ -247,8 +247,8 @@ class Resetter:
             return
         spent = self.spent()
         slots = {name: host.slots for name, host in self.host_values.items() if name not in self.gone_hosts}
-        if reset.planned is not None:
-            slots = {}  # a planned reset's newcomers are chosen already
+        if reset.planned is not None or self.spawn is None or self.max_np is None:
+            slots = {}  # no newcomers to choose: a planned reset's are chosen already
         decision = decide_round(
             self.round_ranks(), limits=self.limits(), resets_done=self.done_before + len(self.records),
             slots=slots, usable=self.usable, spent=spent, coming=len(reset.planned or ()),

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable, Sequence
 
 from launcher.agent.protocol import (
@@ -137,6 +138,10 @@ class Supervisor(Phase[HostAttempt]):
         """A host the discovery script added while the attempt runs (its ranks come with the next reset)."""
         self.hosts.append(host)
         host.node.attempt_began()
+        # A host back from its cooldown: its old record is read no more (the loop reads a node for one
+        # record), and its silence since its ranks ended was ours, not the host's.
+        self.sources = [(node, record) for node, record in self.sources if node is not host.node]
+        host.node.excuse(time.monotonic())
         self.add_source(host.node, host)
 
     def next_wake(self) -> float | None:
