@@ -122,6 +122,8 @@ def decide_round(
     ready = [r for r in ranks if r.state is RankState.READY]
     survivors = tuple(r.rank_id for r in ready if r.host not in bad)
     leaving = tuple(r.rank_id for r in ready if r.host in bad)
+    if not survivors:
+        return Stop("no rank of the world stays to hand its state on", final=False, left_out=tuple(bad))
     if limits.reset_limit is not None and resets_done >= limits.reset_limit:
         return Stop(reset_limit_reached(limits.reset_limit, resets_done), final=True, left_out=tuple(bad))
     used: dict[str, int] = dict(spent or {})

@@ -214,9 +214,17 @@ class Resetter:
         """A rank of the world exited 0: in a round, Horovod's first rule (any success stops the job)."""
         if rank_id in self.leavers or rank_id not in self.place:
             return
+        reset = self.current
+        if reset is not None and not reset.sent and not self.causes:
+            # A planned reset (no loss): the rank that finished is simply not in the new world.
+            self.place.pop(rank_id)
+            self.leavers.add(rank_id)
+            reset.survivors = [r for r in reset.survivors if r != rank_id]
+            self._decide(reset, now)
+            return
         self.states[rank_id] = RankState.SUCCESS
-        if self.current is not None and not self.current.sent:
-            self._decide(self.current, now)
+        if reset is not None and not reset.sent:
+            self._decide(reset, now)
 
     def _notify(self, reset: _Reset) -> None:
         """NOTICE `peer_lost` to every rank of the world still running that has not heard it."""

@@ -269,9 +269,9 @@ class Supervisor(Phase[HostAttempt]):
         if self.cause is not None:
             return
         self.relay.note([f"no reset in place: {reason}"])
-        first = self.first_loss
-        assert first is not None, "a round opens with a loss"
-        self._stop(first, now)
+        # A planned reset's round has no loss: a rank that finished meanwhile ended the work (Horovod's first
+        # rule), and the others are stopped at their commit.
+        self._stop(self.first_loss or (lambda stopped: Succeeded()), now)
 
     def _absorbed(self, ranks: list[int], why: str, now: float) -> bool:
         """An elastic job's survivors go on in a smaller world (a reset in place) where they can."""
