@@ -482,7 +482,9 @@ class Job:
             hosts, route_to=master_addr, python=interpreter(self.config.python),
             cwd=None if synced else self.cwd, script=None if synced else script_of(self.config.command),
             heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
-            wait_while_stopped=self.on_terminal, software=software,
+            wait_while_stopped=self.on_terminal,
+            # An elastic job's hosts are compared with any host that joins later: asked even when alone.
+            software=True if self.config.restart.elastic else software,
         )  # fmt: skip
         nodes = [host.node for host in hosts]
         for node in nodes:
