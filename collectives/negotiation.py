@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -210,7 +211,22 @@ def _verdict(call: Call, groups: _Groups, rows: list[list[int]]) -> Agreement:
                 f"{_what(call.kind)} cannot run while rank(s) {[groups.ranks[i] for i in joined]} have "
                 "called join(): after join, Horovod lets the other ranks run only Sum or Average allreduces"
             )
-    raise MismatchError(_describe(groups, rows))
+    raise MismatchError(_describe(groups, rows) + _after_a_reset())
+
+
+# After a reset, a newcomer runs its script from the top while the others sync the state in hvd.elastic.run.
+NEWCOMER_HINT = (
+    "; after a reset, a rank that joins runs the script from its start: a top-level broadcast there meets "
+    "the others' state sync. Fix: remove the top-level hvd.broadcast_parameters/broadcast_optimizer_state "
+    "calls; hvd.elastic.run syncs the state from rank 0 (docs/elastic.md, What a script must do)"
+)
+
+
+def _after_a_reset() -> str:
+    """The elastic pattern to use, where the job has reset in place (the usual cause of a mismatch there)."""
+    elastic = os.environ.get("DISTRUN_ELASTIC_SOCKET")
+    resets = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return NEWCOMER_HINT if elastic and resets.isdigit() and int(resets) > 0 else ""
 
 
 def _what(kind: int) -> str:

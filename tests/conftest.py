@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -50,3 +52,26 @@ def children_get_default_signals() -> Iterator[None]:
     finally:
         for sig in ignored:
             signal.signal(sig, signal.SIG_IGN)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-load", type=int, default=0, metavar="N",
+        help="run the tests with N CPU-burning processes beside them (.ci/run runs the elastic tests so)",
+    )  # fmt: skip
+
+
+@pytest.fixture(autouse=True, scope="session")
+def cpu_load(request: pytest.FixtureRequest) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """`--cpu-load N`: N processes spinning a core each for the whole session, so that events arrive as they
+    do on a busy machine (seconds apart, in another order); stopped by pid at the end."""
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(request.config.getoption("--cpu-load"))
+    ]
+    try:
+        yield burners
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()

@@ -12,6 +12,7 @@ from typing import Any
 
 from launcher.check.perf import PerfResult, measure
 from launcher.core.config import LaunchConfig
+from launcher.core.elastic_policy import too_few
 from launcher.core.plan import Plan, build_plan, plural
 from launcher.errors import DeadlineReached, HostError
 from launcher.runtime.loop import Loop
@@ -72,11 +73,8 @@ def preflight(
         raise PreflightFailed(f"preflight named {names}; nothing was started", record)
     if num_proc < min_np:
         close_all(nodes)
-        raise PreflightFailed(
-            f"preflight named {names}; the other hosts hold {plural(num_proc, 'rank', 'ranks')}, fewer than "
-            f"--min-np {min_np}; nothing was started",
-            record,
-        )
+        others = too_few(num_proc, min_np, [h.name for h in keep], without=names)
+        raise PreflightFailed(f"preflight named {names}; {others}; nothing was started", record)
     for node in nodes:
         if node.name in named and not node.lost:
             node.link.close()

@@ -23,6 +23,7 @@ class HostsUpdate:
     hosts: tuple[Host, ...]
     added: tuple[str, ...]  # new hosts, or hosts that offer more slots
     removed: tuple[str, ...]  # hosts gone, or offering fewer slots
+    source: str = "--host-discovery-script"  # what changed them
 
     @property
     def kind(self) -> int:
@@ -36,10 +37,12 @@ class HostsUpdate:
             parts.append(f"added: {', '.join(self.added)}")
         if self.removed:
             parts.append(f"removed: {', '.join(self.removed)}")
-        return "hosts " + "; ".join(parts) + " (--host-discovery-script)"
+        return "hosts " + "; ".join(parts) + f" ({self.source})"
 
 
-def hosts_update(before: Sequence[Host], now: Sequence[Host]) -> HostsUpdate | None:
+def hosts_update(
+    before: Sequence[Host], now: Sequence[Host], source: str = "--host-discovery-script"
+) -> HostsUpdate | None:
     """None when the script lists the same hosts with the same slots (order does not matter)."""
     old = {host.name: host.slots for host in before}
     new = {host.name: host.slots for host in now}
@@ -47,7 +50,7 @@ def hosts_update(before: Sequence[Host], now: Sequence[Host]) -> HostsUpdate | N
     removed = tuple(name for name, slots in old.items() if slots > new.get(name, 0))
     if not added and not removed:
         return None
-    return HostsUpdate(tuple(now), added, removed)
+    return HostsUpdate(tuple(now), added, removed, source)
 
 
 @dataclass(frozen=True)

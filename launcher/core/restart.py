@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from launcher.core.blacklist import Blacklist, Exclusion
 from launcher.core.config import RestartOptions
+from launcher.core.elastic_policy import too_few
 from launcher.core.hosts import Host
 from launcher.core.plan import plural
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut, describe_exit
@@ -148,11 +149,9 @@ def plan_restart(
         return Restart(tuple(hosts), num_proc, reason, note)
     assert options.min_np is not None and options.max_np is not None
     if slots < options.min_np:
-        without = f" without {left_out}" if left_out else ""
         known = [h.name for h in (*hosts, *spares, *discovered)]
         return GiveUp(
-            f"only {plural(slots, 'slot', 'slots')} left{without} "
-            f"({', '.join(h.name for h in candidates) or 'no hosts'}), fewer than --min-np {options.min_np}",
+            too_few(slots, options.min_np, [h.name for h in candidates], without=left_out or ""),
             below_min_np=True,
             back_at=book.blacklist.back_at(known, now),
         )

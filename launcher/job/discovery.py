@@ -36,8 +36,9 @@ class DiscoveryError(UsageError):
 
 
 def parse_discovery_output(text: str, script: Path, slots_per_host: int | None = None) -> tuple[Host, ...]:
-    """Blank lines and `#` comments are skipped; a host listed twice is kept once (the first). A line without
-    `:slots` gets `slots_per_host` (--slots-per-host), else 1."""
+    """Blank lines and `#` comments are skipped; a host listed twice is kept once, with its last line's slots
+    (Horovod's rule), in the place of its first. A line without `:slots` gets `slots_per_host`
+    (--slots-per-host), else 1."""
     hosts: dict[str, Host] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -49,7 +50,7 @@ def parse_discovery_output(text: str, script: Path, slots_per_host: int | None =
             raise DiscoveryError(f"{script} output line {number} {line!r}: {err}") from None
         if slots_per_host is not None and ":" not in line.rpartition("]")[2]:
             host = dataclasses.replace(host, slots=slots_per_host)
-        hosts.setdefault(host.name, host)
+        hosts[host.name] = host
     return tuple(hosts.values())
 
 

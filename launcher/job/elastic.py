@@ -12,14 +12,25 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.agent.protocol import LEAVE, NOTICE, RESET, LeaveRequest, Notice, ResetRequest
 from launcher.core.elastic_plan import Member, NewWorld, new_world, reset_envs
+from launcher.core.elastic_policy import (
+    Limits,
+    Pending,
+    RankState,
+    Reset,
+    RoundRank,
+    Stop,
+    decide_round,
+    reset_limit_reached,
+    too_few,
+)
 from launcher.core.host_changes import Regrouping
 from launcher.core.hosts import Host
-from launcher.core.plan import plural
 from launcher.runtime.node import HostAttempt
 
 log = logging.getLogger(__name__)
@@ -67,6 +78,7 @@ class _Reset:
     # A hosts update's (launcher.job.host_watch): the newcomers chosen with it, and the ranks that leave.
     planned: list[Member] | None = None
     leaving: list[int] = field(default_factory=list)
+    noticed: set[int] = field(default_factory=set)  # ranks told `peer_lost` in this round
 
 
 class Resetter:
@@ -113,6 +125,7 @@ class Resetter:
         self.max_np = max_np
         self.spawn = spawn
         self.failed: list[int] = []  # rank ids lost in this attempt
+        self.freed: set[int] = set()  # of them, those whose slot is free again (their host came back)
         self.gone_hosts: set[str] = set()  # lost mid-attempt: no newcomer goes there
         self.next_id = max(self.host_of, default=-1) + 1
         self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
@@ -120,6 +133,12 @@ class Resetter:
         self.leave_out = leave_out
         self.rank_failed = rank_failed
         self.usable = usable
+        # The round under way: each rank's state once it ended or was lost (READY is `at_commit`), and why.
+        self.states: dict[int, RankState] = {}
+        self.causes: list[str] = []
+        self.final = False  # the last round's decision ends the job (Horovod's rules), no whole restart
+        # Called with the reason when a round decides that the attempt stops (the Supervisor stops it).
+        self.on_stop: Callable[[str, float], None] | None = None
 
     @property
     def resetting(self) -> bool:
@@ -140,8 +159,8 @@ class Resetter:
     def ready(self, rank_id: int, port: int, now: float) -> None:
         self.at_commit[rank_id] = port
         reset = self.current
-        if reset is not None and not reset.sent and set(self.at_commit) >= set(reset.survivors):
-            self._send_new_world(reset)
+        if reset is not None:
+            self._decide(reset, now)
 
     def synced(self, rank_id: int, seconds: float, now: float) -> None:
         reset = self.current
@@ -160,68 +179,141 @@ class Resetter:
             self.leave_out(host, f"lost while a spare ({detail})")
 
     def absorb(self, lost: Sequence[int], cause: str, now: float) -> bool:
-        """Begin (or widen) a reset without the `lost` rank ids; False when the job must stop instead (the
-        reason in `refused`)."""
-        lost = [r for r in lost if r not in self.leavers]
-        if not lost:
-            return True
-        reset = self.current
-        alive = [r for r in self._by_rank() if r not in lost and (reset is None or r in reset.survivors)]
-        planned = len(reset.planned or ()) if reset is not None else 0
-        refusal = self._refusal(alive, reset, len(alive) + planned)
-        if refusal is not None:
-            self.refused = refusal
-            return False
-        for rank_id in lost:
-            self.place.pop(rank_id, None)
-            self.failed.append(rank_id)
-        leaving = []
-        if cause.startswith("lost host "):
+        """Record the `lost` rank ids in the round (opening it with the first loss); the round is decided once
+        every rank of the world reported (launcher.core.elastic_policy). False when no reset in place can
+        follow at all (the reason in `refused`): the job stops at once."""
+        host_lost = cause.startswith("lost host ")
+        if host_lost:  # whoever ran there (ranks leaving too): no newcomer goes there
             gone = {self.host_of[r] for r in lost} - self.gone_hosts
             self.gone_hosts.update(gone)
             if self.leave_out is not None:
                 for name in sorted(gone):
                     self.leave_out(name, "lost " + cause.removeprefix(f"lost host {name} "))
-        else:
-            leaving = self._leave_failed_hosts(lost, alive, cause, planned)
-            alive = [r for r in alive if r not in leaving]
+        lost = [r for r in lost if r not in self.leavers and r in self.place]
+        if not lost:
+            return True
+        reset = self.current
+        if reset is not None and reset.sent:
+            self.refused = "a rank was lost while the new world formed"
+            return False
+        world = self._by_rank()
+        if not all(rank_id in self.opted for rank_id in world):
+            self.refused = "not every rank uses hvd.elastic"
+            return False
+        for rank_id in lost:
+            self.states[rank_id] = RankState.LOST if host_lost else RankState.FAILURE
         if reset is None:
-            reset = _Reset(cause, now, time.time(), [*lost, *leaving], alive, leaving=leaving)
+            survivors = [r for r in world if r not in lost]
+            reset = _Reset(cause, now, time.time(), [], survivors)
             self.current = reset
             log.info("elastic reset: %s", cause)
-        else:
-            reset.left.extend([*lost, *leaving])
-            reset.leaving.extend(leaving)
-            reset.survivors = alive
+        self.causes.extend(cause for _ in lost)
+        self._notify(reset)
+        self._decide(reset, now)
+        return True
+
+    def succeeded(self, rank_id: int, now: float) -> None:
+        """A rank of the world exited 0: in a round, Horovod's first rule (any success stops the job)."""
+        if rank_id in self.leavers or rank_id not in self.place:
+            return
+        reset = self.current
+        if reset is not None and not reset.sent and not self.causes:
+            # A planned reset (no loss): the rank that finished is simply not in the new world.
+            self.place.pop(rank_id)
+            self.leavers.add(rank_id)
+            reset.survivors = [r for r in reset.survivors if r != rank_id]
+            self._decide(reset, now)
+            return
+        self.states[rank_id] = RankState.SUCCESS
+        if reset is not None and not reset.sent:
+            self._decide(reset, now)
+
+    def _notify(self, reset: _Reset) -> None:
+        """NOTICE `peer_lost` to every rank of the world still running that has not heard it."""
         by_host: dict[str, list[int]] = {}
-        for rank_id in [*alive, *leaving]:  # a leaving rank may be blocked on the lost one too
+        for rank_id in self._by_rank():
+            if rank_id in self.states or rank_id in reset.noticed or rank_id in self.leavers:
+                continue
+            reset.noticed.add(rank_id)
             by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
         for name, ranks in by_host.items():
             self.hosts[name].node.send(NOTICE, Notice(ranks))
-        if set(self.at_commit) >= set(alive):
-            self._send_new_world(reset)
-        return True
 
-    def _leave_failed_hosts(
-        self, lost: Sequence[int], alive: Sequence[int], cause: str, planned: int
-    ) -> list[int]:
-        """A failed rank's host is left out at once, as Horovod's elastic driver does, where the world can go
-        on without it (at least --min-np ranks elsewhere): its other ranks leave at this reset (exit 0). Where
-        it cannot (a one-host job), only the failed rank's slot is left out and the host counts the failure
-        (the blacklist's rule for whole-job restarts). The ranks that leave."""
-        hosts = {self.host_of[r] for r in lost} - self.gone_hosts
-        leaving = [r for r in alive if self.host_of[r] in hosts]
-        if self.leave_out is None or len(alive) - len(leaving) + planned < self.min_np:
-            if self.rank_failed is not None:
-                for rank_id in lost:
-                    self.rank_failed(self.host_of[rank_id], cause)
-            return []
-        for name in sorted(hosts):
-            self.leave_out(name, f"a rank failed there ({cause})")
-        for rank_id in leaving:
+    def round_ranks(self) -> list[RoundRank]:
+        """Every rank of the world (those leaving at a planned reset aside) with its state in the round."""
+        ranks = []
+        for rank_id in self._by_rank():
+            if rank_id in self.leavers:
+                continue
+            state = self.states.get(rank_id)
+            if state is None:
+                state = RankState.READY if rank_id in self.at_commit else RankState.RUNNING
+            ranks.append(RoundRank(rank_id, self.host_of[rank_id], state))
+        return ranks
+
+    def _decide(self, reset: _Reset, now: float) -> None:
+        """The round's decision once every rank reported: the reset goes on, or the attempt stops."""
+        if reset.sent:
+            return
+        spent = self.spent()
+        slots = {name: host.slots for name, host in self.host_values.items() if name not in self.gone_hosts}
+        if reset.planned is not None or self.spawn is None or self.max_np is None:
+            slots = {}  # no newcomers to choose: a planned reset's are chosen already
+        decision = decide_round(
+            self.round_ranks(), limits=self.limits(), resets_done=self.done_before + len(self.records),
+            slots=slots, usable=self.usable, spent=spent, coming=len(reset.planned or ()),
+        )  # fmt: skip
+        if isinstance(decision, Pending):
+            return
+        cause = self.causes[0] if self.causes else reset.cause
+        for name in decision.left_out:
+            if name not in self.gone_hosts and self.leave_out is not None:
+                self.leave_out(name, f"a rank failed there ({cause})")
+        if isinstance(decision, Reset) and reset.planned is not None:
+            planned = [m for m in reset.planned if m.host.name not in decision.left_out]
+            if len(decision.survivors) + len(planned) < self.min_np:
+                names = sorted({self.host_of[r] for r in decision.survivors} | {m.host.name for m in planned})
+                decision = Stop(
+                    too_few(len(decision.survivors) + len(planned), self.min_np, names), final=False
+                )
+            else:
+                reset.planned = planned
+        if isinstance(decision, Stop):
+            self.refused = decision.reason
+            self.final = decision.final
+            if self.on_stop is not None:
+                self.on_stop(decision.reason, now)
+            return
+        assert isinstance(decision, Reset)
+        lost = [r for r, state in self.states.items() if state in (RankState.FAILURE, RankState.LOST)]
+        for rank_id in lost:
             self.place.pop(rank_id, None)
-        self.leavers.update(leaving)
-        return leaving
+            self.failed.append(rank_id)
+            host = self.host_of[rank_id]
+            counted = self.states[rank_id] is RankState.FAILURE and host not in decision.left_out
+            if counted and self.rank_failed is not None:
+                self.rank_failed(host, cause)
+        for rank_id in decision.leaving:
+            self.place.pop(rank_id, None)
+        self.leavers.update(decision.leaving)
+        self.states.clear()
+        self.causes.clear()
+        reset.left.extend([*lost, *decision.leaving])
+        reset.leaving.extend(decision.leaving)
+        reset.survivors = list(decision.survivors)
+        self._send_new_world(reset)
+
+    def spent(self) -> Counter[str]:
+        """Slots of each host that no newcomer takes: failed ranks' (left out, not refilled)."""
+        return Counter(self.host_of[r] for r in self.failed if r not in self.freed)
+
+    def limits(self) -> Limits:
+        return Limits(self.min_np, self.max_np or len(self.place), self.reset_limit)
+
+    def host_back(self, name: str) -> None:
+        """A host back from its cooldown: its failed ranks' slots are free again."""
+        self.freed.update(r for r in self.failed if self.host_of[r] == name)
+        self.gone_hosts.discard(name)
 
     # -- a planned change (the discovery script's hosts)
 
@@ -230,12 +322,6 @@ class Resetter:
         self.hosts[host.name] = host
         self.host_values[host.name] = host.node.host
         self.gone_hosts.discard(host.name)
-
-    def drop_newcomers(self, hosts: set[str]) -> None:
-        """The planned reset's newcomers on these hosts do not come (the hosts could not be reached)."""
-        reset = self.current
-        if reset is not None and reset.planned is not None and not reset.sent:
-            reset.planned = [member for member in reset.planned if member.host.name not in hosts]
 
     def members(self) -> list[tuple[int, str]]:
         """(rank id, host) of every rank of the world, in rank order."""
@@ -262,8 +348,8 @@ class Resetter:
             return refusal
         members = []
         for host in newcomers:
+            # Its host is known once it starts (`_send_new_world`): a newcomer that never came is no rank.
             members.append(Member(self.next_id, host))
-            self.host_of[self.next_id] = host.name
             self.next_id += 1
         for rank_id in leaving:
             self.place.pop(rank_id, None)
@@ -294,10 +380,10 @@ class Resetter:
             return "not every rank uses hvd.elastic"
         size = len(alive) if size is None else size
         if size < self.min_np:
-            return f"{plural(size, 'rank', 'ranks')} left, fewer than --min-np {self.min_np}"
+            return too_few(size, self.min_np, sorted({self.host_of[r] for r in alive}))
         used = self.done_before + len(self.records)
         if reset is None and self.reset_limit is not None and used >= self.reset_limit:
-            return f"--reset-limit {self.reset_limit} reached ({plural(used, 'reset', 'resets')} done)"
+            return reset_limit_reached(self.reset_limit, used)
         return None
 
     def _by_rank(self) -> list[int]:
@@ -310,7 +396,7 @@ class Resetter:
         wanted = self.max_np - len(survivors)
         used = {name: 0 for name in self.host_values}
         # A failed rank's slot counts as used: it is left out, not refilled; spares are slots beyond them.
-        for rank_id in [*survivors, *self.failed]:
+        for rank_id in [*survivors, *(r for r in self.failed if r not in self.freed)]:
             used[self.host_of[rank_id]] += 1
         members: list[Member] = []
         for name, host in self.host_values.items():
@@ -350,6 +436,7 @@ class Resetter:
             assert self.spawn is not None
             for member in newcomers:
                 self.place[member.rank_id] = world.rank_of(member.rank_id)
+                self.host_of[member.rank_id] = member.host.name
             reset.joined = [member.host.name for member in newcomers]
             reset.size = world.plan.world_size
             self.spawn(world, newcomers, envs)

@@ -14,33 +14,40 @@ the script runs again a second later.
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, Any, Protocol
 
-from launcher.console.progress import progress_line
+from launcher.core.config import RestartOptions
 from launcher.core.host_changes import hosts_update, regroup
 from launcher.core.hosts import Host
-from launcher.core.plan import plural
+from launcher.core.plan import Plan
 from launcher.errors import EXIT_INTERNAL, DistrunError
+from launcher.job.attempt_hosts import AttemptHosts
 from launcher.job.discovery import TIMEOUT, DiscoveryError, Polling
 from launcher.job.elastic import Resetter
-from launcher.runtime.node import HostAttempt, connect
-
-if TYPE_CHECKING:
-    from launcher.core.plan import Plan
-    from launcher.job.run import Job
-    from launcher.job.supervise import Supervisor
+from launcher.runtime.node import HostAttempt
 
 log = logging.getLogger(__name__)
 
 EVERY = 1.0  # Horovod's driver polls its discovery script every second
 
-# Connects to and probes the hosts a change added; those that could not be reached are left out.
+# Connects to and probes the hosts a change added; those that could not be reached or were refused are left
+# out (launcher.job.attempt_hosts).
 Join = Callable[[Sequence[Host]], list[HostAttempt]]
+# A host of the attempt whose ranks all ended, back after its cooldown: its new record (None: it cannot).
+Revive = Callable[[str], HostAttempt | None]
+
+
+class Attached(Protocol):
+    """What the watch asks of the running attempt's phase (launcher.job.supervise.Supervisor)."""
+
+    def end_job(self, now: float) -> None: ...
+
+    def add_host(self, host: HostAttempt) -> None: ...
+
+    def add_watch(self, fileobj: IO[Any], on_ready: Callable[[float], bool]) -> None: ...
 
 
 class ResetLimitReached(DistrunError):
@@ -54,7 +61,7 @@ class HostWatch:
 
     def __init__(
         self,
-        script: Path,
+        script: Path | None,
         known: Sequence[Host],
         resetter: Resetter,
         join: Join,
@@ -63,9 +70,16 @@ class HostWatch:
         slots_per_host: int | None = None,
         called_before: bool = False,
         every: float = EVERY,
+        usable: Callable[[str], bool] = lambda host: True,
+        revive: Revive = lambda host: None,
+        exclusions: Callable[[str], int] = lambda host: 0,
     ) -> None:
-        """`called_before`: the script already answered once (it named the job's first hosts), so no failure
-        of it ends the job."""
+        """`script` None: the job's hosts are fixed (-H), and the watch only brings back a host left out
+        once its cooldown ends. `called_before`: the script already answered once (it named the job's first
+        hosts), so no failure of it ends the job. `usable(host)`: not on the blacklist now;
+        `exclusions(host)`:
+        how many times the blacklist left it out. A host left out since the world was formed is out of the
+        world's hosts, however short its cooldown: once usable again it comes back as an addition."""
         self.script = script
         self.known = tuple(known)
         self.resetter = resetter
@@ -74,10 +88,15 @@ class HostWatch:
         self.slots_per_host = slots_per_host
         self.answered = called_before
         self.every = every
-        self.sup: Supervisor | None = None
+        self.sup: Attached | None = None
         self.polling: Polling | None = None
         self.next_at = time.monotonic() + every
-        self.latest: tuple[Host, ...] | None = None
+        self.latest: tuple[Host, ...] | None = None if script is not None else self.known
+        self.usable = usable
+        self.revive = revive
+        self.out: set[str] = set()  # hosts of the world the blacklist left out since it was formed
+        self.exclusions = exclusions
+        self.seen = {host.name: exclusions(host.name) for host in self.known}
         self.wake = False  # a run ended: its result is taken at the loop's next pass
         # Added hosts that could not be joined, left out while the script lists them.
         self.unreachable: set[str] = set()
@@ -85,13 +104,17 @@ class HostWatch:
         self.fatal: DistrunError | None = None  # what ends the job, once its ranks are stopped
         self.changed = False  # a hosts update formed a new world: `known` are the job's hosts now
 
-    def attach(self, sup: Supervisor) -> None:
+    def attach(self, sup: Attached) -> None:
         self.sup = sup
 
     def next_due(self) -> float:
         if self.wake:
             return time.monotonic()
         return self.polling.end if self.polling is not None else self.next_at
+
+    @property
+    def polls(self) -> bool:
+        return self.script is not None
 
     def _readable(self, now: float) -> bool:
         assert self.polling is not None
@@ -109,7 +132,9 @@ class HostWatch:
                 self.polling = None
                 self.next_at = now + self.every
                 self._take(polling)
-        if self.polling is None and now >= self.next_at and self.sup is not None:
+        if self.script is None and now >= self.next_at:
+            self.next_at = now + self.every  # no script: the blacklist's clocks are looked at each second
+        elif self.script is not None and self.polling is None and now >= self.next_at and self.sup:
             try:
                 self.polling = Polling(self.script, TIMEOUT, self.slots_per_host)
             except DiscoveryError as err:
@@ -145,52 +170,82 @@ class HostWatch:
         resetter = self.resetter
         if self.latest is None or resetter.resetting:
             return
-        # A host whose ranks all left runs no attempt any more: listed again, it joins at the next restart.
+        # A host left out is out of the world's hosts: when its time is up (and the script, if any, lists it)
+        # it comes back as an addition. A host left out for the rest of the job never does.
+        self.out |= {h.name for h in self.known if self.exclusions(h.name) > self.seen.get(h.name, 0)}
+        self.known = tuple(host for host in self.known if host.name not in self.out)
+        # A host whose ranks all ended runs no attempt any more: one left out comes back on a new record,
+        # others (their ranks left, or finished) at the next restart.
         done = {name for name, host in resetter.hosts.items() if host.finished}
-        hosts = tuple(host for host in self.latest if host.name not in self.unreachable | done)
-        update = hosts_update([host for host in self.known if host.name not in done], hosts)
+        hosts = tuple(
+            host
+            for host in self.latest
+            if host.name not in self.unreachable
+            and self.usable(host.name)
+            and (host.name not in done or host.name in self.out)
+        )
+        source = "--host-discovery-script" if self.polls else "a cooldown ended"
+        update = hosts_update([host for host in self.known if host.name not in done], hosts, source)
         if update is None:
             return
         members = resetter.members()
         if not all(rank_id in resetter.opted for rank_id, _ in members):
             self._wait_because(f"{update.cause}: waiting until every rank uses hvd.elastic", logging.INFO)
             return
-        failed = Counter(resetter.host_of[rank_id] for rank_id in resetter.failed)
-        regrouped = regroup(members, hosts, self.max_np, failed)
+        back = [name for name in update.added if name in done]
+        spent = resetter.spent()
+        for name in back:
+            del spent[name]  # back from its cooldown: its failed ranks' slots are free again
+        regrouped = regroup(members, hosts, self.max_np, spent)
         if not regrouped.leaving and not regrouped.newcomers:
             # Added slots beyond --max-np: spares, no reset (an agent with no rank would hold the attempt); a
             # later loss leaves room for them.
             self._wait_because(f"{update.cause}: no rank to start (--max-np {self.max_np})", logging.INFO)
             return
+        coming = {host.name for host in regrouped.newcomers}
+        # The added hosts are reached, probed and admitted before any rank hears of the change: a host
+        # refused costs no reset (it is left out while the script lists it, and the change made again).
+        if not self._join([h for h in hosts if h.name in coming], done):
+            return
+        for name in back:
+            resetter.host_back(name)
         refusal = resetter.change_hosts(update.cause, update.kind, regrouped, now)
         if refusal is None:
-            # The ranks heard of it and go on to their next commit while the added hosts are reached.
             self.known = hosts
+            self.out -= {host.name for host in hosts}
+            self.seen = {host.name: self.exclusions(host.name) for host in hosts}
             self.changed = True
             self.said = None
-            coming = {host.name for host in regrouped.newcomers}
-            self._join([h for h in hosts if h.name in coming and h.name not in resetter.hosts])
             return
         if refusal.startswith("--reset-limit"):
             self._end(ResetLimitReached(f"the job ends: {refusal}; the next: {update.cause}"), now)
             return
         self._wait_because(f"{update.cause}: no reset in place: {refusal}")
 
-    def _join(self, new: Sequence[Host]) -> None:
-        """Connect to and probe the added hosts; the newcomers of those that could not be reached do not come,
-        and the hosts stay out while the script lists them."""
-        if not new:
-            return
-        joined = self.join(new)
+    def _join(self, coming: Sequence[Host], done: set[str]) -> bool:
+        """The hosts newcomers go to, ready for them: added ones connected, probed and admitted, ones whose
+        ranks all ended given a new record. False when one could not be (it stays out while listed)."""
+        resetter = self.resetter
         assert self.sup is not None
-        for host in joined:
-            self.sup.add_host(host)
-            self.resetter.add_host(host)
-        missing = {host.name for host in new} - {host.name for host in joined}
+        ready: list[HostAttempt] = []
+        missing: set[str] = set()
+        again: set[str] = set()  # lost, back from a cooldown: reached again as an added host is
+        for name in dict.fromkeys(h.name for h in coming if h.name in done):
+            back = self.revive(name)
+            if back is None:
+                again.add(name)
+            else:
+                ready.append(back)
+        new = [h for h in dict.fromkeys(coming) if h.name not in resetter.hosts or h.name in again]
+        joined = self.join(new)
+        missing |= {h.name for h in new} - {h.name for h in joined}
+        for attempt_host in [*ready, *joined]:
+            self.sup.add_host(attempt_host)
+            resetter.add_host(attempt_host)
         if missing:
             self.unreachable |= missing
-            self.known = tuple(host for host in self.known if host.name not in missing)
-            self.resetter.drop_newcomers(missing)
+            return False
+        return True
 
     def _wait_because(self, why: str, level: int = logging.WARNING) -> None:
         if why != self.said:
@@ -203,49 +258,24 @@ class HostWatch:
             self.polling = None
 
 
-def join_hosts(
-    job: Job, new: Sequence[Host], hosts: list[HostAttempt], master_addr: str
-) -> list[HostAttempt]:
-    """Connect to the hosts an update added and probe them (the job's loop waits meanwhile, as between
-    attempts); each joins the attempt's `hosts`. None of them when they could not all be reached (named)."""
-    control = job.watch.control if job.watch is not None else None
-    names = ", ".join(host.name for host in new)
-    try:
-        with progress_line(sys.stderr) as line:
-            fresh = connect(
-                new, job.config, line, control=control,
-                doing=f"adding {plural(len(new), 'host', 'hosts')}: connecting",
-            )  # fmt: skip
-    except DistrunError as err:
-        log.warning("cannot add %s: %s", names, err)
-        return []
-    job.heartbeat.add(fresh)
-    job.nodes.update((node.name, node) for node in fresh)
-    joined = [HostAttempt(node, (), idle=True) for node in fresh]  # waited for once it holds ranks
-    try:
-        job.probe(joined, master_addr)
-        if job.workdir is not None:
-            job.copies.update(job.sync(fresh, job.workdir))
-        job.same_software([*hosts, *joined])
-    except DistrunError as err:
-        log.warning("cannot add %s: %s", names, err)
-        for node in fresh:
-            job.nodes.pop(node.name, None)
-            node.drop()
-        return []
-    hosts.extend(joined)
-    return joined
-
-
 def watch_hosts(
-    job: Job, plan: Plan, hosts: list[HostAttempt], elastic: Resetter | None, master_addr: str
+    options: RestartOptions,
+    plan: Plan,
+    elastic: Resetter | None,
+    hosts: AttemptHosts,
+    usable: Callable[[str], bool],
+    *,
+    exclusions: Callable[[str], int],
+    called_before: bool,
 ) -> HostWatch | None:
-    """An elastic attempt's --host-discovery-script, polled while its ranks run; None without one."""
-    options = job.config.restart
-    if elastic is None or options.discovery_script is None:
+    """An elastic attempt's watch of its hosts: the --host-discovery-script polled while its ranks run, or
+    (fixed hosts with --blacklist-cooldown-range) a host left out brought back once its cooldown ends; None
+    where neither applies. `called_before`: an earlier attempt ran (the script answered then)."""
+    script = options.discovery_script
+    if elastic is None or (script is None and options.cooldown_range is None):
         return None
     return HostWatch(
-        options.discovery_script, plan.nodes, elastic, lambda new: join_hosts(job, new, hosts, master_addr),
-        max_np=options.max_np or plan.world_size, slots_per_host=options.slots_per_host,
-        called_before=options.discovered_first or bool(job.attempts),
+        script, plan.nodes, elastic, hosts.join, max_np=options.max_np or plan.world_size,
+        slots_per_host=options.slots_per_host, called_before=options.discovered_first or called_before,
+        usable=usable, revive=hosts.revive, exclusions=exclusions,
     )  # fmt: skip

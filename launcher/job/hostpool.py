@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from launcher.core.blacklist import Blacklist, CooldownRange, Exclusion
 from launcher.core.config import LaunchConfig
+from launcher.core.elastic_policy import wake_at
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan
 from launcher.core.restart import GiveUp, HostBook, Restart, plan_restart
@@ -89,6 +90,10 @@ class HostPool:
     def usable(self, host: str) -> bool:
         return self.book.blacklist.usable(host, time.monotonic())
 
+    def exclusions(self, host: str) -> int:
+        """How many times `host` was left out."""
+        return self.book.blacklist.counts.get(host, 0)
+
     def name_left_out(self, before: Mapping[str, Exclusion]) -> None:
         """One console line for each host the blacklist took in since `before`."""
         now = time.monotonic()
@@ -117,8 +122,8 @@ class HostPool:
         said = False
         while isinstance(decision, GiveUp):
             now = time.monotonic()
-            wake = now + POLL if script else decision.back_at
-            if wake is None or wake > give_up_at:
+            wake = wake_at(now, give_up_at, decision.back_at, polls=script, every=POLL)
+            if wake is None:
                 if said:
                     return GiveUp(
                         f"{verdict.message}; not enough came back within --elastic-timeout "

@@ -29,7 +29,7 @@ from launcher.errors import (
     ReportWriteError,
 )
 from launcher.job.reachable import connect_reachable
-from launcher.job.run import Job, job_loop, rank_hosts
+from launcher.job.run import Job, job_loop
 from launcher.report.account import Failure, build_report, format_account, report_text
 from launcher.report.file import ReportSlot
 from launcher.report.summary import summarize
@@ -46,7 +46,7 @@ def launch(config: LaunchConfig, out_fd: int = 1, err_fd: int = 2) -> int:
     """Run the job to its end; returns distrun's exit code. Raises DistrunError before anything started."""
     plan = build_plan(config.plan_inputs)
     # Before anything starts anywhere: a bad --output-dir is bad input, not a failed job.
-    relay = LogRelay(out_fd, err_fd, rank_hosts(plan), LogOptions.of(config))
+    relay = LogRelay(out_fd, err_fd, {s.rank: s.host.name for s in plan.slots}, LogOptions.of(config))
     # Before connecting anywhere: a workdir that is too big, or lacks the script, is refused here.
     workdir: Workdir | None = None
     if config.workdir is not None:

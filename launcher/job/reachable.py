@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from launcher.core.blacklist import Blacklist, CooldownRange
 from launcher.core.config import LaunchConfig
-from launcher.core.plan import Plan, build_plan, plural
+from launcher.core.elastic_policy import too_few, wake_at
+from launcher.core.plan import Plan, build_plan
 from launcher.core.progress import ProgressFn
 from launcher.errors import HostError
 from launcher.runtime.control import ControlServer
@@ -49,17 +50,14 @@ def connect_reachable(
         hosts = [h for h in config.hosts if book.usable(h.name, now)]
         slots = sum(h.slots for h in hosts)
         if slots < min_np:
-            names = ", ".join(h.name for h in hosts) or "no hosts"
-            below = (
-                f"only {plural(slots, 'slot', 'slots')} reachable ({names}), fewer than --min-np {min_np}; "
-                + "; ".join(f"{e.host}: {e.reason}" for e in out)
-            )
-            back = book.back_at([e.host for e in out], now)
-            if back is None or back > give_up_at:
+            below = too_few(slots, min_np, [h.name for h in hosts], verb="reachable") + "; "
+            below += "; ".join(f"{e.host}: {e.reason}" for e in out)
+            wake = wake_at(now, give_up_at, book.back_at([e.host for e in out], now), polls=False)
+            if wake is None:
                 raise HostError(below)
             waiting = f"waiting up to {options.elastic_timeout:g}s (--elastic-timeout) for a host's cooldown"
             note([f"{below}: {waiting}"])
-            sleep(back - now)
+            sleep(wake - now)
             continue
         if book.excluded:  # the plan again, from the hosts usable now
             plan = build_plan(config.plan_inputs.resized(hosts, min(config.num_proc, slots)))

@@ -28,7 +28,7 @@ from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.core.elastic_plan import Member, NewWorld
 from launcher.core.hosts import Host
-from launcher.core.plan import Plan, Slot, build_plan, plural
+from launcher.core.plan import Plan, build_plan, plural
 from launcher.core.rendezvous import Rendezvous, choose_rendezvous
 from launcher.core.restart import GiveUp, Restart, cause, decide
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled
@@ -39,6 +39,7 @@ from launcher.errors import (
     HostError,
     Interrupted,
 )
+from launcher.job.attempt_hosts import AttemptHosts, same_software
 from launcher.job.discovery import between_attempts
 from launcher.job.elastic import ResetRecord, Resetter
 from launcher.job.host_watch import watch_hosts
@@ -145,13 +146,15 @@ class Job:
         while True:
             index = len(self.attempts)
             if index:
-                self.relay.note([f"attempt {index}: {_ranks_on_hosts(plan)}"])
+                where = f"{plural(plan.node_count, 'host', 'hosts')}"
+                self.relay.note([f"attempt {index}: {plural(plan.world_size, 'rank', 'ranks')} on {where}"])
             outcome = self.attempt(index, plan)
             self.attempts.append(
                 AttemptRecord(index, plan.world_size, tuple(h.name for h in plan.nodes), outcome)
             )
             if self._reset_limit_hit is not None:
-                # The (N+1)th reset would have begun: the job ends; a whole restart would only reset more.
+                # Horovod's rules ended the job (every rank failed, the (N+1)th reset would have begun...): a
+                # whole restart would only fail or reset more.
                 self.give_up = GiveUp(f"the job ends: {self._reset_limit_hit}")
                 return outcome
             discovered = self.discover() if outcome.retryable and index < options.max_restarts else ()
@@ -245,6 +248,9 @@ class Job:
         self.loop.run(pause)
         return pause.outcome
 
+    def control(self) -> ControlServer | None:
+        return self.watch.control if self.watch is not None else None
+
     def nodes_for(self, plan: Plan) -> list[Node]:
         """The plan's nodes in node-rank order: new or lost hosts connected, hosts left out closed."""
         in_plan = {h.name for h in plan.nodes}
@@ -257,10 +263,9 @@ class Job:
                 self.pool.leave_out(name, "lost while a spare")
         missing = [h for h in plan.nodes if h.name not in self.nodes]
         if missing:
-            control = self.watch.control if self.watch is not None else None
             doing = f"restarting: connecting to {plural(len(missing), 'host', 'hosts')}"
             with progress_line(sys.stderr) as line:
-                fresh = connect(missing, self.config, line, control=control, doing=doing)
+                fresh = connect(missing, self.config, line, control=self.control(), doing=doing)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
         return [self.nodes[h.name] for h in plan.nodes]
@@ -289,10 +294,10 @@ class Job:
 
     def run_attempt(self, attempt: int, plan: Plan, nodes: Sequence[Node]) -> Outcome:
         # The attempt's own record of each host: nothing of an earlier attempt carries over.
-        hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, _slots_by_node(plan), strict=True)]
+        slots_by_node = [plan.node_slots(i) for i in range(plan.node_count)]
+        hosts = [HostAttempt(node, slots) for node, slots in zip(nodes, slots_by_node, strict=True)]
         idle = [HostAttempt(node, (), idle=True) for node in self.pool.spare_nodes(plan, self.nodes)]
-        self.began: set[str] = set()  # hosts without ranks at the start whose agent has started ranks since
-        self.rank_hosts = rank_hosts(plan)  # the console's prefixes: rank id -> host, newcomers added
+        self.rank_hosts = {s.rank: s.host.name for s in plan.slots}  # the console's prefixes, newcomers added
         self.relay.set_hosts(dict(self.rank_hosts))
         master_addr = self.master_addr(nodes)
         # One round with the plan's hosts (the software check compares them all), again without a bad spare.
@@ -304,9 +309,13 @@ class Job:
         rdzv = self.rendezvous(plan, hosts, master_addr)
         self.start(attempt, plan, hosts, rdzv, placed)
         # Every host of the attempt, spares included; a host the discovery script adds joins this list.
-        everyone = [*hosts, *spares]
+        self.hosts = self.attempt_hosts([*hosts, *spares], master_addr)
+        everyone = self.hosts.everyone
         elastic = self.resetter(attempt, everyone, [h.node for h in everyone])
-        host_watch = watch_hosts(self, plan, everyone, elastic, master_addr)
+        host_watch = watch_hosts(
+            self.config.restart, plan, elastic, self.hosts, self.pool.usable, exclusions=self.pool.exclusions,
+            called_before=bool(self.attempts),
+        )  # fmt: skip
         sup = Supervisor(
             everyone,
             self.relay,
@@ -336,7 +345,8 @@ class Job:
             self.record(attempt, started, sup, hosts)
             if elastic is not None:
                 self.resets.extend(elastic.records)
-                if elastic.refused is not None and elastic.refused.startswith("--reset-limit"):
+                limit = elastic.refused is not None and elastic.refused.startswith("--reset-limit")
+                if elastic.refused is not None and (elastic.final or limit):
                     self._reset_limit_hit = elastic.refused
         self.relay.finish()
         return outcome
@@ -355,7 +365,7 @@ class Job:
         def spawn(
             world: NewWorld, newcomers: Sequence[Member], envs: Mapping[int, Mapping[str, str]]
         ) -> None:
-            self.spawn(attempt, world, newcomers, envs, hosts)
+            self.spawn(attempt, world, newcomers, envs)
 
         return Resetter(
             hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
@@ -364,19 +374,43 @@ class Job:
             rank_failed=self.pool.rank_failed, usable=self.pool.usable,
         )  # fmt: skip
 
+    def attempt_hosts(self, everyone: list[HostAttempt], master_addr: str) -> AttemptHosts:
+        """The attempt's hosts (launcher.job.attempt_hosts), with how a host added while it runs is reached,
+        probed (its software asked whatever the count) and refused."""
+
+        def reach(new: Sequence[Host]) -> list[Node]:
+            doing = f"adding {plural(len(new), 'host', 'hosts')}: connecting"
+            with progress_line(sys.stderr) as line:
+                fresh = connect(new, self.config, line, control=self.control(), doing=doing)
+            self.heartbeat.add(fresh)
+            self.nodes.update((node.name, node) for node in fresh)
+            return fresh
+
+        def admit(joined: Sequence[HostAttempt], hosts: Sequence[HostAttempt]) -> None:
+            self.probe(joined, master_addr, software=True)
+            if self.workdir is not None:
+                self.copies.update(self.sync([h.node for h in joined], self.workdir))
+            self.same_software(hosts)
+
+        def forget(nodes: Sequence[Node]) -> None:
+            for node in nodes:
+                self.nodes.pop(node.name, None)
+                node.drop()
+
+        return AttemptHosts(everyone, reach, admit, forget)
+
     def spawn(
         self,
         attempt: int,
         world: NewWorld,
         newcomers: Sequence[Member],
         envs: Identities,
-        hosts: Sequence[HostAttempt],
     ) -> None:
         """Start a reset's newcomers beside the running ranks (ADD), each as rank `world.rank_of` of the new
         world, under its own id."""
         first = envs[newcomers[0].rank_id]
         rdzv = Rendezvous(first["MASTER_ADDR"], int(first["MASTER_PORT"]), (), ())
-        by_name = {host.name: host for host in hosts}
+        by_name = self.hosts.by_name()
         nodes = [by_name[node.name] for node in world.plan.nodes]
         requests = start_requests(
             self.config, world.plan, rdzv, self.env, local=[h.node.local for h in nodes],
@@ -390,8 +424,8 @@ class Job:
             if ranks:
                 # A spare, or a host the discovery script added, runs no attempt yet: its first ranks START
                 # one, and from then the attempt waits for it to end.
-                kind = ADD if host.slots or host.name in self.began else START
-                self.began.add(host.name)
+                kind = ADD if host.slots or host.name in self.hosts.began else START
+                self.hosts.began.add(host.name)
                 host.idle = False
                 host.node.send(kind, dataclasses.replace(request, ranks=ranks))
         self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
@@ -441,14 +475,17 @@ class Job:
             )
         raise HostError("every remote host is reached through a proxy; give --master-addr")
 
-    def probe(self, hosts: Sequence[HostAttempt], master_addr: str) -> None:
-        """Every host's facts, set on its record and checked: a missing cwd, script or python ends here."""
+    def probe(self, hosts: Sequence[HostAttempt], master_addr: str, *, software: bool | None = None) -> None:
+        """Every host's facts, set on its record and checked: a missing cwd, script or python ends here.
+        `software`: ask each host's software versions (None: where there is more than one host to compare)."""
         synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = probe_requests(
             hosts, route_to=master_addr, python=interpreter(self.config.python),
             cwd=None if synced else self.cwd, script=None if synced else script_of(self.config.command),
             heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
             wait_while_stopped=self.on_terminal,
+            # An elastic job's hosts are compared with any host that joins later: asked even when alone.
+            software=True if self.config.restart.elastic else software,
         )  # fmt: skip
         nodes = [host.node for host in hosts]
         for node in nodes:
@@ -491,24 +528,8 @@ class Job:
 
     def same_software(self, hosts: Sequence[HostAttempt]) -> None:
         """Refuse hosts that would run another copy of the code, Python, torch, CUDA or NCCL."""
-        if len(hosts) < 2:
-            return
-        from launcher.core.same_software import differences, refuse
-
-        reports = []
-        for host in hosts:
-            values = dict(_facts(host).software or {})
-            if host.name in self.copies:
-                values["workdir"] = self.copies[host.name].manifest_hash[:12]
-            reports.append((host.name, values))
-        lines = differences(reports)
-        for line in lines:
-            if self.config.allow_mismatch:
-                log.warning("%s (--allow-mismatch: running anyway)", line)
-            else:
-                log.error("%s", line)
-        if lines and not self.config.allow_mismatch:
-            raise refuse(lines)
+        workdirs = {name: copy.manifest_hash[:12] for name, copy in self.copies.items()}
+        same_software(hosts, workdirs, allow_mismatch=self.config.allow_mismatch)
 
     def place(self, plan: Plan, hosts: Sequence[HostAttempt]) -> tuple[RankDevices, ...] | None:
         """Each rank's GPUs and cores from what the hosts reported; DeviceError (exit 3) if they cannot.
@@ -577,15 +598,3 @@ class Job:
 def _facts(host: HostAttempt) -> Facts:
     assert host.facts is not None, "Job.probe sets every host's facts"
     return host.facts
-
-
-def rank_hosts(plan: Plan) -> dict[int, str]:
-    return {s.rank: s.host.name for s in plan.slots}
-
-
-def _ranks_on_hosts(plan: Plan) -> str:
-    return f"{plural(plan.world_size, 'rank', 'ranks')} on {plural(plan.node_count, 'host', 'hosts')}"
-
-
-def _slots_by_node(plan: Plan) -> list[tuple[Slot, ...]]:
-    return [plan.node_slots(i) for i in range(plan.node_count)]

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import signal
 import socket
+import time
 from collections.abc import Callable, Sequence
 
 from launcher.agent.protocol import (
@@ -84,6 +85,9 @@ class Supervisor(Phase[HostAttempt]):
         self.rank_hosts = {slot.rank: host.name for host in hosts for slot in host.slots}
         if elastic is not None:
             self.rank_hosts = elastic.host_of  # one map: a reset's newcomers are the attempt's ranks too
+            elastic.on_stop = self._round_stopped
+        # The round's first loss, the attempt's outcome should the round decide that it stops.
+        self.first_loss: Callable[[tuple[int, ...]], Outcome] | None = None
         self.deadline = deadline
         self.grace = grace
         for host in self.hosts:
@@ -134,6 +138,10 @@ class Supervisor(Phase[HostAttempt]):
         """A host the discovery script added while the attempt runs (its ranks come with the next reset)."""
         self.hosts.append(host)
         host.node.attempt_began()
+        # A host back from its cooldown: its old record is read no more (the loop reads a node for one
+        # record), and its silence since its ranks ended was ours, not the host's.
+        self.sources = [(node, record) for node, record in self.sources if node is not host.node]
+        host.node.excuse(time.monotonic())
         self.add_source(host.node, host)
 
     def next_wake(self) -> float | None:
@@ -241,9 +249,29 @@ class Supervisor(Phase[HostAttempt]):
         self.measured[rank] = exited
         ended = RankExit(rank, self.rank_hosts.get(rank, host.name), exited.returncode)
         self.exits[rank] = ended
-        if exited.returncode != 0 and not self._absorbed([rank], describe_cause(RankFailed(ended)), now):
-            done = sum(1 for other in self.exits.values() if other.rank != rank and other.returncode == 0)
-            self._stop(lambda stopped: RankFailed(ended, stopped, peers_done=done), now)
+        if exited.returncode == 0:
+            if self.elastic is not None and self.cause is None:
+                self.elastic.succeeded(rank, now)
+            return
+        done = sum(1 for other in self.exits.values() if other.rank != rank and other.returncode == 0)
+
+        def failed(stopped: tuple[int, ...]) -> Outcome:
+            return RankFailed(ended, stopped, peers_done=done)
+
+        if self.first_loss is None or self.elastic is None or not self.elastic.resetting:
+            self.first_loss = failed
+        if not self._absorbed([rank], describe_cause(RankFailed(ended)), now):
+            self._stop(failed, now)
+
+    def _round_stopped(self, reason: str, now: float) -> None:
+        """The round decided that the attempt stops (launcher.core.elastic_policy): its first loss is the
+        outcome."""
+        if self.cause is not None:
+            return
+        self.relay.note([f"no reset in place: {reason}"])
+        # A planned reset's round has no loss: a rank that finished meanwhile ended the work (Horovod's first
+        # rule), and the others are stopped at their commit.
+        self._stop(self.first_loss or (lambda stopped: Succeeded()), now)
 
     def _absorbed(self, ranks: list[int], why: str, now: float) -> bool:
         """An elastic job's survivors go on in a smaller world (a reset in place) where they can."""
@@ -294,9 +322,15 @@ class Supervisor(Phase[HostAttempt]):
                 "however long only for a distrun on a terminal or one stopped with Ctrl-Z"
             )
         lost = [r for r, name in self.rank_hosts.items() if name == host.name and r not in self.exits]
+
+        def gone(stopped: tuple[int, ...]) -> Outcome:
+            return HostLost(host.name, detail, stopped, ours=ours)
+
+        if self.first_loss is None or self.elastic is None or not self.elastic.resetting:
+            self.first_loss = gone
         if not ours and self._absorbed(lost, f"lost host {host.name} ({detail})", now):
             return
-        self._stop(lambda stopped: HostLost(host.name, detail, stopped, ours=ours), now)
+        self._stop(gone, now)
 
     def on_silent(self, host: HostAttempt, seconds: float, now: float) -> None:
         self._lose(host, f"no word from it for {seconds:.0f}s", now)

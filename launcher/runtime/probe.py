@@ -33,10 +33,14 @@ def probe_requests(
     heartbeat: float,
     dead_after: float,
     wait_while_stopped: bool = False,
+    software: bool | None = None,
 ) -> list[ProbeRequest]:
     """Each host's question for an attempt (node-rank order). `cwd`/`script`: checked there, unless None
     (ranks run in a synced copy, checked here); `heartbeat`/`dead_after`: the agent's pace and patience;
-    `wait_while_stopped`: distrun is a terminal's job, which its agents wait for while it is stopped."""
+    `wait_while_stopped`: distrun is a terminal's job, which its agents wait for while it is stopped;
+    `software`: ask for software versions (None: only where there is more than one host to compare them,
+    True for hosts joining a running job, whose versions are compared with the others')."""
+    compare = len(hosts) > 1 if software is None else software
     return [
         ProbeRequest(
             # Rank 0's host also probes two rendezvous ports: one differs from the last attempt's.
@@ -50,7 +54,7 @@ def probe_requests(
             wait_while_stopped=wait_while_stopped,
             script=script,
             # One host has nothing to differ from: the launch of a lone host skips the interpreter run.
-            software=len(hosts) > 1,
+            software=compare,
         )
         for i, host in enumerate(hosts)
     ]

@@ -74,3 +74,14 @@ def test_the_verdict_is_the_same_on_both_sides() -> None:
     with pytest.raises(MismatchError) as caught:
         _verdict(b, there, [a.row(), b.row()])
     assert str(caught.value) == here
+
+
+def test_after_a_reset_a_mismatch_says_which_elastic_pattern_to_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    broadcast = Call(Kind.BROADCAST, dtype=torch.float32, shape=(3,), root=0)
+    other = Call(Kind.BROADCAST, dtype=torch.float32, shape=(4,), root=0)
+    assert "hvd.elastic.run syncs" not in verdict(broadcast, other), "no reset: no hint"
+    monkeypatch.setenv("DISTRUN_ELASTIC_SOCKET", "/tmp/elastic.sock")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    message = verdict(broadcast, other)
+    assert message.startswith("Mismatched broadcast tensor shapes")
+    assert "Fix: remove the top-level hvd.broadcast_parameters/broadcast_optimizer_state calls" in message

@@ -102,3 +102,49 @@ def test_a_change_past_the_reset_limit_stops_the_job_naming_it() -> None:
         "(--host-discovery-script)"
     )
     assert not any(_sent(host, NOTICE) for host in hosts)
+
+
+def test_an_added_host_that_is_refused_costs_no_reset_and_no_rank() -> None:
+    """The join (connect, probe, software check) comes before any rank hears of the change: a refused host
+    begins no reset (no callbacks, nothing against --reset-limit), and no rank id is taken for it."""
+    hosts = fake_hosts({"a": 1, "b": 1})
+    resetter = _resetter(hosts, [], reset_limit=1)
+    asked: list[list[str]] = []
+
+    def refuse(new: Any) -> list[HostAttempt]:
+        asked.append([h.name for h in new])
+        return []
+
+    watch = HostWatch(
+        Path("/bin/true"), [Host("a", 1), Host("b", 1)], resetter, refuse, max_np=4, called_before=True
+    )
+    sup = _Sup()
+    watch.attach(cast(Any, sup))
+    watch.latest = (Host("a", 1), Host("b", 1), Host("c", 1))
+    watch.tick(0.0)
+    watch.tick(1.0)
+    assert asked == [["c"]], "asked once; left out while the script lists it"
+    assert not any(_sent(host, NOTICE) for host in hosts) and not resetter.resetting
+    assert sorted(resetter.host_of) == [0, 1]
+    assert resetter.absorb([1], "rank 1 (host b) exited with code 1", 2.0), (
+        "the one reset allowed is still there"
+    )
+
+
+def test_a_host_left_out_stays_out_of_the_scripts_answers_until_its_time() -> None:
+    hosts = fake_hosts({"a": 1, "b": 1})
+    resetter = _resetter(hosts, [])
+    out_until = {"b": 10.0}
+    now = [0.0]
+    exclusions = {"b": 1}
+    watch = HostWatch(
+        Path("/bin/true"), [Host("a", 1), Host("b", 1)], resetter, lambda new: [], max_np=4,
+        called_before=True, usable=lambda h: now[0] >= out_until.get(h, 0.0),
+        exclusions=lambda h: exclusions.get(h, 0),
+    )  # fmt: skip
+    watch.attach(cast(Any, _Sup()))
+    exclusions["b"] = 2  # left out again since the world formed
+    watch.latest = (Host("a", 1), Host("b", 1))
+    watch.tick(0.0)
+    assert not any(_sent(host, NOTICE) for host in hosts), "b is out: not an addition, not a removal"
+    assert [h.name for h in watch.known] == ["a"]

@@ -106,9 +106,9 @@ def test_discovered_hosts_join_up_to_max_np_and_excluded_ones_wait_out_their_coo
 def test_discovery_output_is_parsed_with_line_numbers(tmp_path: Path) -> None:
     script = tmp_path / "discover.sh"
     assert parse_discovery_output("a:2\n\n# spare\nb\na:4\n", script) == (
-        Host("a", slots=2, origin=f"{script}:1"),
+        Host("a", slots=4, origin=f"{script}:5"),
         Host("b", slots=1, origin=f"{script}:4"),
-    )
+    ), "a host listed twice keeps its last line (Horovod's rule)"
     with pytest.raises(DiscoveryError, match=rf"{script} output line 2 'b:zero'"):
         parse_discovery_output("a\nb:zero\n", script)
 

@@ -10,6 +10,9 @@ rank writes DIR/<pid>.pid and DIR/paused.<start rank> at batch KILL_AT, before i
 there: the reset that the victim's death begins waits for its last commit forever.
 ELASTIC_RAISE_AT_END=<start rank>: that rank raises once it wrote its result (an uncaught exception after the
 reset formed its group again).
+With ELASTIC_FAIL_ALL_AT set to a batch, every rank
+raises there (again after each reset), start rank r ELASTIC_FAIL_SPACING_S x r seconds after reaching it:
+Horovod's all-ranks-failure scenario, its failures spaced apart.
 """
 
 import json
@@ -59,6 +62,9 @@ def train(state):
             os.kill(os.getpid(), signal.SIGKILL)
         if state.batch == kill_at and os.environ.get("ELASTIC_HOLD_BEFORE_COMMIT") == str(start_rank):
             paused_before_commit()
+        if state.batch == int(os.environ.get("ELASTIC_FAIL_ALL_AT", "-1")):
+            time.sleep(start_rank * float(os.environ.get("ELASTIC_FAIL_SPACING_S", "0")))
+            raise RuntimeError(f"start rank {start_rank} fails at batch {state.batch}")
         time.sleep(float(os.environ.get("ELASTIC_SLOW_S", "0")))
         optimizer.zero_grad()
         model(torch.ones(8, 4)).sum().backward()
