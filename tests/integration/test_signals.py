@@ -75,6 +75,28 @@ def test_a_rank_deaf_to_ctrl_c_gets_sigterm_halfway_through_the_grace_period(pid
     assert_all_gone(recorded_pids(pid_dir))
 
 
+# A stop signals the ranks' groups, then every descendant of the agent (what left those groups): a rank is in
+# both. Signalled twice, a rank's Python handler ran twice whenever the second copy landed after the first had
+# started it (two "got SIGTERM" lines from one rank, under load). The race itself cannot be forced, so this
+# checks the rule that prevents it: the descendants' pass skips the groups already signalled.
+_ONCE = """
+import signal, subprocess, sys
+from launcher.agent.reaper import signal_descendants
+skipped, reached = (subprocess.Popen(["sleep", "60"], start_new_session=True) for _ in range(2))
+signal_descendants(signal.SIGTERM, skip_groups={skipped.pid})
+print(reached.wait(timeout=30), skipped.poll())
+skipped.kill()
+skipped.wait()
+"""
+
+
+def test_the_descendants_pass_of_a_stop_skips_the_groups_it_signalled_already() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _ONCE], cwd=REPO, env=clean_env(), capture_output=True, timeout=60
+    )
+    assert result.stdout.split() == [str(-signal.SIGTERM).encode(), b"None"], result.stderr.decode()
+
+
 def test_sigterm_reaches_every_rank_as_sigterm(pid_dir: Path) -> None:
     proc = _start(pid_dir)
     proc.send_signal(signal.SIGTERM)
