@@ -10,34 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
 
+from tests.markers import markers_for
 from tests.support import SENT_BY_TESTS, is_outer_job
 
 # The simulated cluster's fixtures, for tests/multihost and for the scenarios that run both here and there.
 pytest_plugins = ("tests.multihost.fixtures",)
-
-TESTS = Path(__file__).resolve().parent
-# Each folder's marker (pyproject's `markers` say what each needs): a test added to a folder has it at once.
-FOLDER_MARKERS = {name: name for name in ("unit", "integration", "multihost", "slurm", "gpu")}
-# A test elsewhere that takes one of these fixtures needs what that folder's tests need.
-FIXTURE_MARKERS = {"cluster": "multihost", "make_cluster": "multihost", "slurm": "slurm"}
-
-
-def markers_for(path: Path, fixtures: Iterable[str]) -> set[str]:
-    """The markers of a test at `path` taking `fixtures`: its folder's, and those of the clusters it uses."""
-    found: set[str] = set()
-    try:
-        folder = path.resolve().relative_to(TESTS).parts[0]
-    except (ValueError, IndexError):
-        folder = ""
-    if folder in FOLDER_MARKERS:
-        found.add(FOLDER_MARKERS[folder])
-    found.update(FIXTURE_MARKERS[name] for name in fixtures if name in FIXTURE_MARKERS)
-    return found
 
 
 @pytest.hookimpl(tryfirst=True)
