@@ -16,10 +16,21 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.markers import markers_for
 from tests.support import SENT_BY_TESTS, is_outer_job
 
 # The simulated cluster's fixtures, for tests/multihost and for the scenarios that run both here and there.
 pytest_plugins = ("tests.multihost.fixtures",)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Markers by folder and by fixture, so that `-m "not multihost and not slurm"` (no root needed) and
+    `-m unit` select by what a test needs, with no marker to remember in each new file."""
+    for item in items:
+        have = {mark.name for mark in item.iter_markers()}
+        for name in sorted(markers_for(item.path, getattr(item, "fixturenames", ())) - have):
+            item.add_marker(name)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -359,9 +360,18 @@ class Terminal:
         os.close(self.slave)
 
 
-def start_two_ranks(script: Path, *args: str, port: int) -> list[subprocess.Popen[str]]:
-    """Two ranks of `script` on this machine, a world of 2 rendezvousing on 127.0.0.1:`port`, without a
-    launcher; their stdout is captured as text."""
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now, chosen by the kernel: a random guess collided
+    with ports in use once tests ran on several workers at once."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_two_ranks(script: Path, *args: str, port: int | None = None) -> list[subprocess.Popen[str]]:
+    """Two ranks of `script` on this machine, a world of 2 rendezvousing on 127.0.0.1:`port` (a free one by
+    default), without a launcher; their stdout is captured as text."""
+    port = free_port() if port is None else port
     return [
         subprocess.Popen(
             [sys.executable, str(script), *args],

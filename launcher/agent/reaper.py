@@ -120,11 +120,16 @@ def _descendants_by_scan(root: int, zombies: bool) -> list[int]:
     return found
 
 
-def signal_descendants(sig: int) -> None:
-    """Send `sig` to every living descendant of this process."""
+def signal_descendants(sig: int, skip_groups: Set[int] = frozenset()) -> None:
+    """Send `sig` to every living descendant of this process but those in `skip_groups`.
+
+    The skipped groups are those the caller has just signalled as a whole: a process must get one signal,
+    not two. Python runs a handler once per delivery, so a rank's SIGTERM or Ctrl-C handler that is still
+    running when the second copy lands runs again (a checkpoint written twice, cleanup interrupted)."""
     for pid in descendants():
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+            if os.getpgid(pid) not in skip_groups:
+                os.kill(pid, sig)
 
 
 def reap_adopted(keep: Set[int]) -> None:

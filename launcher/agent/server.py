@@ -326,13 +326,15 @@ class Agent:
                 self.send_message(kind, message, rank_id)
 
     def _signal_all(self, sig: int, leftovers: bool = False) -> None:
+        signalled: set[int] = set()
         for entry in self.ranks.values():
             if entry.returncode is None or leftovers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
+                    signalled.add(entry.pgid)
         if self.reaping and (leftovers or sig in (signal.SIGSTOP, signal.SIGCONT)):
             # What left the ranks' groups (own sessions, daemons): every descendant, adopted ones included.
-            signal_descendants(sig)
+            signal_descendants(sig, skip_groups=signalled)
 
     def stop(self, grace: float | None = None, first: int = signal.SIGTERM) -> None:
         if not self.started:

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from launcher.agent.stackdump import LOCK_NAME
@@ -94,21 +93,20 @@ def test_a_stopped_rank_is_named_at_once(tmp_path: Path, where: Where) -> None:
         pid = int((tmp_path / "1.pid").read_text())
         if not where.ssh:
             wait_until(lambda: _state(pid) == "T", 30)
-        started = time.monotonic()
         shown = ask_stacks_until(job.pid, "cannot read the stacks: it is stopped", env)
-        took = time.monotonic() - started
     if where.ssh:
         assert "rank 1 (1 of 2) on h2: cannot read the stacks: it is stopped (SIGSTOP or SIGTSTP" in shown, (
             shown
         )
-        assert took < 10, f"took {took:.1f}s"
+        # Named, not waited out: the agent's own wait for a rank (15 s) would say "no stacks within". Not
+        # timed: `distrun stacks` alone took over 10 s to start on a loaded machine.
+        assert "no stacks within" not in shown, shown
         where.assert_clean(within=10)
         return
     stopped = f"it is stopped (SIGSTOP or SIGTSTP; kill -CONT {pid} resumes it)"
     assert f"rank 1 (1 of 2) on localhost: cannot read the stacks: {stopped}" in shown
+    # The agent's own wait for a rank is 15 s: a stopped rank is named at once, never waited out.
     assert "no stacks within" not in shown
-    # The agent's own wait for a rank is 15 s: a stopped rank is named long before.
-    assert took < 10, f"took {took:.1f}s"
 
 
 def _state(pid: int) -> str:

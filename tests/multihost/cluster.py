@@ -465,6 +465,15 @@ class Cluster:
         listener = self.sshd_pid(host)
         return [p for p in _processes_in({inode}) if p.pid != listener]
 
+    def commands(self, host: str) -> list[str]:
+        """The command lines of `processes(host)`; one that exits meanwhile is left out, not an error (a test
+        waiting for a host to empty lists it while its processes exit)."""
+        found = []
+        for proc in self.processes(host):
+            with contextlib.suppress(psutil.Error):
+                found.append(" ".join(proc.cmdline()))
+        return found
+
     def wait_clean(self, timeout: float = 10.0) -> dict[str, list[psutil.Process]]:
         """Wait until no host runs anything but its sshd; returns what is still left (empty when clean).
 

@@ -62,7 +62,9 @@ def test_the_whole_tree_is_sampled_its_cpu_and_memory_summed(
     sampler.wrote(0, time.monotonic())
     sample = _sample(sampler, proc.pid)
     assert sample.processes == 2
-    assert sample.cpu_percent is not None and sample.cpu_percent > 30  # the child spins (a shared machine)
+    # The child spins; on a shared two-core machine with a dozen runnable processes it gets a few percent of
+    # a core, and a tree whose CPU went unsummed would show ~0.
+    assert sample.cpu_percent is not None and sample.cpu_percent > 1
     assert sample.rss_bytes is not None and sample.rss_bytes > 64 << 20
     assert sample.last_output_age_s is not None and 0 < sample.last_output_age_s < 5
     assert not sample.stopped

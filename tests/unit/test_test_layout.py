@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.layering import REPO, imported_names
+from tests.markers import FOLDER_MARKERS, markers_for
 
 TESTS = REPO / "tests"
 
@@ -65,3 +66,19 @@ def test_the_check_sees_each_way_of_importing_a_test_module(tmp_path: Path) -> N
         (5, "test_a"),
     ]
     assert find_test_modules(tmp_path / "tests") == [package / "test_a.py", importer]
+
+
+def test_every_test_folder_gives_its_marker_and_pyproject_declares_each() -> None:
+    folders = {path.parent.relative_to(TESTS).parts[0] for path in find_test_modules()}
+    assert folders <= set(FOLDER_MARKERS), "a new test folder needs its marker in tests/markers.py"
+    for folder in folders:
+        assert markers_for(TESTS / folder / "test_new.py", ()) == {folder}
+    assert markers_for(TESTS / "gpu" / "test_perf_gpu.py", ()) == {"gpu"}
+    # A test elsewhere that builds clusters still needs root: `-m "not multihost"` leaves it out.
+    assert markers_for(TESTS / "integration" / "test_x.py", ["tmp_path", "make_cluster"]) == {
+        "integration",
+        "multihost",
+    }
+    assert markers_for(TESTS / "integration" / "test_x.py", ["slurm"]) == {"integration", "slurm"}
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert all(f'"{marker}: ' in pyproject for marker in FOLDER_MARKERS.values()), "declare it in pyproject"

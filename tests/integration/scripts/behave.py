@@ -18,6 +18,9 @@ parser.add_argument("--exit-early-rank", type=int, default=-1, help="this rank e
 parser.add_argument("--after", type=float, default=0.5)
 parser.add_argument("--sleep", type=float, default=60)
 parser.add_argument("--ignore-term", action="store_true")
+parser.add_argument(
+    "--fail-after-exit-of", type=int, default=-1, help="the failing rank waits for this one to end"
+)
 args = parser.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -37,7 +40,25 @@ if rank == args.exit_early_rank:
     print(f"rank {rank} leaving early", flush=True)
     sys.exit(0)
 time.sleep(args.after)
+
+
+def ended(other: int) -> bool:
+    """Rank `other` has recorded its pid and exited (a zombie the agent has yet to reap counts as ended)."""
+    try:
+        with open(os.path.join(args.pid_dir, f"rank{other}.pid")) as f:
+            pid = int(f.read())
+    except (OSError, ValueError):
+        return False  # not written yet
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 if rank == args.fail_rank:
+    while args.fail_after_exit_of >= 0 and not ended(args.fail_after_exit_of):
+        time.sleep(0.02)
     print(f"rank {rank} is failing on purpose", file=sys.stderr, flush=True)
     sys.exit(args.code)
 if rank == args.kill_rank:
