@@ -50,7 +50,9 @@ def tree(root: int) -> list[int]:
 class Sampler:
     """One attempt's sampling on one host. `wrote` as output comes; `due`/`sample` from the agent's loop."""
 
-    def __init__(self, interval: float, now: float, nvml: Any = None) -> None:
+    def __init__(
+        self, interval: float, now: float, nvml: Any = None, progress_dir: str | None = None
+    ) -> None:
         self.interval = interval
         self.next_at: float | None = now if interval > 0 else None
         self._last: dict[int, tuple[float, int]] = {}  # rank -> (when, CPU ticks of its tree then)
@@ -58,7 +60,7 @@ class Sampler:
         self._nvml = nvml  # opened at the first sample: a job that never samples never loads NVML
         self._nvml_tried = nvml is not None
         # The agent's dump directory, where ranks answer for their collectives (launcher.agent.progress).
-        self.progress_dir: str | None = None
+        self.progress_dir = progress_dir  # where the ranks answer with their collectives (agent.progress)
 
     def wrote(self, rank: int, now: float) -> None:
         self._wrote[rank] = now

@@ -248,10 +248,9 @@ class Agent:
         self._new_attempt()
         self.started = True
         self.grace = spec.grace
-        self.sampler = Sampler(spec.sample_interval, self.clock())
         if self.dump_dir is None:
             self.dump_dir = DumpDir()
-        self.sampler.progress_dir = self.dump_dir.path
+        self.sampler = Sampler(spec.sample_interval, self.clock(), progress_dir=self.dump_dir.path)
         if spec.elastic and self.elastic is None:
             self.elastic = ElasticLines(self.dump_dir.path)
             self.sel.register(self.elastic, selectors.EVENT_READ, "elastic")
@@ -378,7 +377,6 @@ class Agent:
             self.send_message(STACK_DUMP, StackReply(request.request_id))
             return
         now = self.clock()
-        # Reading each rank is isolated there: an error of it names the rank, and the agent runs on.
         gathering = Gathering(
             request.request_id, running, self.dump_dir, tool=request.tool, wait=request.wait, now=now
         )

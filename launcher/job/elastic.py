@@ -330,8 +330,11 @@ class Resetter:
     def world(self) -> tuple[list[tuple[int, str]], dict[int, str]]:
         """The world now, for `distrun top`: (rank id, host) of its ranks in rank order, and rank id -> host
         of each rank that left it (lost, or told to leave by a reset)."""
-        gone = [*self.failed, *self.leavers]
-        return self.members(), {r: self.host_of[r] for r in gone if r not in self.place}
+        # A rank lost in the round still being decided has left the world already, whatever the decision.
+        lost = {r for r, state in self.states.items() if state in (RankState.FAILURE, RankState.LOST)}
+        gone = [*self.failed, *self.leavers, *lost]
+        members = [(r, host) for r, host in self.members() if r not in lost]
+        return members, {r: self.host_of[r] for r in gone if r not in self.place or r in lost}
 
     def change_hosts(self, cause: str, update: int, regrouped: Regrouping, now: float) -> str | None:
         """Begin a planned reset: every rank hears `hosts_updated` and raises HostsUpdatedInterrupt at its

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import clean_env
+
 pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +58,7 @@ def test_a_group_formed_again_prefixes_an_uncaught_exception_once(tmp_path: Path
     done = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=clean_env(),
         capture_output=True,
         text=True,
         timeout=120,
