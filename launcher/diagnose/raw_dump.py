@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.diagnose.isolation import Isolation
-from launcher.diagnose.stacks import RankStacks, StackDump, ThreadStack
+from launcher.diagnose.stacks import RankStacks, StackDump, ThreadStack, thread_json
 
 
 @dataclass(frozen=True)
@@ -52,18 +52,7 @@ class RawDump(StackDump):
                     "hosts": [rank.host],
                     "error": rank.error or None,
                     "source": rank.source or None,
-                    "threads": [
-                        {
-                            "name": t.name,
-                            "main": t.main,
-                            **({"truncated": True} if t.truncated else {}),
-                            "frames": [
-                                {"function": f.func, "file": f.file, "line": f.line, "native": f.native}
-                                for f in t.frames
-                            ],
-                        }
-                        for t in _main_first(rank.threads)
-                    ],
+                    "threads": [thread_json(t) for t in _main_first(rank.threads)],
                 }
                 for rank in self._ranks()
             ],

@@ -330,6 +330,18 @@ def shown_threads(stacks: RankStacks) -> list[ThreadStack]:
     return sorted(stacks.threads, key=_thread_order)
 
 
+def thread_json(thread: ThreadStack) -> dict[str, Any]:
+    """A thread in the report's form (docs/report.schema.json, `stacks`)."""
+    return {
+        "name": thread.name,
+        "main": thread.main,
+        **({"truncated": True} if thread.truncated else {}),
+        "frames": [
+            {"function": f.func, "file": f.file, "line": f.line, "native": f.native} for f in thread.frames
+        ],
+    }
+
+
 @dataclass(frozen=True)
 class StackDump:
     """One gathering of every rank's stacks: why (`timeout`, `stall`, `request`), when, and what came back."""
@@ -410,18 +422,7 @@ class StackDump:
                     "hosts": list(g.hosts),
                     "error": g.error or None,
                     "source": g.sample.source or None,
-                    "threads": [
-                        {
-                            "name": t.name,
-                            "main": t.main,
-                            **({"truncated": True} if t.truncated else {}),
-                            "frames": [
-                                {"function": f.func, "file": f.file, "line": f.line, "native": f.native}
-                                for f in t.frames
-                            ],
-                        }
-                        for t in shown_threads(g.sample)
-                    ],
+                    "threads": [thread_json(t) for t in shown_threads(g.sample)],
                 }
                 for g in self.groups
             ],
