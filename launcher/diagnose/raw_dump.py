@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.diagnose.isolation import Isolation
-from launcher.diagnose.stacks import RankStacks, StackDump, ThreadStack, thread_json
+from launcher.diagnose.stacks import RankStacks, StackDump, ThreadStack, group_json
 
 
 @dataclass(frozen=True)
@@ -47,13 +47,7 @@ class RawDump(StackDump):
             "time": self.time,
             "verdict": self.verdict,
             "groups": [
-                {
-                    "ranks": [rank.rank],
-                    "hosts": [rank.host],
-                    "error": rank.error or None,
-                    "source": rank.source or None,
-                    "threads": [thread_json(t) for t in _main_first(rank.threads)],
-                }
+                group_json([rank.rank], [rank.host], rank, _main_first(rank.threads))
                 for rank in self._ranks()
             ],
         }

@@ -342,6 +342,19 @@ def thread_json(thread: ThreadStack) -> dict[str, Any]:
     }
 
 
+def group_json(
+    ranks: Iterable[int], hosts: Iterable[str], read: RankStacks, threads: Iterable[ThreadStack]
+) -> dict[str, Any]:
+    """Ranks that share `read`'s stacks, in the report's form (`threads` in the order shown)."""
+    return {
+        "ranks": list(ranks),
+        "hosts": list(hosts),
+        "error": read.error or None,
+        "source": read.source or None,
+        "threads": [thread_json(t) for t in threads],
+    }
+
+
 @dataclass(frozen=True)
 class StackDump:
     """One gathering of every rank's stacks: why (`timeout`, `stall`, `request`), when, and what came back."""
@@ -416,14 +429,5 @@ class StackDump:
             "time": self.time,
             "verdict": self.verdict,
             **({"collectives": [record_json(r) for r in self.collectives]} if self.collectives else {}),
-            "groups": [
-                {
-                    "ranks": list(g.ranks),
-                    "hosts": list(g.hosts),
-                    "error": g.error or None,
-                    "source": g.sample.source or None,
-                    "threads": [thread_json(t) for t in shown_threads(g.sample)],
-                }
-                for g in self.groups
-            ],
+            "groups": [group_json(g.ranks, g.hosts, g.sample, shown_threads(g.sample)) for g in self.groups],
         }
