@@ -53,9 +53,9 @@ def test_all_ranks_failing_seconds_apart_end_the_job_at_the_rounds_decision(
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 1, err
-    assert (
-        "the job ends: every rank of the world failed" in err or "every host of the world is left out" in err
-    )
+    assert "no reset in place: every rank of the world failed (4 ranks)" in err
+    assert "the job ends: every rank of the world failed" in err
+    assert "reset 1:" not in err and "1 reset in place" not in err, "no reset: their own errors, no lost peer"
     assert "joined: h1" not in err and "attempt 1" not in err, "no restart, the left-out host not back"
     assert "--elastic-timeout" not in err
     assert_clean(lab)
