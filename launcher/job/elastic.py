@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from launcher.agent.protocol import LEAVE, NOTICE, RESET, LeaveRequest, Notice, ResetRequest
@@ -127,6 +127,7 @@ class Resetter:
         self.failed: list[int] = []  # rank ids lost in this attempt
         self.freed: set[int] = set()  # of them, those whose slot is free again (their host came back)
         self.gone_hosts: set[str] = set()  # lost mid-attempt: no newcomer goes there
+        self.unlisted: set[str] = set()  # dropped from the discovery script's answer: nor there
         self.next_id = max(self.host_of, default=-1) + 1
         self.refused: str | None = None  # why the last loss could not be absorbed (the job restarts whole)
         self.leavers: set[int] = set()  # told to leave by a hosts update: their end is no loss
@@ -256,7 +257,7 @@ class Resetter:
         if reset.sent:
             return
         spent = self.spent()
-        slots = {name: host.slots for name, host in self.host_values.items() if name not in self.gone_hosts}
+        slots = {name: host.slots for name, host in self.host_values.items() if self._open(name)}
         if reset.planned is not None or self.spawn is None or self.max_np is None:
             slots = {}  # no newcomers to choose: a planned reset's are chosen already
         decision = decide_round(
@@ -315,6 +316,10 @@ class Resetter:
         self.freed.update(r for r in self.failed if self.host_of[r] == name)
         self.gone_hosts.discard(name)
 
+    def _open(self, name: str) -> bool:
+        """Whether a newcomer may go to that host: neither lost nor dropped by the discovery script."""
+        return name not in self.gone_hosts and name not in self.unlisted
+
     # -- a planned change (the discovery script's hosts)
 
     def add_host(self, host: HostAttempt) -> None:
@@ -322,6 +327,11 @@ class Resetter:
         self.hosts[host.name] = host
         self.host_values[host.name] = host.node.host
         self.gone_hosts.discard(host.name)
+
+    def listed(self, names: Collection[str]) -> None:
+        """The hosts the world may have now (the discovery script's answer, as applied): a host it dropped
+        takes no newcomer when a later loss frees slots, though its agent may still be connected."""
+        self.unlisted = set(self.host_values) - set(names)
 
     def members(self) -> list[tuple[int, str]]:
         """(rank id, host) of every rank of the world, in rank order."""
@@ -403,7 +413,7 @@ class Resetter:
             used[self.host_of[rank_id]] += 1
         members: list[Member] = []
         for name, host in self.host_values.items():
-            free = 0 if name in self.gone_hosts or not self.usable(name) else host.slots - used[name]
+            free = host.slots - used[name] if self._open(name) and self.usable(name) else 0
             while free > 0 and len(members) < wanted:
                 members.append(Member(self.next_id, host))
                 self.host_of[self.next_id] = name

@@ -212,6 +212,7 @@ class HostWatch:
         refusal = resetter.change_hosts(update.cause, update.kind, regrouped, now)
         if refusal is None:
             self.known = hosts
+            resetter.listed([host.name for host in hosts])
             self.out -= {host.name for host in hosts}
             self.seen = {host.name: self.exclusions(host.name) for host in hosts}
             self.changed = True

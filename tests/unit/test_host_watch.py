@@ -148,3 +148,30 @@ def test_a_host_left_out_stays_out_of_the_scripts_answers_until_its_time() -> No
     watch.tick(0.0)
     assert not any(_sent(host, NOTICE) for host in hosts), "b is out: not an addition, not a removal"
     assert [h.name for h in watch.known] == ["a"]
+
+
+def test_a_host_the_script_dropped_takes_no_newcomer_when_a_later_loss_frees_room() -> None:
+    hosts = fake_hosts({"a": 2, "b": 1, "c": 1})
+    lines: list[str] = []
+    spawned: list[str] = []
+    resetter = Resetter(
+        hosts, min_np=1, reset_limit=None, run_id="r", max_restarts=0, master_addr="addr-{}".format,
+        note=lines.extend, max_np=4, spawn=lambda world, newcomers, envs: spawned.extend(
+            member.host.name for member in newcomers
+        ),
+    )  # fmt: skip
+    for rank_id in resetter.host_of:
+        resetter.opted_in(rank_id)
+    watch, _ = _watch(resetter, [Host("a", 2), Host("b", 1), Host("c", 1)], [Host("a", 2), Host("b", 1)])
+    watch.tick(0.0)
+    for rank_id in (0, 1, 2):
+        resetter.ready(rank_id, 4000 + rank_id, 1.0)
+    for rank_id in (0, 1, 2):
+        resetter.synced(rank_id, 0.5, 2.0)
+    assert len(lines) == 1 and "hosts removed: c" in lines[0]
+    assert resetter.absorb([2], "rank 2 (host b) exited with code 1", 3.0)
+    resetter.ready(0, 4010, 4.0)
+    resetter.ready(1, 4011, 4.0)
+    assert spawned == [], "c was dropped by the script: its free slot takes no newcomer"
+    last = _sent(hosts[0], RESET)[-1]
+    assert isinstance(last, ResetRequest) and last.envs["0"]["WORLD_SIZE"] == "2"
