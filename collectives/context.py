@@ -228,6 +228,9 @@ class _Context:
 
 
 _context: _Context | None = None
+# The world an elastic reset left while no other has formed yet (the new one failed to form: a peer died in
+# its rendezvous): the next reinit, or leaving, starts from it.
+_left: _Context | None = None
 
 # Rendezvous address -> (how many groups this process has joined there, its store). Each rank keeps its
 # store (rank 0 serves it) for the next init() at the same address, as Horovod's gloo-mode tests call
@@ -528,19 +531,34 @@ def _leave(wait_s: float | None) -> None:
 def reinit(environ: Mapping[str, str]) -> Topology:
     """Leave the process group at once, waiting for no one (some ranks are gone), and join the world that
     ``environ`` describes, in this process: an elastic reset. Process sets other than the global one belong
-    to the old world and are dropped."""
-    global _context
-    context = _require("reinit")
+    to the old world and are dropped. Where the last reinit failed (the new world lost a peer before it
+    formed), this one starts from the world left then."""
+    global _context, _left
+    context = _context if _context is not None else _left
+    if context is None:
+        raise NotInitializedError("reinit")
     if not context.owns_group:
         raise CollectivesError("an elastic reset needs the process group that collectives.init() created")
     _abandon_group(context)
     _forget_process_sets()
-    _context = None
+    _context, _left = None, context
     # The old world's stores may be served by a rank that is gone: the new world rendezvouses afresh.
     _stores.clear()
     # The backend the old world ran, not a fresh choice: a world that shrank to one rank per GPU would
     # otherwise move to NCCL under a model left on the CPU.
-    return init(backend=context.backend, timeout=context.timeout, environ=environ)
+    topology = init(backend=context.backend, timeout=context.timeout, environ=environ)
+    _left = None
+    return topology
+
+
+def abandon() -> None:
+    """Leave the world without a barrier, to join none (an elastic rank told to leave the job)."""
+    global _context, _left
+    context = _context if _context is not None else _left
+    if context is not None:
+        _abandon_group(context)
+    _forget_process_sets()
+    _context = _left = None
 
 
 def _abandon_group(context: _Context) -> None:

@@ -9,6 +9,11 @@ once), so each creation is wrapped in :func:`owned`, which remembers the sockets
 every thread (the caller's, the engine's, gloo's own), and the peers' waits on the other end end too.
 Sockets the script opened itself are never among them, apart from one opened on another thread during a
 group's creation.
+
+A cut also reaches a group still being created (an elastic reset's new world, whose member died before it
+formed): the sockets that appeared since its creation began are shut down too, so its rendezvous fails at
+once instead of waiting out the group's timeout. A creation that begins after a cut fails at once as well
+(:class:`~collectives.errors.HorovodInternalError`), until :func:`rearm` says a new world is named.
 """
 
 from __future__ import annotations
@@ -20,10 +25,14 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["cut", "forget", "owned"]
+from collectives.errors import HorovodInternalError
+
+__all__ = ["cut", "forget", "owned", "rearm"]
 
 _FDS = "/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd"
 _owned: set[int] = set()
+_forming: list[set[int]] = []  # for each creation under way, the sockets there were before it began
+_severed = False  # cut since the last new world was named
 _lock = threading.Lock()
 
 
@@ -44,12 +53,24 @@ def _socket_inodes() -> dict[int, int]:
 def owned() -> Iterator[None]:
     """Remember the sockets that appear while the body runs (a process group's creation) as the groups'."""
     before = set(_socket_inodes().values())
+    with _lock:
+        if _severed:
+            raise HorovodInternalError("a peer of this world is gone: its process group cannot form")
+        _forming.append(before)
     try:
         yield
     finally:
         appeared = set(_socket_inodes().values()) - before
         with _lock:
+            _forming[:] = [other for other in _forming if other is not before]
             _owned.update(appeared)
+
+
+def rearm() -> None:
+    """A new world is named: groups may form again (until the next cut)."""
+    global _severed
+    with _lock:
+        _severed = False
 
 
 def forget() -> None:
@@ -78,8 +99,13 @@ def _shut(fd: int) -> bool:
 
 
 def cut() -> int:
-    """Shut down every connected TCP socket of the groups (see :func:`owned`); the number shut down. Safe
-    from any thread, and again: a socket shut down already is skipped."""
+    """Shut down every connected TCP socket of the groups (see :func:`owned`), those of a creation under way
+    included; the number shut down. Safe from any thread, and again: a socket shut down already is skipped."""
+    global _severed
     with _lock:
+        _severed = True
         mine = set(_owned)
-    return sum(_shut(fd) for fd, inode in _socket_inodes().items() if inode in mine)
+        forming = list(_forming)
+    inodes = _socket_inodes()
+    mine.update(inode for inode in inodes.values() if any(inode not in before for before in forming))
+    return sum(_shut(fd) for fd, inode in inodes.items() if inode in mine)

@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from collectives import links
+
 __all__ = ["SOCKET_VAR", "Channel", "NewWorld", "open_channel"]
 
 SOCKET_VAR = "DISTRUN_ELASTIC_SOCKET"
@@ -64,10 +66,8 @@ class Channel:
             self._listeners.remove(listener)
 
     def next_world(self) -> NewWorld:
-        """Block until the agent says where this rank goes; the peer-lost mark is for the old world."""
-        world = self._worlds.get()
-        self.peer_lost.clear()
-        return world
+        """Block until the agent says where this rank goes."""
+        return self._worlds.get()
 
     def _read(self) -> None:
         for raw in self._sock.makefile("rb"):
@@ -80,6 +80,10 @@ class Channel:
                 self.peer_lost.set()
                 self._on_peer_lost()
             elif kind == "reset":
+                # The peer-lost mark was the old world's; cleared here, in the order the agent spoke, so that
+                # a peer the new world loses before it forms is not missed.
+                self.peer_lost.clear()
+                links.rearm()
                 self._worlds.put(NewWorld(dict(message["env"])))
             elif kind == "leave":
                 self._worlds.put(NewWorld(None))

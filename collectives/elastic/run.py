@@ -53,10 +53,16 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         if channel is not None:
             channel.listen(state.on_hosts_updated)
         skip_sync = False
-        reset_at: float | None = None
+        reset_at: float | None = None  # when this rank stopped for the reset under way
         try:
             while True:
                 try:
+                    if reset_at is not None:
+                        assert channel is not None
+                        # A peer of the new world may die before it forms: that fails here as in training,
+                        # and this rank reports at its commit again for the next world.
+                        _reset(channel)
+                        state.on_reset()
                     if not skip_sync:
                         state.sync()
                     if reset_at is not None and channel is not None:
@@ -75,9 +81,8 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                     skip_sync = False
                 if channel is None:
                     raise HorovodInternalError("a reset needs distrun's elastic mode (distrun --min-np ...)")
-                reset_at = time.monotonic()
-                _reset(channel)
-                state.on_reset()
+                if reset_at is None:
+                    reset_at = time.monotonic()
         finally:
             if channel is not None:
                 channel.forget(state.on_hosts_updated)
@@ -93,9 +98,7 @@ def _reset(channel: Channel) -> None:
     channel.send("ready")
     world = channel.next_world()
     if world.env is None:
-        context._abandon_group(context._require("reset"))
-        context._forget_process_sets()
-        context._context = None
+        context.abandon()
         sys.exit(0)
     os.environ.update(world.env)
     context.reinit(os.environ)

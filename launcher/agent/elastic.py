@@ -169,6 +169,17 @@ class ElasticLines:
         else:
             self.peer_lost(notice.ranks)
 
+    def leave(self, ranks: list[int]) -> list[int]:
+        """These ranks leave the job; those that never opted in are returned (no line to tell them on). One
+        opted in but not at its reset point (a newcomer in its world's first sync, which lost a peer) hears
+        `peer_lost` first, so that its wait ends and it reaches the point it leaves from."""
+        for rank_id in ranks:
+            line = self.lines.get(rank_id)
+            if line is not None and not line.ready:
+                line.send({"kind": "peer_lost"})
+        self.on_reset(dict.fromkeys(ranks))
+        return [rank_id for rank_id in ranks if not self.opted_in(rank_id)]
+
     def on_reset(self, envs: dict[int, dict[str, str] | None]) -> None:
         """Each of these ranks' new environment (None: it leaves the job)."""
         for rank_id, env in envs.items():

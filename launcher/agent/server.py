@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable  # noqa: UP035 - Python 3.7 runs this
+from typing import Any, Callable, Collection  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.agent.elastic import SOCKET_VAR, ElasticLines
 from launcher.agent.environment import rank_environment, start_environment
@@ -313,8 +313,8 @@ class Agent:
             self.elastic.on_reset({int(rank_id): env for rank_id, env in request.envs.items()})
 
     def leave(self, request: LeaveRequest) -> None:
-        if self.elastic is not None:
-            self.elastic.on_reset(dict.fromkeys(request.ranks))
+        if self.elastic is not None:  # who never opted in has no line to hear `leave` on, nor state to keep
+            self._signal_all(signal.SIGKILL, only=self.elastic.leave(request.ranks))
 
     def _read_elastic(self) -> None:
         assert self.elastic is not None
@@ -324,10 +324,10 @@ class Agent:
             else:
                 self.send_message(kind, message, rank_id)
 
-    def _signal_all(self, sig: int, leftovers: bool = False) -> None:
+    def _signal_all(self, sig: int, leftovers: bool = False, only: Collection[int] | None = None) -> None:
         signalled: set[int] = set()
         for entry in self.ranks.values():
-            if entry.returncode is None or leftovers:
+            if (entry.returncode is None or leftovers) and (only is None or entry.rank in only):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(entry.pgid, sig)
                     signalled.add(entry.pgid)

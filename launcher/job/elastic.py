@@ -74,7 +74,7 @@ class _Reset:
     synced: dict[int, float] = field(default_factory=dict)
     joined: list[str] = field(default_factory=list)  # the newcomers' hosts
     size: int = 0  # the new world's, once known
-    sent: bool = False  # the new identities went out: from here another loss cannot be absorbed
+    sent: bool = False  # the new identities went out: a loss from here opens the round again (`_reopen`)
     # A hosts update's (launcher.job.host_watch): the newcomers chosen with it, and the ranks that leave.
     planned: list[Member] | None = None
     leaving: list[int] = field(default_factory=list)
@@ -194,11 +194,11 @@ class Resetter:
         if not lost:
             return True
         reset = self.current
+        excused: set[int] = set()
         if reset is not None and reset.sent:
-            self.refused = "a rank was lost while the new world formed"
-            return False
+            excused = self._reopen(reset, lost)
         world = self._by_rank()
-        if not all(rank_id in self.opted for rank_id in world):
+        if not all(rank_id in self.opted for rank_id in world if rank_id not in excused):
             self.refused = "not every rank uses hvd.elastic"
             return False
         for rank_id in lost:
@@ -212,6 +212,29 @@ class Resetter:
         self._notify(reset)
         self._decide(reset, now)
         return True
+
+    def _reopen(self, reset: _Reset, lost: Sequence[int]) -> set[int]:
+        """A loss while the new world formed (its identities sent, not every survivor synced): that world
+        never trained as one, so the round opens again on it. Its newcomers leave (they hold no state; the
+        next decision chooses newcomers afresh) and its survivors report at their commit again. The
+        newcomers among `lost`, which never opted in, are returned: this round's failures all the same."""
+        newcomers = [r for r in self.place if r not in reset.survivors]
+        leaving = [r for r in newcomers if r not in lost]
+        by_host: dict[str, list[int]] = {}
+        for rank_id in leaving:
+            self.place.pop(rank_id)
+            by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
+        self.leavers.update(leaving)
+        for name, ranks in by_host.items():
+            self.hosts[name].node.send(LEAVE, LeaveRequest(ranks))
+        reset.sent = False
+        reset.synced.clear()
+        reset.joined.clear()
+        reset.noticed.clear()
+        reset.size = 0
+        reset.planned = None  # its newcomers are gone: a planned reset's too
+        log.info("elastic reset: a rank was lost while the new world formed; the round opens again")
+        return {r for r in newcomers if r in lost}
 
     def succeeded(self, rank_id: int, now: float) -> None:
         """A rank of the world exited 0: in a round, Horovod's first rule (any success stops the job)."""
@@ -302,7 +325,11 @@ class Resetter:
         reset.left.extend([*lost, *decision.leaving])
         reset.leaving.extend(decision.leaving)
         reset.survivors = list(decision.survivors)
-        self._send_new_world(reset)
+        short = self._send_new_world(reset)
+        if short is not None:
+            self.refused, self.final = short, False
+            if self.on_stop is not None:
+                self.on_stop(short, now)
 
     def spent(self) -> Counter[str]:
         """Slots of each host that no newcomer takes: failed ranks' (left out, not refilled)."""
@@ -387,8 +414,6 @@ class Resetter:
         size: int | None = None,
         opting: Sequence[int] | None = None,
     ) -> str | None:
-        if reset is not None and reset.sent:
-            return "a rank was lost while the new world formed"
         if not all(rank_id in self.opted for rank_id in (alive if opting is None else opting)):
             return "not every rank uses hvd.elastic"
         size = len(alive) if size is None else size
@@ -421,8 +446,16 @@ class Resetter:
                 free -= 1
         return members
 
-    def _send_new_world(self, reset: _Reset) -> None:
+    def _send_new_world(self, reset: _Reset) -> str | None:
+        """Send the new world out; None, or why it is not (fewer than --min-np ranks: the failures the round
+        counted may have left a host out since it was decided, and its slots with it)."""
         newcomers = reset.planned if reset.planned is not None else self._newcomers(reset.survivors)
+        if len(reset.survivors) + len(newcomers) < self.min_np:
+            if reset.planned is None:
+                for member in newcomers:
+                    self.host_of.pop(member.rank_id)
+            names = sorted({self.host_of[r] for r in reset.survivors} | {m.host.name for m in newcomers})
+            return too_few(len(reset.survivors) + len(newcomers), self.min_np, names)
         survivors = [Member(r, self.host_values[self.host_of[r]]) for r in reset.survivors]
         world = new_world(survivors, newcomers)
         rank0 = reset.survivors[0]
@@ -453,6 +486,7 @@ class Resetter:
             reset.joined = [member.host.name for member in newcomers]
             reset.size = world.plan.world_size
             self.spawn(world, newcomers, envs)
+        return None
 
     def _finish(self, reset: _Reset, now: float) -> None:
         recovery = max(reset.synced.values()) if reset.synced else now - reset.began

@@ -1,7 +1,8 @@
 """The launcher's elastic driver on local ranks: an elastic job (--min-np) whose ranks all use hvd.elastic
 keeps its survivors running through a SIGKILLed rank (same process, same state, a smaller world), says so in
-one line and in the report; --reset-limit ends the job naming the limit; Ctrl-C or --timeout during a reset
-stops every rank.
+one line and in the report; a loss while the new world forms opens the round again (its newcomers leave and
+the survivors go on in a world formed once more, still in their processes); --reset-limit ends the job naming
+the limit; Ctrl-C or --timeout during a reset stops every rank.
 """
 
 from __future__ import annotations
@@ -133,6 +134,48 @@ def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(tmp
     assert [rank["rank"] for rank in doc["ranks"]] == [0, 1, 2, 3]
 
 
+def test_a_rank_lost_while_the_new_world_forms_leaves_the_survivors_to_form_it_again(tmp_path: Path) -> None:
+    done = run_distrun(
+        "-H", "localhost:4", "-np", "4", "--min-np", "2", SCRIPT, tmp_path, "3", "2", "5",
+        env=clean_env(ELASTIC_DIE_IN_RESET="2"), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    pids = started_pids(tmp_path)
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, got in enumerate(results):
+        assert got["pid"] == pids[rank], "the survivor kept its process through both worlds"
+        assert (got["rank"], got["size"], got["batch"]) == (rank, 2, 5)
+        assert got["sizes"] == [3, 2], "callbacks ran for the world that did not form, then this one"
+    assert results[0]["weights"] == results[1]["weights"]
+    assert "attempt 1" not in err and "no reset in place" not in err, "no whole-job restart"
+    [line] = [line for line in err.splitlines() if "reset 1:" in line]
+    assert "left: rank 3, rank 2 (on localhost); joined: none; world size 2" in line
+    assert "reset 2:" not in err
+
+
+def test_a_newcomer_lost_before_its_world_formed_leaves_the_survivors_to_form_another(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = run_distrun(
+        "-H", "localhost:4", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "2", "5",
+        env=clean_env(ELASTIC_NEWCOMER_DIES="1"), timeout=300,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 0, err
+    assert "attempt 1" not in err and "no reset in place" not in err, "no whole-job restart"
+    pids = started_pids(tmp_path)
+    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, got in enumerate(results):
+        assert got["pid"] == pids[rank], "the survivor kept its process through both worlds"
+        assert (got["rank"], got["size"], got["batch"], got["sizes"]) == (rank, 2, 5, [3, 2])
+    assert results[0]["weights"] == results[1]["weights"]
+    doc = json.loads(report.read_text())
+    [reset] = doc["resets"]
+    assert (reset["size"], reset["ranks_left"]) == (2, [2, 3]), "the newcomer failed: it counts as left"
+    assert [rank["rank"] for rank in doc["ranks"]] == [0, 1, 2, 3]
+    assert_all_gone([int(p.stem) for p in tmp_path.glob("*.start")])
+
+
 def test_reset_limit_0_ends_the_job_naming_the_limit(tmp_path: Path) -> None:
     done = run_distrun(
         "-H", "localhost:3", "-np", "3", "--min-np", "2", "--reset-limit", "0", SCRIPT, tmp_path, "2", "5",
@@ -157,7 +200,7 @@ def test_ctrl_c_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()
-    assert_all_gone(list(started_pids(tmp_path).values()))
+    assert_all_gone([int(p.stem) for p in tmp_path.glob("*.start")])
 
 
 def test_timeout_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
@@ -173,4 +216,4 @@ def test_timeout_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
     said = err.decode()
     assert proc.returncode == 124, said
     assert "reset 1:" not in said, "the reset never completed: the timeout came during it"
-    assert_all_gone(list(started_pids(tmp_path).values()))
+    assert_all_gone([int(p.stem) for p in tmp_path.glob("*.start")])

@@ -17,7 +17,6 @@ LAYERS: list[list[str]] = [
         "collectives.errors",
         "collectives.reduce_op",
         "collectives.leaving",
-        "collectives.links",
         "collectives.compression",
         "collectives.buckets",
         "collectives.features",
@@ -26,10 +25,10 @@ LAYERS: list[list[str]] = [
         "collectives.engine_rounds",
         "collectives.engine_tickets",
         "collectives.progress",
-        "collectives.elastic.channel",
         "collectives.elastic.failures",
     ],
     [
+        "collectives.links",
         "collectives.placement",
         "collectives.negotiation",
         "collectives.engine_reports",
@@ -37,7 +36,7 @@ LAYERS: list[list[str]] = [
         "collectives.optimizer_args",
         "collectives.peer_loss",
     ],
-    ["collectives.context", "collectives.engine"],
+    ["collectives.context", "collectives.engine", "collectives.elastic.channel"],
     ["collectives.engines"],
     [
         "collectives.process_sets",

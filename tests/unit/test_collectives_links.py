@@ -1,6 +1,7 @@
 """collectives.links on real loopback sockets: what appeared inside `owned()` is shut down by `cut()`, which
 ends a wait blocked on it in another thread; sockets opened outside, listeners, and forgotten sockets are
-left alone."""
+left alone. A cut reaches a group still forming (what appeared since its creation began), and a creation
+that begins after a cut fails at once until a new world is named (`rearm`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,17 @@ from collections.abc import Iterator
 import pytest
 
 from collectives import links
+from collectives.errors import HorovodInternalError
 
 
 @pytest.fixture
 def listener() -> Iterator[socket.socket]:
     links.forget()
+    links.rearm()
     with socket.create_server(("127.0.0.1", 0)) as server:
         yield server
     links.forget()
+    links.rearm()
 
 
 def connected(listener: socket.socket) -> tuple[socket.socket, socket.socket]:
@@ -53,8 +57,35 @@ def test_listeners_and_forgotten_sockets_are_left_alone(listener: socket.socket)
     assert links.cut() == 0
     server_side.sendall(b"y")
     assert client.recv(1) == b"y"
+    links.rearm()
     with links.owned():
         pass
     assert links.cut() == 0
     for each in (other, client, server_side):
         each.close()
+
+
+def test_a_cut_reaches_a_group_still_forming(listener: socket.socket) -> None:
+    """A peer of the new world died in its rendezvous: the creation's wait ends at once."""
+    before, before_peer = connected(listener)  # opened before the creation: left alone
+    got: list[bytes] = []
+    with links.owned():
+        forming, forming_peer = connected(listener)
+        reader = threading.Thread(target=lambda: got.append(forming.recv(1)))
+        reader.start()
+        assert links.cut() == 2, "both ends appeared since the creation began"
+        reader.join(10)
+        assert not reader.is_alive() and got == [b""], "the rendezvous' wait ended"
+    before_peer.sendall(b"z")
+    assert before.recv(1) == b"z"
+    for each in (before, before_peer, forming, forming_peer):
+        each.close()
+
+
+def test_after_a_cut_no_group_forms_until_a_new_world_is_named(listener: socket.socket) -> None:
+    links.cut()
+    with pytest.raises(HorovodInternalError, match="cannot form"), links.owned():
+        pytest.fail("a creation after the cut must not begin")
+    links.rearm()
+    with links.owned():
+        pass

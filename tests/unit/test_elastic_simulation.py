@@ -9,6 +9,7 @@ invariants of docs/elastic.md ("The policy") checked after every step:
 - the world is never below --min-np;
 - resets stay within --reset-limit;
 - every rank is accounted for, and no rank is named that never started;
+- a loss while the new world forms opens the round again (its newcomers leave), never a hang or a restart;
 - no wait on --elastic-timeout while usable hosts hold --min-np slots.
 
 A failing seed prints the one line that replays it:
@@ -114,6 +115,8 @@ class Sim:
             self.check(name not in self.lost_hosts, f"a newcomer started on lost host {name}")
             self.running[member.rank_id] = name
             self.started.add(member.rank_id)
+            if self.rng.random() < 0.8:  # most newcomers reach hvd.elastic.run before the next event
+                self.resetter.opted_in(member.rank_id)
             self.records[name].finished = False
             self.records[name].idle = False
 
@@ -166,7 +169,14 @@ class Sim:
             self.records[host].finished = True
         if code == 0:
             self.resetter.succeeded(rank, self.now)
-        elif not self.resetter.absorb([rank], f"rank {rank} (host {host}) exited with code 1", self.now):
+        else:
+            self.absorb([rank], f"rank {rank} (host {host}) exited with code 1")
+
+    def absorb(self, ranks: list[int], cause: str) -> None:
+        reset = self.resetter.current
+        forming = reset is not None and reset.sent
+        if not self.resetter.absorb(ranks, cause, self.now):
+            self.check(not forming, "a loss while the new world formed stopped the attempt")
             self.stop(self.resetter.refused or "refused", final=False)
 
     def lose(self, name: str) -> None:
@@ -179,8 +189,7 @@ class Sim:
         if not ranks:
             self.resetter.spare_lost(name, "cut")
             return
-        if not self.resetter.absorb(ranks, f"lost host {name} (cut)", self.now):
-            self.stop(self.resetter.refused or "refused", final=False)
+        self.absorb(ranks, f"lost host {name} (cut)")
 
 
 def build(seed: int) -> Sim:
@@ -246,6 +255,8 @@ def step(sim: Sim) -> None:
         choices += ["synced"] * 10
     if any(r in sim.running for r in resetter.leavers):
         choices.append("leave")
+    if any(r not in resetter.opted for r in sim.running):
+        choices.append("opt")
     if sim.options.discovery_script is not None:
         choices += ["discover"] * 2
     kind = rng.choice(choices)
@@ -280,6 +291,10 @@ def step(sim: Sim) -> None:
             rank = rng.choice(left)
             sim.events.append(f"rank {rank} synced")
             resetter.synced(rank, 0.1, sim.now)
+    elif kind == "opt":
+        rank = rng.choice(sorted(r for r in sim.running if r not in resetter.opted))
+        sim.events.append(f"newcomer {rank} opts in")
+        resetter.opted_in(rank)
     elif kind == "leave":
         rank = rng.choice(sorted(r for r in resetter.leavers if r in sim.running))
         sim.events.append(f"leaver {rank} exits 0")

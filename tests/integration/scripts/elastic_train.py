@@ -8,6 +8,10 @@ set, a survivor writes DIR/<pid>.pid and DIR/held.<start rank> in its reset call
 reset that does not end, for tests that act during one. With ELASTIC_HOLD_BEFORE_COMMIT=<start rank>, that
 rank writes DIR/<pid>.pid and DIR/paused.<start rank> at batch KILL_AT, before its collective, and stays
 there: the reset that the victim's death begins waits for its last commit forever.
+ELASTIC_DIE_IN_RESET=<start rank>: that rank SIGKILLs itself in its first reset callback (once the new world
+formed its group, before its first sync): a loss while the new world forms.
+ELASTIC_NEWCOMER_DIES set: a newcomer (started by a reset, not by the plan) SIGKILLs itself once it joined
+its first world, before it opts in: a newcomer lost while the new world forms.
 ELASTIC_RAISE_AT_END=<start rank>: that rank raises once it wrote its result (an uncaught exception after the
 reset formed its group again).
 With ELASTIC_FAIL_ALL_AT set to a batch, every rank
@@ -29,6 +33,8 @@ import collectives as hvd
 out, victim, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 batches = int(sys.argv[4]) if len(sys.argv) > 4 else 12
 hvd.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT_S", "1800")))
+if os.environ.get("ELASTIC_NEWCOMER_DIES") and (out / "killed").exists():  # started after the victim died
+    os.kill(os.getpid(), signal.SIGKILL)
 start_rank = int(os.environ["DISTRUN_START_RANK"]) if "DISTRUN_START_RANK" in os.environ else hvd.rank()
 (out / f"{os.getpid()}.start").write_text(str(start_rank))
 torch.manual_seed(start_rank)  # different weights everywhere: the sync must make them equal
@@ -81,6 +87,8 @@ state = hvd.elastic.TorchState(model, optimizer, batch=0)
 state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
 if os.environ.get("ELASTIC_HOLD_RESET"):
     state.register_reset_callbacks([held])
+if os.environ.get("ELASTIC_DIE_IN_RESET") == str(start_rank):
+    state.register_reset_callbacks([lambda: os.kill(os.getpid(), signal.SIGKILL)])
 train(state)
 (out / f"{start_rank}.json").write_text(
     json.dumps(
