@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from tests.support import (
     REPO,
@@ -108,14 +109,23 @@ def test_the_report_carries_each_reset_and_plot_marks_it_with_both_sizes(tmp_pat
     assert b"#ff8c00" in svg.read_bytes(), "the reset's dashed line (darkorange)"
 
 
-def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("top_level", [False, True], ids=["elastic-script", "top-level-broadcast"])
+def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(
+    tmp_path: Path, top_level: bool
+) -> None:
+    """With a top-level broadcast of the model and optimizer (README's example, a Horovod script written for
+    fixed worlds), the newcomer skips it until hvd.elastic.run, whose sync gives it the state: no mismatch,
+    no restart, the committed progress kept."""
     report = tmp_path / "report.json"
     done = run_distrun(
         "-H", "localhost:4", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "5",
-        timeout=300,
+        env=clean_env(**({"ELASTIC_TOP_LEVEL_BROADCAST": "1"} if top_level else {})), timeout=300,
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 0, err
+    assert "attempt 1" not in err and "MismatchError" not in err
+    skipped = "broadcast_parameters before hvd.elastic.run in a rank that joined at a reset: skipped"
+    assert (skipped in err) is top_level
     pids = started_pids(tmp_path)
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
     assert [(got["rank"], got["size"], got["batch"]) for got in results] == [
