@@ -54,8 +54,9 @@ def test_stacks_while_it_runs_then_at_the_timeout(tmp_path: Path, where: Where) 
         )  # fmt: skip
         return text, out
 
-    # Four ranks import torch, then `distrun stacks` comes: 30 s on a lightly loaded machine, else 60.
-    text, out = with_timeouts(attempt, 30, 60)
+    # Four ranks import torch, then `distrun stacks` comes: within 8 s on a machine shared with other tests,
+    # so 20 s, else 60.
+    text, out = with_timeouts(attempt, 20, 60)
     report = out / "run.json"
     if where.ssh:
         # The start-up timeline: -v names the slowest host of each phase, the report has every host's.
