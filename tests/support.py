@@ -14,6 +14,7 @@ import subprocess
 import sys
 import termios
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -182,10 +183,13 @@ def with_timeouts(attempt: Callable[[Limit], T], *seconds: int) -> T:
     --timeout that a lightly loaded machine meets, then a generous one. `attempt` starts its job (under
     `limit.option`, with files of its own for this try) and holds what must come before the timeout in
     `limit.before_it(job)`; a failure there that the timeout may explain is tried again, never ignored:
-    the last try's stands."""
+    the last try's stands. Each try again is a warning in pytest's summary: a first --timeout to revisit
+    where it comes often."""
     for limit in seconds[:-1]:
-        with contextlib.suppress(TooLate):
+        try:
             return attempt(Limit(limit))
+        except TooLate as late:
+            warnings.warn(f"tried again with a longer --timeout: {late}", stacklevel=2)
     return attempt(Limit(seconds[-1]))
 
 
