@@ -36,10 +36,10 @@ HOLDS = {
     "sync": ("the new world's first collective", {"ELASTIC_HOLD_RESET": "1"}, "held.*", 2, "held"),
 }  # fmt: skip
 # The longest wait for the phase. --timeout of the timeout cells: the ranks start, one dies, the reset begins
-# and the tools are asked before it runs out: inside the first on a lightly loaded machine, else inside the
-# second (tests/support.with_timeouts).
+# and the tools are asked before it runs out: inside the first on a machine shared with other tests (12-26 s
+# measured at a load of 4), else inside the second (tests/support.with_timeouts).
 PHASE_WITHIN = 90
-TIMEOUTS = (30, 90)
+TIMEOUTS = (40, 90)
 
 
 def reset_cell(phase: str, ending: str, hosts: str, env: dict[str, str], out: Path) -> tuple[str, list[int]]:
