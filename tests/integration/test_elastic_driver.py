@@ -18,6 +18,7 @@ import pytest
 from tests.support import (
     REPO,
     SCRIPTS,
+    Limit,
     ask_stacks_until,
     assert_all_gone,
     clean_env,
@@ -25,6 +26,7 @@ from tests.support import (
     run_distrun,
     start_distrun,
     wait_for_files,
+    with_timeouts,
 )
 
 SCRIPT = SCRIPTS / "elastic_train.py"
@@ -215,15 +217,24 @@ def test_ctrl_c_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
 
 def test_timeout_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
     """--timeout counts from the job's start and runs out while the survivors are held in their reset: 124,
-    and nothing of the job left running. 60 s leaves a loaded machine time to reach the reset first."""
-    proc = start_distrun(
-        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--timeout", "60", SCRIPT, tmp_path, "2", "5",
-        env=clean_env(ELASTIC_HOLD_RESET="1"),
-    )  # fmt: skip
-    with never_left_running(proc):
-        wait_for_files(tmp_path, "held.*", 2, timeout=60)
-        _, err = proc.communicate(timeout=120)
-    said = err.decode()
-    assert proc.returncode == 124, said
-    assert "reset 1:" not in said, "the reset never completed: the timeout came during it"
-    assert_all_gone([int(p.stem) for p in tmp_path.glob("*.start")])
+    and nothing of the job left running. 30 s leave a lightly loaded machine time to reach the reset first,
+    60 s a loaded one."""
+
+    def attempt(limit: Limit) -> tuple[str, list[int]]:
+        out = tmp_path / f"t{limit.seconds}"
+        out.mkdir()
+        proc = start_distrun(
+            "-H", "localhost:3", "-np", "3", "--min-np", "2", *limit.option, SCRIPT, out, "2", "5",
+            env=clean_env(ELASTIC_HOLD_RESET="1"),
+        )  # fmt: skip
+        with never_left_running(proc):
+            with limit.before_it(proc):
+                wait_for_files(out, "held.*", 2, timeout=limit.seconds)
+            _, err = proc.communicate(timeout=limit.seconds + 60)
+        said = err.decode()
+        assert proc.returncode == 124, said
+        assert "reset 1:" not in said, "the reset never completed: the timeout came during it"
+        return said, [int(p.stem) for p in out.glob("*.start")]
+
+    _, pids = with_timeouts(attempt, 30, 60)
+    assert_all_gone(pids)

@@ -18,16 +18,19 @@ from tests.support import REPO, SCRIPTS, never_left_running, start_distrun, wait
 pytestmark = pytest.mark.multihost
 
 SCRIPT = SCRIPTS / "elastic_train.py"
+BATCHES = 24
 
 
 def test_a_cut_hosts_peers_go_on_in_their_processes_long_before_the_groups_timeout(
     make_cluster: Callable[..., Cluster], tmp_path: Path
 ) -> None:
     lab = make_cluster(3)
-    # No rank kills itself (victim -1); each batch takes 0.3 s, so the cut lands mid-run. The group's
-    # timeout (600 s) is far beyond the test's: only the cut connections can end the survivors' wait.
+    # No rank kills itself (victim -1); each batch takes 0.3 s, so the cut, made once all have opted in, lands
+    # mid-run (BATCHES: 7 s of them). The group's timeout (600 s) is far beyond the test's: only the cut
+    # connections can end the survivors' wait.
     proc = start_distrun(
-        "-H", "h1:1,h2:1,h3:1", "--min-np", "2", "--ssh-keepalive", "1", SCRIPT, tmp_path, "-1", "0", "40",
+        "-H", "h1:1,h2:1,h3:1", "--min-np", "2", "--ssh-keepalive", "1", SCRIPT, tmp_path, "-1", "0",
+        str(BATCHES),
         env=lab.env(PYTHONPATH=str(REPO), ELASTIC_SLOW_S="0.3", ELASTIC_TIMEOUT_S="600"),
     )  # fmt: skip
     with never_left_running(proc):
@@ -44,8 +47,8 @@ def test_a_cut_hosts_peers_go_on_in_their_processes_long_before_the_groups_timeo
     pids = {int(p.read_text()): int(p.stem) for p in tmp_path.glob("*.start")}
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
     assert [(got["rank"], got["size"], got["batch"], got["sizes"]) for got in results] == [
-        (0, 2, 40, [2]),
-        (1, 2, 40, [2]),
+        (0, 2, BATCHES, [2]),
+        (1, 2, BATCHES, [2]),
     ]
     assert [got["pid"] for got in results] == [pids[0], pids[1]], "the survivors kept their processes"
     assert results[0]["weights"] == results[1]["weights"]
