@@ -19,7 +19,8 @@ from tests.multihost.cluster import Cluster, ClusterUnavailable
 from tests.multihost.support import SLOW_CABLE
 from tests.support import REPO, distrun_argv, never_left_running, wait_until
 
-pytestmark = pytest.mark.multihost
+# They measure the machine: a neighbour test's load would make a healthy host an outlier.
+pytestmark = [pytest.mark.multihost, pytest.mark.alone]
 
 # The healthy cluster is measured this many times in a row: nobody may be named in any of them.
 HEALTHY_RUNS = 3

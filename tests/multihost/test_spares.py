@@ -209,6 +209,7 @@ def test_an_idle_spare_that_is_lost_is_left_out_and_the_job_goes_on(
     assert_clean(lab)
 
 
+@pytest.mark.alone  # preflight measures the machine
 def test_preflight_leaves_a_slow_host_out_and_a_measured_spare_takes_its_place(
     make_cluster: Callable[..., Cluster],
 ) -> None:
