@@ -67,5 +67,6 @@ def test_an_outage_longer_than_the_limit_loses_the_host(
     said = err.decode()
     assert proc.returncode == 3, said
     assert re.search(r"lost host h2 \(no word from it for [5-8]s\)", said), said
-    assert 5.0 <= ended < 9.0, f"distrun ended {ended:.1f}s after the cut"
+    # The 5 s count from the last word heard, up to one keepalive (1 s) before the cut.
+    assert 4.0 <= ended < 9.0, f"distrun ended {ended:.1f}s after the cut"
     assert lab.wait_clean(timeout=30.0) == {}, "the cut-off agent stopped its ranks (EOF or its own limit)"

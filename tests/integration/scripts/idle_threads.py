@@ -21,7 +21,9 @@ victim, kill_at = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else
 def idle(rank: int) -> None:
     (out / f"{rank}.pid").write_text(str(os.getpid()))
     while not (out / "release").exists():
-        time.sleep(0.1)
+        # Long sleeps between looks: a rank sampled mid-look (in pathlib, not on this line) would be in
+        # another place than its peer, and tests read the stacks of idle ranks as one place.
+        time.sleep(0.5)
 
 
 def helper_sleeps() -> None:
