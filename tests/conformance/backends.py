@@ -1,0 +1,276 @@
+"""One way to run distrun on each backend, for the scenarios every backend must pass (tests/conformance).
+
+A scenario asks for `hosts` x `slots` (a `Layout`) and runs distrun's own options and program through the
+backend: `-np` on this machine (one host, hosts x slots ranks), `-H h1:S,h2:S,...` on the simulated SSH
+cluster (tests/multihost/cluster.py), `salloc -N H --ntasks-per-node=S distrun ...` on the Slurm cluster
+(tests/slurm/cluster.py), where distrun finds its hosts in the allocation and starts its agents with srun.
+
+Every backend's hosts share this machine's process table, so a pid a rank recorded is checked the same way
+everywhere; "clean" adds, on a cluster, that each host runs nothing but its daemon (sshd, slurmd).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from tests.multihost.cluster import Cluster
+from tests.slurm.cluster import SlurmCluster
+from tests.support import (
+    REPO,
+    assert_all_gone,
+    clean_env,
+    distrun_argv,
+    never_left_running,
+    recorded_pids,
+    wait_until,
+)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """Where one rank runs and the place it has there, as the backend's distrun must tell the rank."""
+
+    host: str
+    local_rank: int
+    local_size: int
+    node_rank: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """`hosts` hosts with `slots` ranks each; a backend with one host runs them all there."""
+
+    hosts: int
+    slots: int
+
+    @property
+    def size(self) -> int:
+        return self.hosts * self.slots
+
+
+class Job:
+    """A distrun started in the background, with the pid of distrun itself (under salloc: salloc's child)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], distrun_pid: int) -> None:
+        self.proc = proc
+        self.pid = distrun_pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.pid, sig)
+
+    def communicate(self, timeout: float = 120) -> tuple[int, str, str]:
+        """Waits for the end: exit code, stdout, stderr."""
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+class Backend:
+    """What a scenario needs of a backend; the subclasses say how each one does it."""
+
+    name: str
+    # What `lose_host` does, and the words of distrun's summary for that loss (after "reset 1: ").
+    loses: str
+    # Seconds a job needs to have every rank running: a --timeout below it would end a job still starting.
+    startup_s: float
+
+    def names(self, layout: Layout) -> list[str]:
+        """The layout's host names, as distrun and its ranks see them."""
+        raise NotImplementedError
+
+    def host_args(self, layout: Layout) -> list[str]:
+        """distrun's options that select the layout's hosts and slots."""
+        raise NotImplementedError
+
+    def master_addr(self, layout: Layout) -> str:
+        """MASTER_ADDR, as the ranks must see it."""
+        raise NotImplementedError
+
+    def socket_ifname(self) -> str:
+        """GLOO_SOCKET_IFNAME, as the ranks must see it."""
+        raise NotImplementedError
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """distrun's environment on this backend, with this repository on PYTHONPATH."""
+        raise NotImplementedError
+
+    def argv(self, layout: Layout, *args: str | os.PathLike[str]) -> list[str]:
+        """The whole command line that runs `distrun ARGS` on the layout's hosts."""
+        return distrun_argv(*self.host_args(layout), *args)
+
+    def ranks(self, layout: Layout) -> list[Rank]:
+        """Every rank's place: ranks fill the hosts in order, `slots` on each."""
+        names = self.names(layout)
+        per_host = layout.size // len(names)
+        return [Rank(names[r // per_host], r % per_host, per_host, r // per_host) for r in range(layout.size)]
+
+    def run(
+        self, layout: Layout, *args: str | os.PathLike[str], timeout: float = 180, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(layout, *args),
+            capture_output=True,
+            text=True,
+            env=self.env(**extra),
+            cwd=REPO,
+            timeout=timeout,
+        )
+
+    @contextlib.contextmanager
+    def start(self, layout: Layout, *args: str | os.PathLike[str], **extra: str) -> Iterator[Job]:
+        """distrun in the background for the with-block; still running after it, it is stopped as a user
+        would (SIGTERM, then SIGKILL)."""
+        proc = subprocess.Popen(
+            self.argv(layout, *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env(**extra),
+            cwd=REPO,
+        )
+        with never_left_running(proc):
+            yield Job(proc, self.distrun_pid(proc))
+            if proc.poll() is None:
+                os.kill(self.distrun_pid(proc), signal.SIGTERM)
+
+    def distrun_pid(self, proc: subprocess.Popen[bytes]) -> int:
+        return proc.pid
+
+    @contextlib.contextmanager
+    def lose_host(self, job: Job, layout: Layout, pid_dir: Path) -> Iterator[str]:
+        """The layout's last host is lost for the with-block (its link cut; on this machine, which has one
+        host, its last rank killed); yields the host. After the block the host is back and emptied."""
+        raise NotImplementedError
+        yield ""
+
+    def assert_clean(self, pid_dir: Path | None = None, within: float = 30.0) -> None:
+        """Every process a rank recorded in `pid_dir` is gone, and every host runs only its daemon."""
+        if pid_dir is not None:
+            assert_all_gone(recorded_pids(pid_dir), within=within)
+
+
+class Local(Backend):
+    name = "local"
+    loses = "rank {rank} (host localhost) was killed by SIGKILL"
+    startup_s = 3.0
+
+    def names(self, layout: Layout) -> list[str]:
+        return ["localhost"]
+
+    def host_args(self, layout: Layout) -> list[str]:
+        return ["-np", str(layout.size)]
+
+    def master_addr(self, layout: Layout) -> str:
+        return "127.0.0.1"
+
+    def socket_ifname(self) -> str:
+        return "lo"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return clean_env(**extra)
+
+    @contextlib.contextmanager
+    def lose_host(self, job: Job, layout: Layout, pid_dir: Path) -> Iterator[str]:
+        # scripts/elastic_train.py names each rank's pid file after the pid and writes its start rank in it.
+        last = str(layout.size - 1)
+        (pid,) = [int(p.stem) for p in pid_dir.glob("*.start") if p.read_text() == last]
+        os.kill(pid, signal.SIGKILL)
+        yield "localhost"
+
+
+class Ssh(Backend):
+    name = "ssh"
+    loses = "lost host {host} (no word from it for"
+    startup_s = 8.0
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+
+    def names(self, layout: Layout) -> list[str]:
+        return self.cluster.hosts[: layout.hosts]
+
+    def host_args(self, layout: Layout) -> list[str]:
+        return ["-H", ",".join(f"{host}:{layout.slots}" for host in self.names(layout))]
+
+    def master_addr(self, layout: Layout) -> str:
+        return self.cluster.addr(self.names(layout)[0])
+
+    def socket_ifname(self) -> str:
+        return "eth0"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return self.cluster.env(PYTHONPATH=str(REPO), **extra)
+
+    @contextlib.contextmanager
+    def lose_host(self, job: Job, layout: Layout, pid_dir: Path) -> Iterator[str]:
+        host = self.names(layout)[-1]
+        self.cluster.link_down(host)
+        try:
+            yield host
+        finally:
+            self.cluster.link_up(host)
+
+    def assert_clean(self, pid_dir: Path | None = None, within: float = 30.0) -> None:
+        super().assert_clean(pid_dir, within)
+        left = self.cluster.wait_clean(timeout=within)
+        assert left == {}, {h: [p.cmdline() for p in procs] for h, procs in left.items()}
+
+
+class Slurm(Backend):
+    name = "slurm"
+    loses = "lost host {host}"
+    startup_s = 10.0
+
+    def __init__(self, cluster: SlurmCluster) -> None:
+        self.cluster = cluster
+
+    def names(self, layout: Layout) -> list[str]:
+        return self.cluster.nodes[: layout.hosts]
+
+    def host_args(self, layout: Layout) -> list[str]:
+        raise AssertionError("under Slurm the allocation names the hosts: see argv")
+
+    def argv(self, layout: Layout, *args: str | os.PathLike[str]) -> list[str]:
+        return ["salloc", f"-N{layout.hosts}", f"--ntasks-per-node={layout.slots}", *distrun_argv(*args)]
+
+    def master_addr(self, layout: Layout) -> str:
+        return self.names(layout)[0]
+
+    def socket_ifname(self) -> str:
+        return "eth0"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return self.cluster.env(PYTHONPATH=str(REPO), **extra)
+
+    def distrun_pid(self, proc: subprocess.Popen[bytes]) -> int:
+        """salloc runs distrun as its child once the allocation is granted."""
+
+        def child() -> int | None:
+            kids = psutil.Process(proc.pid).children()
+            return kids[0].pid if kids else None
+
+        return wait_until(child, 60, "salloc to start distrun")
+
+    @contextlib.contextmanager
+    def lose_host(self, job: Job, layout: Layout, pid_dir: Path) -> Iterator[str]:
+        host = self.names(layout)[-1]
+        self.cluster.network.link_down(host)
+        try:
+            yield host
+            # Only slurmstepd waits on the cut node, to report its step to a controller it cannot reach.
+            wait_until(lambda: {p.name() for p in self.cluster.processes(host)} <= {"slurmstepd"}, 30)
+        finally:
+            self.cluster.network.link_up(host)
+
+    def assert_clean(self, pid_dir: Path | None = None, within: float = 30.0) -> None:
+        """Besides the nodes, the queue: the next scenario gets its allocation at once."""
+        super().assert_clean(pid_dir, within)
+        left = self.cluster.wait_clean(timeout=max(within, 60.0))
+        assert left == {}, {h: [p.cmdline() for p in procs] for h, procs in left.items()}
+        self.cluster.wait_idle()
