@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+import pytest
 
 from tests.multihost.cluster import Cluster
 from tests.slurm.cluster import SlurmCluster
@@ -32,6 +33,14 @@ from tests.support import (
     recorded_pids,
     wait_until,
 )
+
+# The `backend` fixture's parameters (tests/conformance/conftest.py), each marked with what it needs, so that
+# `-m "not multihost and not slurm"` (no root) still runs the local one.
+BACKENDS = [
+    pytest.param("local", id="local", marks=pytest.mark.integration),
+    pytest.param("ssh", id="ssh", marks=pytest.mark.multihost),
+    pytest.param("slurm", id="slurm", marks=pytest.mark.slurm),
+]
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,8 @@ class Backend:
     loses: str
     # Seconds a job needs to have every rank running: a --timeout below it would end a job still starting.
     startup_s: float
+    # Seconds after distrun's end within which every process of its ranks must be gone.
+    clean_within: float = 30.0
 
     def names(self, layout: Layout) -> list[str]:
         """The layout's host names, as distrun and its ranks see them."""
@@ -89,9 +100,13 @@ class Backend:
         """distrun's options that select the layout's hosts and slots."""
         raise NotImplementedError
 
-    def master_addr(self, layout: Layout) -> str:
-        """MASTER_ADDR, as the ranks must see it."""
+    def addr(self, host: str) -> str:
+        """The address the ranks are told for `host` (in TF_CONFIG's workers, but rank 0's host's)."""
         raise NotImplementedError
+
+    def master_addr(self, host: str) -> str:
+        """MASTER_ADDR when rank 0 runs on `host` (TF_CONFIG names that host so too)."""
+        return self.addr(host)
 
     def socket_ifname(self) -> str:
         """GLOO_SOCKET_IFNAME, as the ranks must see it."""
@@ -149,16 +164,17 @@ class Backend:
         raise NotImplementedError
         yield ""
 
-    def assert_clean(self, pid_dir: Path | None = None, within: float = 30.0) -> None:
+    def assert_clean(self, pid_dir: Path | None = None) -> None:
         """Every process a rank recorded in `pid_dir` is gone, and every host runs only its daemon."""
         if pid_dir is not None:
-            assert_all_gone(recorded_pids(pid_dir), within=within)
+            assert_all_gone(recorded_pids(pid_dir), within=self.clean_within)
 
 
 class Local(Backend):
     name = "local"
     loses = "rank {rank} (host localhost) was killed by SIGKILL"
     startup_s = 3.0
+    clean_within = 1.0
 
     def names(self, layout: Layout) -> list[str]:
         return ["localhost"]
@@ -166,7 +182,7 @@ class Local(Backend):
     def host_args(self, layout: Layout) -> list[str]:
         return ["-np", str(layout.size)]
 
-    def master_addr(self, layout: Layout) -> str:
+    def addr(self, host: str) -> str:
         return "127.0.0.1"
 
     def socket_ifname(self) -> str:
@@ -198,8 +214,8 @@ class Ssh(Backend):
     def host_args(self, layout: Layout) -> list[str]:
         return ["-H", ",".join(f"{host}:{layout.slots}" for host in self.names(layout))]
 
-    def master_addr(self, layout: Layout) -> str:
-        return self.cluster.addr(self.names(layout)[0])
+    def addr(self, host: str) -> str:
+        return self.cluster.addr(host)
 
     def socket_ifname(self) -> str:
         return "eth0"
@@ -216,9 +232,9 @@ class Ssh(Backend):
         finally:
             self.cluster.link_up(host)
 
-    def assert_clean(self, pid_dir: Path | None = None, within: float = 30.0) -> None:
-        super().assert_clean(pid_dir, within)
-        left = self.cluster.wait_clean(timeout=within)
+    def assert_clean(self, pid_dir: Path | None = None) -> None:
+        super().assert_clean(pid_dir)
+        left = self.cluster.wait_clean(timeout=self.clean_within)
         assert left == {}, {h: [p.cmdline() for p in procs] for h, procs in left.items()}
 
 
@@ -239,8 +255,11 @@ class Slurm(Backend):
     def argv(self, layout: Layout, *args: str | os.PathLike[str]) -> list[str]:
         return ["salloc", f"-N{layout.hosts}", f"--ntasks-per-node={layout.slots}", *distrun_argv(*args)]
 
-    def master_addr(self, layout: Layout) -> str:
-        return self.names(layout)[0]
+    def addr(self, host: str) -> str:
+        return self.cluster.network.addr(host)
+
+    def master_addr(self, host: str) -> str:
+        return host  # the name Slurm gives rank 0's node, which resolves on every node
 
     def socket_ifname(self) -> str:
         return "eth0"
@@ -268,9 +287,14 @@ class Slurm(Backend):
         finally:
             self.cluster.network.link_up(host)
 
-    def assert_clean(self, pid_dir: Path | None = None, within: float = 30.0) -> None:
-        """Besides the nodes, the queue: the next scenario gets its allocation at once."""
-        super().assert_clean(pid_dir, within)
-        left = self.cluster.wait_clean(timeout=max(within, 60.0))
+    def assert_clean(self, pid_dir: Path | None = None) -> None:
+        """Besides the nodes, the queue (the next scenario gets its allocation at once), and no sshd anywhere:
+        srun alone reached the nodes."""
+        super().assert_clean(pid_dir)
+        # After a cut link slurmstepd takes a while to report its step to the controller and leave.
+        left = self.cluster.wait_clean(timeout=60.0)
         assert left == {}, {h: [p.cmdline() for p in procs] for h, procs in left.items()}
         self.cluster.wait_idle()
+        assert not [
+            p for n in self.cluster.nodes for p in self.cluster.network.processes(n) if p.name() == "sshd"
+        ]

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conformance.backends import Backend, Local, Slurm, Ssh
-
-# Each parameter carries the marker of what it needs, so that `-m "not multihost and not slurm"` (no root)
-# still runs the local one.
-BACKENDS = [
-    pytest.param("local", id="local", marks=pytest.mark.integration),
-    pytest.param("ssh", id="ssh", marks=pytest.mark.multihost),
-    pytest.param("slurm", id="slurm", marks=pytest.mark.slurm),
-]
+from tests.conformance.backends import BACKENDS, Backend, Local, Slurm, Ssh
 
 
 @pytest.fixture(params=BACKENDS)

@@ -55,18 +55,6 @@ def salloc(slurm: SlurmCluster, *args: str, timeout: float = 180) -> subprocess.
     )
 
 
-def test_salloc_runs_six_ranks_on_three_nodes_without_ssh(slurm: SlurmCluster) -> None:
-    script = SCRIPTS / "allreduce.py"
-    result = salloc(slurm, "-N3", "--ntasks-per-node=2", *distrun_argv("--prefix", "host", script))
-    assert result.returncode == 0, result.stderr
-    hosts = [NODES[r // 2] for r in range(6)]
-    assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
-        f"[{hosts[r]}:{r}] rank {r} of 6 sum=21 host={hosts[r]}" for r in range(6)
-    ]
-    assert not [p for n in NODES for p in slurm.network.processes(n) if p.name() == "sshd"]
-    assert_clean(slurm)
-
-
 def test_ranks_see_the_job_not_the_agents_step(slurm: SlurmCluster, tmp_path: Path) -> None:
     """Each rank's SLURM_* describe the job; "task 0 of a 1-task step" (the agent's) would mislead
     libraries that read SLURM_PROCID/SLURM_NTASKS, so those are gone and distrun's variables rule."""
@@ -126,14 +114,6 @@ def test_sbatch_wait_wrap_runs_distrun_on_the_first_node(slurm: SlurmCluster, tm
     assert sorted(line for line in lines if line.startswith("[")) == [
         f"[{NODES[r]}:{r}] rank {r} of 3 sum=6 host={NODES[r]}" for r in range(3)
     ]
-    assert_clean(slurm)
-
-
-def test_rank_failure_under_slurm_stops_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
-    args = ("--pid-dir", str(tmp_path), "--fail-rank", "4")
-    result = salloc(slurm, "-N3", "--ntasks-per-node=2", *distrun_argv(SCRIPTS / "behave.py", *args))
-    assert result.returncode == 5, result.stderr
-    assert "rank 4 (host node03) exited with code 5" in result.stderr
     assert_clean(slurm)
 
 
