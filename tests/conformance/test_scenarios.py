@@ -11,11 +11,14 @@ import signal
 import time
 from pathlib import Path
 
+import jsonschema
+
 from tests.conformance.backends import Backend, Layout
 from tests.support import REPO, SCRIPTS, alive, ask_stacks_until, read_until, wait_for_files, wait_until
 from tests.top_helpers import top_json
 
 TWO_BY_TWO = Layout(hosts=2, slots=2)
+REPORT_SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 
 
 def hosts_said(backend: Backend, layout: Layout) -> str:
@@ -115,33 +118,46 @@ def test_timeout_ends_the_job_with_124_and_the_stacks(backend: Backend, tmp_path
 def test_a_lost_host_leaves_the_survivors_to_reset_in_place(backend: Backend, tmp_path: Path) -> None:
     """An elastic job (--min-np 2, scripts/elastic_train.py) on 3 hosts loses its last one mid-run (on this
     machine: its last rank is killed); the others go on in a world of 2, in their own processes, with equal
-    weights, and no whole-job restart. The group timeout (600 s) is far beyond the test's: only the loss
-    being noticed ends the survivors' wait."""
+    weights, and no whole-job restart; the summary and the report say so. The group timeout (600 s) is far
+    beyond the test's: only the loss being noticed ends the survivors' wait."""
     layout = Layout(hosts=3, slots=1)
+    out, report = tmp_path / "out", tmp_path / "report.json"
+    out.mkdir()
     with backend.start(
-        layout, "--min-np", "2", "--ssh-keepalive", "0.5",
-        SCRIPTS / "elastic_train.py", tmp_path, "-1", "0", "30",
+        layout, "--min-np", "2", "--ssh-keepalive", "0.5", "--report", report,
+        SCRIPTS / "elastic_train.py", out, "-1", "0", "20",
         ELASTIC_SLOW_S="0.3", ELASTIC_TIMEOUT_S="600",
     ) as job:  # fmt: skip
-        wait_for_files(tmp_path, "opted.*", 3, timeout=240)
-        with backend.lose_host(job, layout, tmp_path) as host:
+        wait_for_files(out, "opted.*", 3, timeout=240)
+        with backend.lose_host(job, layout, out) as host:
             lost = time.monotonic()
             code, _, err = job.communicate(timeout=200)
             ended = time.monotonic() - lost
     assert code == 0, err
-    pids = {int(p.read_text()): int(p.stem) for p in tmp_path.glob("*.start")}
-    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
-    assert [(got["rank"], got["size"], got["batch"], got["sizes"]) for got in results] == [
-        (0, 2, 30, [2]),
-        (1, 2, 30, [2]),
-    ]
-    assert [got["pid"] for got in results] == [pids[0], pids[1]], "the survivors kept their processes"
+    pids = {int(p.read_text()): int(p.stem) for p in out.glob("*.start")}
+    results = [json.loads((out / f"{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, got in enumerate(results):
+        assert (got["rank"], got["size"], got["horovod_size"], got["batch"], got["sizes"]) == (
+            rank,
+            2,
+            "2",
+            20,
+            [2],
+        )
+        assert got["pid"] == pids[rank], "the survivor kept its process"
     assert results[0]["weights"] == results[1]["weights"]
-    assert not (tmp_path / "2.json").exists()
+    assert not (out / "2.json").exists()
     line = next(line for line in err.splitlines() if "reset 1:" in line)
     assert "reset 1: " + backend.loses.format(host=host, rank=2) in line, line
     assert f"left: rank 2 (on {host}); joined: none; world size 2" in line, line
+    assert "1 reset in place" in err
     assert "attempt 1" not in err, "no whole-job restart"
     assert ended < 120, f"the job ended {ended:.0f}s after the loss"
+    doc = json.loads(report.read_text())
+    jsonschema.validate(doc, REPORT_SCHEMA)
+    assert doc["restarts"] == 0
+    [reset] = doc["resets"]
+    assert (reset["ranks_left"], reset["hosts_left"], reset["size"]) == ([2], [host], 2)
+    assert reset["recovery_s"] > 0
     backend.assert_clean()
     assert alive(list(pids.values())) == []
