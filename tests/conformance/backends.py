@@ -43,6 +43,10 @@ BACKENDS = [
 ]
 
 
+# What Slurm tells a step's task about the step: under distrun, the agent's step, not the rank's job.
+STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_ID", "SLURM_LOCALID")
+
+
 @dataclass(frozen=True)
 class Rank:
     """Where one rank runs and the place it has there, as the backend's distrun must tell the rank."""
@@ -115,6 +119,9 @@ class Backend:
     def env(self, **extra: str) -> dict[str, str]:
         """distrun's environment on this backend, with this repository on PYTHONPATH."""
         raise NotImplementedError
+
+    def check_env(self, envs: list[dict[str, str]], layout: Layout) -> None:
+        """What the backend adds to the ranks' environments (`envs`, by rank), beyond distrun's contract."""
 
     def argv(self, layout: Layout, *args: str | os.PathLike[str]) -> list[str]:
         """The whole command line that runs `distrun ARGS` on the layout's hosts."""
@@ -203,7 +210,7 @@ class Local(Backend):
 class Ssh(Backend):
     name = "ssh"
     loses = "lost host {host} (no word from it for"
-    startup_s = 8.0
+    startup_s = 6.0
 
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
@@ -241,7 +248,7 @@ class Ssh(Backend):
 class Slurm(Backend):
     name = "slurm"
     loses = "lost host {host}"
-    startup_s = 10.0
+    startup_s = 7.0
 
     def __init__(self, cluster: SlurmCluster) -> None:
         self.cluster = cluster
@@ -266,6 +273,18 @@ class Slurm(Backend):
 
     def env(self, **extra: str) -> dict[str, str]:
         return self.cluster.env(PYTHONPATH=str(REPO), **extra)
+
+    def check_env(self, envs: list[dict[str, str]], layout: Layout) -> None:
+        """Each rank's SLURM_* describe the job; "task 0 of a 1-task step" (the agent's) would mislead
+        libraries that read SLURM_PROCID/SLURM_NTASKS, so the step's are gone and distrun's variables rule."""
+        nodes = self.names(layout)
+        for env in envs:
+            assert env["SLURM_JOB_NODELIST"] == f"{nodes[0][:-2]}[{nodes[0][-2:]}-{nodes[-1][-2:]}]"
+            assert env["SLURM_JOB_ID"] == envs[0]["SLURM_JOB_ID"]
+            step = {name: env[name] for name in STEP_VARIABLES if name in env}
+            assert step == {}, step
+            # The job's task count where the allocation has one (--ntasks-per-node), never the step's 1.
+            assert env.get("SLURM_NTASKS", str(layout.size)) == str(layout.size)
 
     def distrun_pid(self, proc: subprocess.Popen[bytes]) -> int:
         """salloc runs distrun as its child once the allocation is granted."""

@@ -28,17 +28,14 @@ def hosts_said(backend: Backend, layout: Layout) -> str:
 
 def test_start_environment_and_prefixes(backend: Backend, tmp_path: Path) -> None:
     """A gloo all-reduce over every rank, each line prefixed with its host and rank; and the environment the
-    ranks see: their place, one rendezvous, one TF cluster, the launching directory."""
+    ranks see: their place, one rendezvous, one TF cluster, the launching directory, and what the backend
+    adds (`Backend.check_env`)."""
     ranks = backend.ranks(TWO_BY_TWO)
-    result = backend.run(TWO_BY_TWO, "--prefix", "host", SCRIPTS / "allreduce.py")
+    result = backend.run(TWO_BY_TWO, "--prefix", "host", SCRIPTS / "allreduce.py", tmp_path, "x y")
     assert result.returncode == 0, result.stderr
     assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
         f"[{where.host}:{rank}] rank {rank} of 4 sum=10 host={where.host}" for rank, where in enumerate(ranks)
     ]
-    backend.assert_clean()
-
-    result = backend.run(TWO_BY_TWO, SCRIPTS / "envdump.py", tmp_path, "x y")
-    assert result.returncode == 0, result.stderr
     dumps = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(4)]
     envs = [dump["env"] for dump in dumps]
     workers = json.loads(envs[0]["TF_CONFIG"])["cluster"]["worker"]
@@ -59,6 +56,7 @@ def test_start_environment_and_prefixes(backend: Backend, tmp_path: Path) -> Non
         # Rank 0's host is named by the master address there, each other host by its own address.
         addr = backend.master_addr if where.node_rank == 0 else backend.addr
         assert workers[rank].startswith(addr(where.host) + ":")
+    backend.check_env(envs, TWO_BY_TWO)
     backend.assert_clean()
 
 
@@ -126,7 +124,7 @@ def test_a_lost_host_leaves_the_survivors_to_reset_in_place(backend: Backend, tm
     with backend.start(
         layout, "--min-np", "2", "--ssh-keepalive", "0.5", "--report", report,
         SCRIPTS / "elastic_train.py", out, "-1", "0", "20",
-        ELASTIC_SLOW_S="0.3", ELASTIC_TIMEOUT_S="600",
+        ELASTIC_SLOW_S="0.2", ELASTIC_TIMEOUT_S="600",
     ) as job:  # fmt: skip
         wait_for_files(out, "opted.*", 3, timeout=240)
         with backend.lose_host(job, layout, out) as host:

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shlex
@@ -53,21 +52,6 @@ def salloc(slurm: SlurmCluster, *args: str, timeout: float = 180) -> subprocess.
     return subprocess.run(
         ["salloc", *args], env=slurm_env(slurm), cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
-
-
-def test_ranks_see_the_job_not_the_agents_step(slurm: SlurmCluster, tmp_path: Path) -> None:
-    """Each rank's SLURM_* describe the job; "task 0 of a 1-task step" (the agent's) would mislead
-    libraries that read SLURM_PROCID/SLURM_NTASKS, so those are gone and distrun's variables rule."""
-    result = salloc(slurm, "-N2", *distrun_argv(SCRIPTS / "envdump.py", tmp_path))
-    assert result.returncode == 0, result.stderr
-    envs = [json.loads((tmp_path / f"{rank}.json").read_text())["env"] for rank in range(2)]
-    for rank, env in enumerate(envs):
-        assert (env["RANK"], env["WORLD_SIZE"], env["DISTRUN_HOSTNAME"]) == (str(rank), "2", NODES[rank])
-        assert env["MASTER_ADDR"] == "node01"
-        assert env["SLURM_JOB_NODELIST"] == "node[01-02]"
-        assert env["SLURM_JOB_ID"] == envs[0]["SLURM_JOB_ID"]
-        assert not {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID", "SLURM_LOCALID"} & set(env)
-    assert_clean(slurm)
 
 
 def test_detached_descendants_end_with_the_job_on_every_node(slurm: SlurmCluster, tmp_path: Path) -> None:
