@@ -13,6 +13,7 @@ import torch
 
 from collectives.buckets import fuse, unflatten_into
 from collectives.context import _require
+from collectives.elastic import joining
 from collectives.errors import CollectivesError
 from collectives.objects import broadcast_object
 from collectives.ops import broadcast_
@@ -43,6 +44,8 @@ def broadcast_parameters(params: ParameterSource, root_rank: int = 0) -> None:
     tensors. Tensors are fused per dtype and device into one broadcast each.
     """
     _require("broadcast_parameters")
+    if joining.skips_top_level_broadcast("hvd.broadcast_parameters"):
+        return
     with torch.no_grad():
         for members, flat in fuse(_tensors_of(params)):
             broadcast_(flat, root_rank)
@@ -85,6 +88,8 @@ def broadcast_optimizer_state(
     even before the first step. ``model`` is accepted for Horovod's signature and not needed.
     """
     context = _require("broadcast_optimizer_state")
+    if joining.skips_top_level_broadcast("hvd.broadcast_optimizer_state"):
+        return
     inner = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     if not inner.state_dict()["state"]:
         _initialise_state(inner)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import alone
 from tests.markers import markers_for
 from tests.support import SENT_BY_TESTS, is_outer_job
 
@@ -32,6 +33,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         have = {mark.name for mark in item.iter_markers()}
         for name in sorted(markers_for(item.path, getattr(item, "fixturenames", ())) - have):
             item.add_marker(name)
+
+
+@pytest.fixture(autouse=True)
+def machine(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked `alone` (it measures the machine) runs with no other worker's test beside it."""
+    with alone.running(request.node.get_closest_marker("alone") is not None):
+        yield
 
 
 @pytest.fixture(autouse=True, scope="session")

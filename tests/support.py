@@ -14,7 +14,9 @@ import subprocess
 import sys
 import termios
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -138,6 +140,57 @@ def wait_for_files(directory: Path, pattern: str, count: int, timeout: float = 6
         return files if len(files) >= count else []
 
     return wait_until(found, timeout, f"{count} {pattern} files in {directory}")
+
+
+class TooLate(AssertionError):
+    """A try's job may have reached its --timeout before the test was done with it (see `Limit`)."""
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One try of a test whose job must get somewhere (ranks idle, a reset held) and be looked at there
+    before its `--timeout` runs out: how soon it gets there depends on the machine's load. `started`: when
+    the try began, before distrun did (so its own count, which starts later, has passed no more)."""
+
+    seconds: int
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def option(self) -> tuple[str, str]:
+        return ("--timeout", str(self.seconds))
+
+    def ran_out(self) -> bool:
+        return time.monotonic() - self.started >= self.seconds
+
+    @contextlib.contextmanager
+    def before_it(self, job: subprocess.Popen[bytes]) -> Iterator[None]:
+        """The part of the try that must be done while `job` runs: ending with the job still running, or
+        failing before `seconds` have passed (whatever the job did, its --timeout was not the cause), it is
+        the test's verdict; failing later, or finding the job ended then, it is TooLate."""
+        try:
+            yield
+        except Exception as failure:
+            if self.ran_out():
+                raise TooLate(f"--timeout {self.seconds} may have come first: {failure}") from failure
+            raise
+        if job.poll() is not None:
+            said = f"the job ended (exit {job.returncode}) before the test was done with it"
+            raise TooLate(said) if self.ran_out() else AssertionError(said)
+
+
+def with_timeouts(attempt: Callable[[Limit], T], *seconds: int) -> T:
+    """`attempt(Limit(s))` for each of `seconds` in turn, the next only where a try was TooLate: a short
+    --timeout that a lightly loaded machine meets, then a generous one. `attempt` starts its job (under
+    `limit.option`, with files of its own for this try) and holds what must come before the timeout in
+    `limit.before_it(job)`; a failure there that the timeout may explain is tried again, never ignored:
+    the last try's stands. Each try again is a warning in pytest's summary: a first --timeout to revisit
+    where it comes often."""
+    for limit in seconds[:-1]:
+        try:
+            return attempt(Limit(limit))
+        except TooLate as late:
+            warnings.warn(f"tried again with a longer --timeout: {late}", stacklevel=2)
+    return attempt(Limit(seconds[-1]))
 
 
 def sleeping_rank(ready: Path) -> tuple[Path, int, int]:
@@ -291,6 +344,7 @@ def assert_hang_grouped(text: str, rank2_host: str, barrier_hosts: str) -> None:
 
 def hang_stacks_then_timeout(
     job: subprocess.Popen[bytes],
+    limit: Limit,
     ready_dir: Path,
     *,
     hosts: str,
@@ -298,22 +352,22 @@ def hang_stacks_then_timeout(
     barrier_hosts: str,
     env: dict[str, str] | None = None,
 ) -> str:
-    """scripts/hang.py under `--timeout 60`: `distrun stacks` while it runs shows the grouped stacks and the
+    """scripts/hang.py under `limit.option`: `distrun stacks` while it runs shows the grouped stacks and the
     job goes on; at the timeout the same stacks come before the summary, exit 124. Returns distrun's stderr.
 
     `hosts`: "1 host" or "2 hosts"; `rank2_host`/`barrier_hosts`: the group headers' host lists."""
     with never_left_running(job):
-        wait_for_files(ready_dir, "*.pid", 4)
-        shown = ask_stacks_until(job.pid, HANG_VERDICT, env)
-        assert shown.startswith(f"stacks of 4 ranks on {hosts}:\n"), shown
-        assert_hang_grouped(shown, rank2_host, barrier_hosts)
-        assert job.poll() is None, "asking for the stacks must not disturb the job"
-        _, err = job.communicate(timeout=120)
+        with limit.before_it(job):
+            wait_for_files(ready_dir, "*.pid", 4, timeout=limit.seconds)
+            shown = ask_stacks_until(job.pid, HANG_VERDICT, env)
+            assert shown.startswith(f"stacks of 4 ranks on {hosts}:\n"), shown
+            assert_hang_grouped(shown, rank2_host, barrier_hosts)
+        _, err = job.communicate(timeout=limit.seconds + 60)
     text = err.decode()
     assert job.returncode == 124, text
     at_timeout = text[text.index(f"distrun: stacks of 4 ranks on {hosts} (timeout):") :]
     assert_hang_grouped(at_timeout, rank2_host, barrier_hosts)
-    assert at_timeout.index(HANG_VERDICT) < at_timeout.index("distrun: timed out after 60s")
+    assert at_timeout.index(HANG_VERDICT) < at_timeout.index(f"distrun: timed out after {limit.seconds}s")
     return text
 
 

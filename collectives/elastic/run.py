@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from collectives import links
+from collectives.elastic import joining
 from collectives.elastic.channel import Channel, open_channel
 from collectives.elastic.failures import is_peer_failure, stop_engine
 from collectives.elastic.state import State
@@ -49,6 +50,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> T:
+        joining.entered()
         channel = open_channel(_abort_on_peer_lost)
         if channel is not None:
             channel.listen(state.on_hosts_updated)

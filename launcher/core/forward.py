@@ -15,7 +15,7 @@ Then `--env-file` adds or overrides, then `-x`; both may name any variable excep
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from launcher.core.env import OWNED_NAMES, check_name
@@ -173,6 +173,15 @@ class JobEnv:
 
     travelling: dict[str, str]
     unset: tuple[str, ...]
+
+
+# Set in a rank started by an elastic reset (a newcomer): collectives.elastic.joining reads it.
+JOINED_VAR = "DISTRUN_JOINED_AT_RESET"
+
+
+def joined_env(env: JobEnv) -> JobEnv:
+    """The environment of a reset's newcomers: the job's, marked as joined at a reset."""
+    return replace(env, travelling={**env.travelling, JOINED_VAR: "1"})
 
 
 def job_env(

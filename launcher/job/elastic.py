@@ -220,13 +220,10 @@ class Resetter:
         newcomers among `lost`, which never opted in, are returned: this round's failures all the same."""
         newcomers = [r for r in self.place if r not in reset.survivors]
         leaving = [r for r in newcomers if r not in lost]
-        by_host: dict[str, list[int]] = {}
         for rank_id in leaving:
             self.place.pop(rank_id)
-            by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
         self.leavers.update(leaving)
-        for name, ranks in by_host.items():
-            self.hosts[name].node.send(LEAVE, LeaveRequest(ranks))
+        self._tell_leave(leaving)
         reset.sent = False
         reset.synced.clear()
         reset.joined.clear()
@@ -470,11 +467,7 @@ class Resetter:
             self.place[rank_id] = world.rank_of(rank_id)
         for name, host_envs in by_host.items():
             self.hosts[name].node.send(RESET, ResetRequest(host_envs))
-        leaving: dict[str, list[int]] = {}
-        for rank_id in reset.leaving:
-            leaving.setdefault(self.host_of[rank_id], []).append(rank_id)
-        for name, ranks in leaving.items():
-            self.hosts[name].node.send(LEAVE, LeaveRequest(ranks))
+        self._tell_leave(reset.leaving)
         self.at_commit.clear()
         reset.sent = True
         reset.size = world.plan.world_size
@@ -487,6 +480,13 @@ class Resetter:
             reset.size = world.plan.world_size
             self.spawn(world, newcomers, envs)
         return None
+
+    def _tell_leave(self, ranks: Sequence[int]) -> None:
+        by_host: dict[str, list[int]] = {}
+        for rank_id in ranks:
+            by_host.setdefault(self.host_of[rank_id], []).append(rank_id)
+        for name, on_host in by_host.items():
+            self.hosts[name].node.send(LEAVE, LeaveRequest(on_host))
 
     def _finish(self, reset: _Reset, now: float) -> None:
         recovery = max(reset.synced.values()) if reset.synced else now - reset.began

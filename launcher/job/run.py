@@ -27,6 +27,7 @@ from launcher.core.command import interpreter, script_of
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
 from launcher.core.elastic_plan import Member, NewWorld
+from launcher.core.forward import joined_env
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, build_plan, plural
 from launcher.core.rendezvous import Rendezvous, choose_rendezvous
@@ -406,14 +407,13 @@ class Job:
         newcomers: Sequence[Member],
         envs: Identities,
     ) -> None:
-        """Start a reset's newcomers beside the running ranks (ADD), each as rank `world.rank_of` of the new
-        world, under its own id."""
+        """Start a reset's newcomers (ADD, marked as joined) as ranks `world.rank_of`, under their own ids."""
         first = envs[newcomers[0].rank_id]
         rdzv = Rendezvous(first["MASTER_ADDR"], int(first["MASTER_PORT"]), (), ())
         by_name = self.hosts.by_name()
         nodes = [by_name[node.name] for node in world.plan.nodes]
         requests = start_requests(
-            self.config, world.plan, rdzv, self.env, local=[h.node.local for h in nodes],
+            self.config, world.plan, rdzv, joined_env(self.env), local=[h.node.local for h in nodes],
             facts=[h.facts for h in nodes], placed=None, attempt=attempt, run_id=self.run_id,
             cwd=self.cwd, workers=(),
             workdirs=[self.copies[h.name].path for h in nodes] if self.copies else None,

@@ -14,10 +14,12 @@ from datetime import datetime
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from tests.support import (
     REPO,
     SCRIPTS,
+    Limit,
     ask_stacks_until,
     assert_all_gone,
     clean_env,
@@ -25,6 +27,7 @@ from tests.support import (
     run_distrun,
     start_distrun,
     wait_for_files,
+    with_timeouts,
 )
 
 SCRIPT = SCRIPTS / "elastic_train.py"
@@ -76,14 +79,23 @@ def test_the_report_carries_each_reset_and_plot_marks_it_with_both_sizes(tmp_pat
     assert b"#ff8c00" in svg.read_bytes(), "the reset's dashed line (darkorange)"
 
 
-def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(tmp_path: Path) -> None:
+@pytest.mark.parametrize("top_level", [False, True], ids=["elastic-script", "top-level-broadcast"])
+def test_a_free_slot_refills_the_world_with_a_newcomer_holding_rank_0s_state(
+    tmp_path: Path, top_level: bool
+) -> None:
+    """With a top-level broadcast of the model and optimizer (README's example, a Horovod script written for
+    fixed worlds), the newcomer skips it until hvd.elastic.run, whose sync gives it the state: no mismatch,
+    no restart, the committed progress kept."""
     report = tmp_path / "report.json"
     done = run_distrun(
         "-H", "localhost:4", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "5",
-        timeout=300,
+        env=clean_env(**({"ELASTIC_TOP_LEVEL_BROADCAST": "1"} if top_level else {})), timeout=300,
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 0, err
+    assert "attempt 1" not in err and "MismatchError" not in err
+    skipped = "broadcast_parameters before hvd.elastic.run in a rank that joined at a reset: skipped"
+    assert (skipped in err) is top_level
     pids = started_pids(tmp_path)
     results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
     assert [(got["rank"], got["size"], got["batch"]) for got in results] == [
@@ -173,15 +185,24 @@ def test_ctrl_c_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
 
 def test_timeout_during_a_reset_stops_every_rank(tmp_path: Path) -> None:
     """--timeout counts from the job's start and runs out while the survivors are held in their reset: 124,
-    and nothing of the job left running. 60 s leaves a loaded machine time to reach the reset first."""
-    proc = start_distrun(
-        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--timeout", "60", SCRIPT, tmp_path, "2", "5",
-        env=clean_env(ELASTIC_HOLD_RESET="1"),
-    )  # fmt: skip
-    with never_left_running(proc):
-        wait_for_files(tmp_path, "held.*", 2, timeout=60)
-        _, err = proc.communicate(timeout=120)
-    said = err.decode()
-    assert proc.returncode == 124, said
-    assert "reset 1:" not in said, "the reset never completed: the timeout came during it"
-    assert_all_gone([int(p.stem) for p in tmp_path.glob("*.start")])
+    and nothing of the job left running. 30 s leave a lightly loaded machine time to reach the reset first,
+    60 s a loaded one."""
+
+    def attempt(limit: Limit) -> tuple[str, list[int]]:
+        out = tmp_path / f"t{limit.seconds}"
+        out.mkdir()
+        proc = start_distrun(
+            "-H", "localhost:3", "-np", "3", "--min-np", "2", *limit.option, SCRIPT, out, "2", "5",
+            env=clean_env(ELASTIC_HOLD_RESET="1"),
+        )  # fmt: skip
+        with never_left_running(proc):
+            with limit.before_it(proc):
+                wait_for_files(out, "held.*", 2, timeout=limit.seconds)
+            _, err = proc.communicate(timeout=limit.seconds + 60)
+        said = err.decode()
+        assert proc.returncode == 124, said
+        assert "reset 1:" not in said, "the reset never completed: the timeout came during it"
+        return said, [int(p.stem) for p in out.glob("*.start")]
+
+    _, pids = with_timeouts(attempt, 30, 60)
+    assert_all_gone(pids)

@@ -14,15 +14,20 @@ from pathlib import Path
 from tests.support import (
     REPO,
     SCRIPTS,
+    Limit,
     ask_stacks_until,
     clean_env,
     distrun_argv,
     never_left_running,
     wait_for_files,
+    with_timeouts,
 )
 
 SCRIPT = SCRIPTS / "idle_threads.py"
 IDLE = "verdict: both ranks are at the same place, not in a collective: in idle, idle_threads.py:24"
+# --timeout of the jobs asked for their stacks first: ranks without torch idle within seconds, and each ask
+# takes one; a loaded machine gets the second (tests/support.with_timeouts).
+TIMEOUTS = (8, 20)
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -72,18 +77,25 @@ def test_a_py_spy_with_garbled_output_ends_nothing(tmp_path: Path) -> None:
 
 def test_ranks_answering_with_a_garbled_dump_end_nothing(tmp_path: Path) -> None:
     env = _env(tmp_path)
-    job = subprocess.Popen(
-        distrun_argv("-np", "2", "--stack-tool", "python", "--timeout", "15", SCRIPT, tmp_path, "garbled"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO,
-    )  # fmt: skip
-    with never_left_running(job):
-        wait_for_files(tmp_path, "*.pid", 2)
-        shown = ask_stacks_until(job.pid, "verdict: ", env)
-        assert "ranks 0-1 (2 of 2) on localhost:" in shown, shown
-        assert job.poll() is None
-        _, raw = job.communicate(timeout=120)
-    err = raw.decode()
-    assert job.returncode == 124, err
+
+    def attempt(limit: Limit) -> str:
+        out = tmp_path / f"t{limit.seconds}"
+        out.mkdir()
+        job = subprocess.Popen(
+            distrun_argv("-np", "2", "--stack-tool", "python", *limit.option, SCRIPT, out, "garbled"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO,
+        )  # fmt: skip
+        with never_left_running(job):
+            with limit.before_it(job):
+                wait_for_files(out, "*.pid", 2, timeout=limit.seconds)
+                shown = ask_stacks_until(job.pid, "verdict: ", env)
+                assert "ranks 0-1 (2 of 2) on localhost:" in shown, shown
+            _, raw = job.communicate(timeout=limit.seconds + 60)
+        err = raw.decode()
+        assert job.returncode == 124, err
+        return err
+
+    err = with_timeouts(attempt, *TIMEOUTS)
     assert "distrun: stacks of 2 ranks on 1 host (timeout):" in err and "verdict: " in err, err
     assert "Traceback" not in err
 
@@ -93,20 +105,27 @@ def test_a_verdict_that_raises_leaves_distrun_stacks_and_the_timeout_the_stacks_
 ) -> None:
     env = _env(tmp_path)
     failed = "distrun stacks' grouping failed: RuntimeError: injected"
-    job = _faulty("verdict", "-np", "2", "--timeout", "20", SCRIPT, tmp_path, "threads", env=env)
-    with never_left_running(job):
-        wait_for_files(tmp_path, "*.pid", 2)
-        shown = ask_stacks_until(job.pid, f"verdict: none ({failed})", env)
-        lines = shown.splitlines()
-        assert lines[:3] == ["stacks of 2 ranks on 1 host:", "rank 0 on localhost:", "  main thread:"], shown
-        assert shown.count(", in idle") == 2 and shown.count(", in helper_polls") == 2, shown
-        assert job.poll() is None
-        _, raw = job.communicate(timeout=120)
-    err = raw.decode()
-    assert job.returncode == 124, err
+
+    def attempt(limit: Limit) -> tuple[str, int]:
+        out = tmp_path / f"t{limit.seconds}"
+        out.mkdir()
+        job = _faulty("verdict", "-np", "2", *limit.option, SCRIPT, out, "threads", env=env)
+        with never_left_running(job):
+            with limit.before_it(job):
+                wait_for_files(out, "*.pid", 2, timeout=limit.seconds)
+                shown = ask_stacks_until(job.pid, f"verdict: none ({failed})", env)
+                head = ["stacks of 2 ranks on 1 host:", "rank 0 on localhost:", "  main thread:"]
+                assert shown.splitlines()[:3] == head, shown
+                assert shown.count(", in idle") == 2 and shown.count(", in helper_polls") == 2, shown
+            _, raw = job.communicate(timeout=limit.seconds + 60)
+        assert job.returncode == 124, raw.decode()
+        return raw.decode(), limit.seconds
+
+    err, seconds = with_timeouts(attempt, *TIMEOUTS)
     at_timeout = err[err.index("distrun: stacks of 2 ranks on 1 host (timeout):") :]
     assert at_timeout.count(", in idle") == 2, err
-    assert at_timeout.index(f"verdict: none ({failed})") < at_timeout.index("distrun: timed out after 20s")
+    ended = at_timeout.index(f"distrun: timed out after {seconds}s")
+    assert at_timeout.index(f"verdict: none ({failed})") < ended, err
     # One line naming the tool and the error, however many gatherings failed.
     assert err.count(f"distrun: {failed}; the job runs on\n") == 1, err
     assert "Traceback" not in err

@@ -16,9 +16,11 @@ import psutil
 import pytest
 
 from tests.multihost.cluster import Cluster, ClusterUnavailable
+from tests.multihost.support import SLOW_CABLE
 from tests.support import REPO, distrun_argv, never_left_running, wait_until
 
-pytestmark = pytest.mark.multihost
+# They measure the machine: a neighbour test's load would make a healthy host an outlier.
+pytestmark = [pytest.mark.multihost, pytest.mark.alone]
 
 # The healthy cluster is measured this many times in a row: nobody may be named in any of them.
 HEALTHY_RUNS = 3
@@ -145,7 +147,7 @@ def launch(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_preflight_keeps_a_job_off_a_slow_host(make_cluster: Callable[..., Cluster], tmp_path: Path) -> None:
     cluster = make_cluster(4)
-    cluster.shape_link("h3", "20mbit")
+    cluster.shape_link("h3", SLOW_CABLE)
     hosts = ",".join(cluster.hosts)
     report = tmp_path / "fixed.json"
     fixed = launch(cluster, "-H", hosts, "--report", str(report))

@@ -15,7 +15,7 @@ from subprocess import Popen
 import pytest
 
 from tests.multihost.cluster import Cluster
-from tests.multihost.support import assert_clean
+from tests.multihost.support import SLOW_CABLE, assert_clean
 from tests.support import REPO, SCRIPTS, attempt_world, run_distrun, start_distrun, wait_for_files
 
 pytestmark = pytest.mark.multihost
@@ -209,11 +209,12 @@ def test_an_idle_spare_that_is_lost_is_left_out_and_the_job_goes_on(
     assert_clean(lab)
 
 
+@pytest.mark.alone  # preflight measures the machine
 def test_preflight_leaves_a_slow_host_out_and_a_measured_spare_takes_its_place(
     make_cluster: Callable[..., Cluster],
 ) -> None:
     lab = make_cluster(4)
-    lab.shape_link("h2", "20mbit")
+    lab.shape_link("h2", SLOW_CABLE)
     result = run_distrun(
         "--preflight", "-H", FOUR, "-np", "3", "--min-np", "2", "python3", "-c",
         WHERE_AM_I, env=lab.env(), timeout=300,

@@ -143,19 +143,40 @@ def on_terminal(cluster: Cluster, *args: str) -> Iterator[OnTerminal]:
         os.close(job.master)
 
 
-# Numbered lines every 0.1 s for 50 s: still running after a 40 s stop that begins at its 10th line.
+# Numbered lines every 0.1 s for 50 s.
 SLOW_COUNTER = COUNTER.replace("itertools.count()", "range(500)").replace("0.02", "0.1")
-LONG_STOP = 40.0
+# Numbered lines every 0.1 s until the file named by its argument exists, then 20 more and their count.
+COUNTER_UNTIL = """
+import itertools, os, sys, time
+end = None
+for i in itertools.count():
+    if end is None and os.path.exists(sys.argv[1]):
+        end = i + 20
+    if i == end:
+        break
+    print(f"line {i}", flush=True)
+    time.sleep(0.1)
+print(f"lines {end}", flush=True)
+"""
+# --ssh-keepalive 1: the agents wait 7.5 s for a silent distrun (1 s x 5, plus 2.5 s); a stop 3 times that.
+KEEPALIVE = ("--ssh-keepalive", "1")
+LONG_STOP = 22.5
 
 
 @pytest.mark.parametrize("how", ["ctrl-z", "sigstop"])
-def test_a_terminal_job_stopped_for_40s_goes_on_and_loses_no_host(cluster: Cluster, how: str) -> None:
-    """Ctrl-Z (the agents are told) or kill -STOP (they are not) of distrun on a terminal, for 40 s, three
-    times the 12.5 s its agents wait for a silent distrun: `fg` (SIGCONT) and the job goes on to exit 0, every
-    line arrives once, and no host is counted lost or said to have stopped its ranks. Rank 0 runs on this
-    machine (a local agent), ranks 1 and 2 on SSH hosts."""
+def test_a_terminal_job_stopped_thrice_its_agents_wait_goes_on_and_loses_no_host(
+    cluster: Cluster, how: str, tmp_path: Path
+) -> None:
+    """Ctrl-Z (the agents are told) or kill -STOP (they are not) of distrun on a terminal, for three times the
+    7.5 s its agents wait for a silent distrun (--ssh-keepalive 1): `fg` (SIGCONT) and the job goes on to
+    exit 0, every line arrives once, and no host is counted lost or said to have stopped its ranks. Rank 0
+    runs on this machine (a local agent), ranks 1 and 2 on SSH hosts; they end 20 lines after the test is
+    done with them."""
     hosts = "localhost:1,h1:1,h2:1"
-    with on_terminal(cluster, "-H", hosts, "python", "-c", SLOW_COUNTER) as job:
+    done = tmp_path / "done"
+    with on_terminal(
+        cluster, "-H", hosts, "--ssh-keepalive", "1", "python", "-c", COUNTER_UNTIL, str(done)
+    ) as job:
         job.wait_for(b"[2] line 10\r\n")
         if how == "ctrl-z":
             os.write(job.master, b"\x1a")  # the terminal sends SIGTSTP to its foreground job
@@ -165,13 +186,16 @@ def test_a_terminal_job_stopped_for_40s_goes_on_and_loses_no_host(cluster: Clust
         time.sleep(LONG_STOP)  # the scenario: distrun does not run for this long
         assert job.stopped(), "distrun went on by itself"
         os.killpg(job.pid, signal.SIGCONT)  # what `fg` does
+        done.touch()
         code = job.wait()
     said = job.text()
     assert code == 0, said
     assert "lost host" not in said and "stopped its ranks" not in said, said
     for rank in (0, 1, 2):
         lines = re.findall(rf"\[{rank}\] line (\d+)\r\n", said)
-        assert [int(n) for n in lines] == list(range(500)), f"rank {rank}: {said}"
+        count = re.findall(rf"\[{rank}\] lines (\d+)\r\n", said)
+        assert len(count) == 1 and int(count[0]) > 20, f"rank {rank}: {said}"
+        assert [int(n) for n in lines] == list(range(int(count[0]))), f"rank {rank}: {said}"
     assert_clean(cluster)
 
 

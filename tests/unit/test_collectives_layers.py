@@ -26,6 +26,7 @@ LAYERS: list[list[str]] = [
         "collectives.engine_tickets",
         "collectives.progress",
         "collectives.elastic.failures",
+        "collectives.elastic.joining",
     ],
     [
         "collectives.links",

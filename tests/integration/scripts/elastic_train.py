@@ -12,6 +12,8 @@ ELASTIC_DIE_IN_RESET=<start rank>: that rank SIGKILLs itself in its first reset 
 formed its group, before its first sync): a loss while the new world forms.
 ELASTIC_NEWCOMER_DIES set: a newcomer (started by a reset, not by the plan) SIGKILLs itself once it joined
 its first world, before it opts in: a newcomer lost while the new world forms.
+ELASTIC_TOP_LEVEL_BROADCAST set: the script broadcasts the model and optimizer at top level, as README's
+example (a non-elastic script) does.
 ELASTIC_RAISE_AT_END=<start rank>: that rank raises once it wrote its result (an uncaught exception after the
 reset formed its group again).
 With ELASTIC_FAIL_ALL_AT set to a batch, every rank
@@ -43,6 +45,9 @@ optimizer = hvd.DistributedOptimizer(
     torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
 )
 sizes = []
+if os.environ.get("ELASTIC_TOP_LEVEL_BROADCAST"):
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 
 def held() -> None:
