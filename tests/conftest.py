@@ -20,8 +20,9 @@ from tests import alone
 from tests.markers import markers_for
 from tests.support import SENT_BY_TESTS, is_outer_job
 
-# The simulated cluster's fixtures, for tests/multihost and for the scenarios that run both here and there.
-pytest_plugins = ("tests.multihost.fixtures",)
+# The simulated clusters' fixtures, for tests/multihost and tests/slurm, for the scenarios that run both here
+# and there, and for the conformance scenarios that run on every backend (tests/conformance).
+pytest_plugins = ("tests.multihost.fixtures", "tests.slurm.fixtures")
 
 
 @pytest.hookimpl(tryfirst=True)

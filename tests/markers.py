@@ -7,7 +7,8 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 # Each folder's marker (pyproject's `markers` say what each needs): a test added to a folder has it at once.
-FOLDER_MARKERS = {name: name for name in ("unit", "integration", "multihost", "slurm", "gpu")}
+# tests/conformance runs on every backend: its `backend` fixture's parameters carry what each one needs.
+FOLDER_MARKERS = {name: name for name in ("unit", "integration", "multihost", "slurm", "gpu", "conformance")}
 # A test elsewhere that takes one of these fixtures needs what that folder's tests need.
 FIXTURE_MARKERS = {"cluster": "multihost", "make_cluster": "multihost", "slurm": "slurm"}
 

@@ -1,8 +1,9 @@
 """The launcher's elastic driver on local ranks: an elastic job (--min-np) whose ranks all use hvd.elastic
 keeps its survivors running through a SIGKILLed rank (same process, same state, a smaller world), says so in
-one line and in the report; a loss while the new world forms opens the round again (its newcomers leave and
-the survivors go on in a world formed once more, still in their processes); --reset-limit ends the job naming
-the limit; Ctrl-C or --timeout during a reset stops every rank.
+one line and in the report (a conformance scenario: tests/conformance/test_scenarios.py); a loss while the
+new world forms opens the round again (its newcomers leave and the survivors go on in a world formed once
+more, still in their processes); --reset-limit ends the job naming the limit; Ctrl-C or --timeout during a
+reset stops every rank.
 """
 
 from __future__ import annotations
@@ -36,39 +37,6 @@ SCHEMA = json.loads((REPO / "docs" / "report.schema.json").read_text())
 def started_pids(out: Path) -> dict[int, int]:
     """Start rank -> pid, from the files each rank wrote when it started."""
     return {int(p.read_text()): int(p.stem) for p in out.glob("*.start")}
-
-
-def test_a_killed_ranks_survivors_go_on_in_a_smaller_world(tmp_path: Path) -> None:
-    report = tmp_path / "report.json"
-    done = run_distrun(
-        "-H", "localhost:3", "-np", "3", "--min-np", "2", "--report", report, SCRIPT, tmp_path, "2", "5",
-        timeout=300,
-    )  # fmt: skip
-    err = done.stderr.decode()
-    assert done.returncode == 0, err
-    pids = started_pids(tmp_path)
-    results = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in (0, 1)]
-    for rank, got in enumerate(results):
-        assert got["pid"] == pids[rank], "the survivor kept its process"
-        assert (got["rank"], got["size"], got["horovod_size"], got["batch"], got["sizes"]) == (
-            rank,
-            2,
-            "2",
-            12,
-            [2],
-        )
-    assert results[0]["weights"] == results[1]["weights"]
-    assert not (tmp_path / "2.json").exists()
-    line = next(line for line in err.splitlines() if "reset 1:" in line)
-    assert "rank 2 (host localhost) was killed by SIGKILL" in line
-    assert "left: rank 2 (on localhost); joined: none; world size 2" in line
-    assert "1 reset in place" in err
-    doc = json.loads(report.read_text())
-    jsonschema.validate(doc, SCHEMA)
-    assert doc["restarts"] == 0
-    [reset] = doc["resets"]
-    assert (reset["ranks_left"], reset["hosts_left"], reset["size"]) == ([2], ["localhost"], 2)
-    assert reset["recovery_s"] > 0
 
 
 def test_a_survivors_uncaught_exception_after_a_reset_has_torchs_rank_prefix_once(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """The launcher on one machine, end to end: real distrun, real workers, real torch.distributed groups.
 
-The tests taking `where` run the same scenario on SSH hosts of the simulated cluster too (tests/multihost)."""
+The tests taking `where` run the same scenario on SSH hosts of the simulated cluster too (tests/multihost).
+Start, a failing rank, Ctrl-C and --timeout are conformance scenarios, run on every backend
+(tests/conformance/test_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -32,18 +34,9 @@ from tests.support import (
     wait_for_files,
 )
 
-LOCAL = Where(None)
-
 
 def _lines(data: bytes) -> list[str]:
     return data.decode().splitlines()
-
-
-def test_gloo_all_reduce_sums_on_every_rank() -> None:
-    result = run_distrun("-np", "4", SCRIPTS / "allreduce.py")
-    assert result.returncode == 0, result.stderr.decode()
-    lines = sorted(_lines(result.stdout))
-    assert lines == [f"[{r}] rank {r} of 4 sum=10 host=localhost" for r in range(4)]
 
 
 def test_unmodified_torchrun_style_script_runs() -> None:
@@ -96,21 +89,6 @@ def test_two_jobs_at_once_get_different_ports(tmp_path: Path) -> None:
     assert port_a != port_b
 
 
-def test_failing_rank_stops_everything_with_its_exit_code(pid_dir: Path) -> None:
-    result = run_distrun(
-        "-np", "4", "--grace-period", "3", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--fail-rank", "2",
-        "--code", "7",
-    )  # fmt: skip
-    assert result.returncode == 7
-    err = result.stderr.decode()
-    assert "rank 2 (host localhost) exited with code 7" in err
-    assert "rank 2 is failing on purpose" in err.split("last stderr lines of rank 2:")[1]
-    assert "Traceback" not in err
-    pids = recorded_pids(pid_dir)
-    assert len(pids) == 8  # 4 ranks and their 4 grandchildren
-    assert_all_gone(pids, within=1.0)
-
-
 def test_summary_names_only_the_ranks_it_stopped(pid_dir: Path) -> None:
     result = run_distrun(
         "-np", "4", SCRIPTS / "behave.py", "--pid-dir", pid_dir, "--exit-early-rank", "0", "--fail-rank", "2",
@@ -139,25 +117,14 @@ def test_rank_exiting_zero_early_does_not_stop_the_rest(pid_dir: Path) -> None:
     assert_all_gone(recorded_pids(pid_dir), within=1.0)
 
 
-def _stop_with(sig: signal.Signals, pid_dir: Path, where: Where = LOCAL) -> tuple[int, str]:
-    """behave.py on 3 ranks (a host each on SSH), stopped with `sig` once they all run: exit code, stderr."""
-    hosts = where.either(("-np", "3"), ("-H", "h1:1,h2:1,h3:1"))
-    proc = start_distrun(*hosts, SCRIPTS / "behave.py", "--pid-dir", pid_dir, env=where.env())
+def _stop_with(sig: signal.Signals, pid_dir: Path) -> tuple[int, str]:
+    """behave.py on 3 ranks, stopped with `sig` once they all run: exit code, stderr."""
+    proc = start_distrun("-np", "3", SCRIPTS / "behave.py", "--pid-dir", pid_dir)
     wait_for_files(pid_dir, "*.pid", 6)  # each rank and its grandchild
     read_until(proc, b" ready\n", 3)  # each rank's line relayed: distrun knows every rank runs
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     return proc.returncode, err.decode()
-
-
-def test_ctrl_c_stops_every_rank_with_130(pid_dir: Path, where: Where) -> None:
-    code, err = _stop_with(signal.SIGINT, pid_dir, where)
-    assert code == 130
-    if where.ssh:
-        where.assert_clean()
-        return
-    assert "stopped by SIGINT" in err
-    assert_all_gone(recorded_pids(pid_dir), within=1.0)
 
 
 def test_sigterm_stops_every_rank_with_143(pid_dir: Path) -> None:
@@ -194,13 +161,6 @@ def test_second_ctrl_c_kills_at_once(pid_dir: Path) -> None:
     proc.communicate(timeout=30)
     assert proc.returncode == 130
     assert time.monotonic() - sent < 3.0
-    assert_all_gone(recorded_pids(pid_dir), within=1.0)
-
-
-def test_timeout_stops_a_hung_job_with_124(pid_dir: Path) -> None:
-    result = run_distrun("-np", "2", "--timeout", "2", SCRIPTS / "behave.py", "--pid-dir", pid_dir)
-    assert result.returncode == 124
-    assert "timed out after 2s; ranks still running were stopped: 0-1" in result.stderr.decode()
     assert_all_gone(recorded_pids(pid_dir), within=1.0)
 
 

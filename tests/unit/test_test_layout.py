@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.conformance.backends import BACKENDS
 from tests.layering import REPO, imported_names
 from tests.markers import FOLDER_MARKERS, markers_for
 
@@ -82,3 +83,9 @@ def test_every_test_folder_gives_its_marker_and_pyproject_declares_each() -> Non
     assert markers_for(TESTS / "integration" / "test_x.py", ["slurm"]) == {"integration", "slurm"}
     pyproject = (REPO / "pyproject.toml").read_text()
     assert all(f'"{marker}: ' in pyproject for marker in FOLDER_MARKERS.values()), "declare it in pyproject"
+
+
+def test_each_backend_of_the_conformance_suite_is_marked_with_what_it_needs() -> None:
+    """`-m "not multihost and not slurm"` (no root) keeps the local backend's scenarios and only those."""
+    marks = {param.id: {mark.name for mark in param.marks} for param in BACKENDS}
+    assert marks == {"local": {"integration"}, "ssh": {"multihost"}, "slurm": {"slurm"}}

@@ -1,4 +1,8 @@
-"""Fixtures for tests that need a real Slurm cluster (see tests/slurm/cluster.py)."""
+"""Fixtures for tests that need a real Slurm cluster (see tests/slurm/cluster.py).
+
+A plugin that tests/conftest.py loads, as tests/multihost/fixtures.py is: the conformance scenarios
+(tests/conformance) take the one session cluster too.
+"""
 
 from __future__ import annotations
 
