@@ -20,9 +20,7 @@ victim, kill_at = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else
 
 def idle(rank: int) -> None:
     (out / f"{rank}.pid").write_text(str(os.getpid()))
-    while not (out / "release").exists():
-        # Long sleeps between looks: a rank sampled mid-look (in pathlib, not on this line) would be in
-        # another place than its peer, and tests read the stacks of idle ranks as one place.
+    while not (out / "release").exists():  # seldom: a rank sampled mid-look is in pathlib, not idle here
         time.sleep(0.5)
 
 
