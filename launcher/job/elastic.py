@@ -446,7 +446,10 @@ class Resetter:
     def _send_new_world(self, reset: _Reset) -> str | None:
         """Send the new world out; None, or why it is not (fewer than --min-np ranks: the failures the round
         counted may have left a host out since it was decided, and its slots with it)."""
-        newcomers = reset.planned if reset.planned is not None else self._newcomers(reset.survivors)
+        if reset.planned is not None:  # chosen at the change: a host may have been lost or dropped since
+            newcomers = [member for member in reset.planned if self._open(member.host.name)]
+        else:
+            newcomers = self._newcomers(reset.survivors)
         if len(reset.survivors) + len(newcomers) < self.min_np:
             if reset.planned is None:
                 for member in newcomers:
