@@ -291,7 +291,10 @@ class Resetter:
             if name not in self.gone_hosts and self.leave_out is not None:
                 self.leave_out(name, f"a rank failed there ({cause})")
         if isinstance(decision, Reset) and reset.planned is not None:
-            planned = [m for m in reset.planned if m.host.name not in decision.left_out]
+            # Chosen at the change: a host may have been left out, lost or dropped since.
+            planned = [
+                m for m in reset.planned if m.host.name not in decision.left_out and self._open(m.host.name)
+            ]
             if len(decision.survivors) + len(planned) < self.min_np:
                 names = sorted({self.host_of[r] for r in decision.survivors} | {m.host.name for m in planned})
                 decision = Stop(
@@ -300,10 +303,7 @@ class Resetter:
             else:
                 reset.planned = planned
         if isinstance(decision, Stop):
-            self.refused = decision.reason
-            self.final = decision.final
-            if self.on_stop is not None:
-                self.on_stop(decision.reason, now)
+            self._stop(decision.reason, decision.final, now)
             return
         assert isinstance(decision, Reset)
         lost = [r for r, state in self.states.items() if state in (RankState.FAILURE, RankState.LOST)]
@@ -324,9 +324,13 @@ class Resetter:
         reset.survivors = list(decision.survivors)
         short = self._send_new_world(reset)
         if short is not None:
-            self.refused, self.final = short, False
-            if self.on_stop is not None:
-                self.on_stop(short, now)
+            self._stop(short, False, now)
+
+    def _stop(self, reason: str, final: bool, now: float) -> None:
+        """The round decided that the attempt stops (`final`: the job ends, no whole-job restart)."""
+        self.refused, self.final = reason, final
+        if self.on_stop is not None:
+            self.on_stop(reason, now)
 
     def spent(self) -> Counter[str]:
         """Slots of each host that no newcomer takes: failed ranks' (left out, not refilled)."""
@@ -446,10 +450,7 @@ class Resetter:
     def _send_new_world(self, reset: _Reset) -> str | None:
         """Send the new world out; None, or why it is not (fewer than --min-np ranks: the failures the round
         counted may have left a host out since it was decided, and its slots with it)."""
-        if reset.planned is not None:  # chosen at the change: a host may have been lost or dropped since
-            newcomers = [member for member in reset.planned if self._open(member.host.name)]
-        else:
-            newcomers = self._newcomers(reset.survivors)
+        newcomers = reset.planned if reset.planned is not None else self._newcomers(reset.survivors)
         if len(reset.survivors) + len(newcomers) < self.min_np:
             if reset.planned is None:
                 for member in newcomers:
