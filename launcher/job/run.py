@@ -380,13 +380,13 @@ class Job:
         def reach(new: Sequence[Host]) -> list[Node]:
             doing = f"adding {plural(len(new), 'host', 'hosts')}: connecting"
             with progress_line(sys.stderr) as line:
-                fresh = connect(new, self.config, line, control=self.control(), doing=doing)
+                fresh = connect(new, self.config, line, control=self.control(), doing=doing, briefly=True)
             self.heartbeat.add(fresh)
             self.nodes.update((node.name, node) for node in fresh)
             return fresh
 
         def admit(joined: Sequence[HostAttempt], hosts: Sequence[HostAttempt]) -> None:
-            self.probe(joined, master_addr, software=True)
+            self.probe(joined, master_addr, joining=True)
             if self.workdir is not None:
                 self.copies.update(self.sync([h.node for h in joined], self.workdir))
             self.same_software(hosts)
@@ -474,9 +474,9 @@ class Job:
             )
         raise HostError("every remote host is reached through a proxy; give --master-addr")
 
-    def probe(self, hosts: Sequence[HostAttempt], master_addr: str, *, software: bool | None = None) -> None:
+    def probe(self, hosts: Sequence[HostAttempt], master_addr: str, *, joining: bool = False) -> None:
         """Every host's facts, set on its record and checked: a missing cwd, script or python ends here.
-        `software`: ask each host's software versions (None: where there is more than one host to compare)."""
+        `joining`: hosts added to the running attempt (its ranks run meanwhile)."""
         synced = self.workdir is not None  # ranks run in the copy: its files were checked here, not there
         requests = probe_requests(
             hosts, route_to=master_addr, python=interpreter(self.config.python),
@@ -484,7 +484,7 @@ class Job:
             heartbeat=self.loop.check_every, dead_after=agent_patience(self.dead_after),
             wait_while_stopped=self.on_terminal,
             # An elastic job's hosts are compared with any host that joins later: asked even when alone.
-            software=True if self.config.restart.elastic else software,
+            software=True if self.config.restart.elastic else None,
         )  # fmt: skip
         nodes = [host.node for host in hosts]
         for node in nodes:
@@ -494,8 +494,9 @@ class Job:
             # Local agents answer at once: a line only where remote hosts may keep one waiting.
             shown = line if remote else None
             answers, answered_at = probe_on(
-                self.loop, nodes, requests, PROBE_STALL, shown, startup=self.config.startup_timeout
-            )
+                self.loop, nodes, requests, PROBE_STALL, shown, startup=self.config.startup_timeout,
+                joining=joining,
+            )  # fmt: skip
         self.mark("probed", answered_at)
         if self.backend.one_machine_per_host:
             # Two hosts whose agents are one machine would share its GPUs and LOCAL_RANKs.

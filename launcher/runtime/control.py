@@ -16,6 +16,7 @@ import socket
 import stat
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ REQUESTS = (REQUEST_STACKS, REQUEST_TOP)
 # How a job that runs no rank now (starting, syncing its workdir, restarting) starts its answer: what follows
 # is what it is doing, not stacks.
 BUSY = "distrun-busy "
+# Busy for a moment while its ranks run (a host joining a running job is reached and probed on the job's
+# loop): `distrun stacks` asks again within its --wait rather than give up.
+BRIEFLY = "distrun-busy-briefly "
+AGAIN_S = 0.25
 # A client that connected must say what it wants at once: the job's loop waits for it at most this long.
 REQUEST_WAIT = 1.0
 # Writing the answer to a client that does not read must not hold the job either.
@@ -223,7 +228,7 @@ class ControlServer:
 
 
 @contextlib.contextmanager
-def answering(server: ControlServer | None, doing: str) -> Iterator[None]:
+def answering(server: ControlServer | None, doing: str, *, briefly: bool = False) -> Iterator[None]:
     """While the job's loop cannot run (the connections open before it: SSH handshakes on threads), a thread
     answers `distrun stacks` with what the job is doing, so that nobody waits for the handshakes."""
     if server is None:
@@ -243,7 +248,7 @@ def answering(server: ControlServer | None, doing: str) -> Iterator[None]:
             if request == REQUEST_TOP:
                 server.answer_top(conn, doing)
             else:
-                answer_busy(conn, doing)
+                answer_busy(conn, doing, briefly=briefly)
 
     thread = threading.Thread(target=serve, name="control", daemon=True)
     thread.start()
@@ -256,9 +261,10 @@ def answering(server: ControlServer | None, doing: str) -> Iterator[None]:
         os.close(stop_w)
 
 
-def answer_busy(conn: socket.socket, doing: str) -> None:
-    """Tell `distrun stacks` what the job is doing instead of running ranks (`restarting in 3s`)."""
-    answer(conn, f"{BUSY}{doing}\n")
+def answer_busy(conn: socket.socket, doing: str, *, briefly: bool = False) -> None:
+    """Tell `distrun stacks` what the job is doing instead of running ranks (`restarting in 3s`); `briefly`:
+    its ranks run, and the loop that gathers their stacks is busy for a moment."""
+    answer(conn, f"{BRIEFLY if briefly else BUSY}{doing}\n")
 
 
 def answer(conn: socket.socket, text: str) -> None:
@@ -339,7 +345,14 @@ def ask(pid: int, request: bytes, wait: float, what: str) -> str:
 def ask_stacks(pid: int | None, wait: float) -> str:
     """The stacks of job `pid` (None: the user's one running job) as the job formats them."""
     pid = find_job(pid)
+    give_up_at = time.monotonic() + wait
     text = ask(pid, REQUEST_STACKS, wait, "stacks")
+    while text.startswith(BRIEFLY):
+        doing = text.removeprefix(BRIEFLY).strip()
+        if time.monotonic() + AGAIN_S >= give_up_at:
+            raise JobBusy(f"distrun job {pid} is {doing} (its ranks run): ask again in a moment")
+        time.sleep(AGAIN_S)  # the job names no event to wait for: its loop answers when it is free
+        text = ask(pid, REQUEST_STACKS, give_up_at - time.monotonic(), "stacks")
     if text.startswith(BUSY):
         doing = text.removeprefix(BUSY).strip()
         raise JobBusy(f"distrun job {pid} runs no rank now: it is {doing}; ask again once its ranks run")

@@ -50,6 +50,7 @@ class Phase(Generic[C]):
         # script's next run): the loop registers them at its next pass.
         self.added: list[tuple[Node, C]] = []
         self.added_watches: list[tuple[Any, Callable[[float], bool]]] = []
+        self.busy_briefly = False  # a phase run while the attempt's ranks run (a host joining it)
 
     # -- what it is waiting for
 
@@ -145,8 +146,9 @@ class Phase(Generic[C]):
         """distrun did not run for `seconds`: nobody could be heard meanwhile (the loop excused the hosts)."""
 
     def on_control(self, conn: socket.socket, now: float) -> None:
-        """`distrun stacks` asks: no rank runs, so the answer is what the job is doing, at once."""
-        answer_busy(conn, self.doing(now))
+        """`distrun stacks` asks: no rank runs (or, `busy_briefly`, the loop is busy while they do), so the
+        answer is what the job is doing, at once."""
+        answer_busy(conn, self.doing(now), briefly=self.busy_briefly)
 
     def after_events(self, now: float) -> None:
         """After each wake-up's events were handled."""

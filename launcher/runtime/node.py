@@ -248,12 +248,14 @@ def connect(
     *,
     control: ControlServer | None = None,
     doing: str = "starting: connecting to its hosts",
+    briefly: bool = False,
 ) -> list[Node]:
     """A Node per host, in the order given; all or nothing (HostError names the first failing host).
 
     The backend (`--launcher`) says which hosts are this machine and starts the agents of the others;
     `progress` hears how far that got. This machine's hosts get a local agent over pipes. While remote hosts
-    are reached (the job's loop cannot run then), `distrun stacks` on `control` is told `doing`.
+    are reached (the job's loop cannot run then), `distrun stacks` on `control` is told `doing` (`briefly`:
+    hosts joining a running attempt, whose ranks run meanwhile).
     """
     chosen = backend.get(config.launcher)
     local = chosen.local_hosts(hosts, config)
@@ -261,7 +263,7 @@ def connect(
     with opening(abort) as links:
         if remote:  # first: it is what can fail
             # Only around the handshakes, which may take long: local agents fork, which wants one thread.
-            with answering(control, doing):
+            with answering(control, doing, briefly=briefly):
                 links.update(chosen.open(remote, config, progress))
         links.update(LocalTransport().open([h for h, is_local in zip(hosts, local, strict=True) if is_local]))
     dead_after = chosen.liveness(config).dead_after

@@ -66,7 +66,12 @@ class ProbePhase(Phase[Node]):
     alive (see `probe`)."""
 
     def __init__(
-        self, nodes: Sequence[Node], stall: float, progress: ProgressFn | None, startup: float | None = None
+        self,
+        nodes: Sequence[Node],
+        stall: float,
+        progress: ProgressFn | None,
+        startup: float | None = None,
+        joining: bool = False,
     ) -> None:
         # No liveness by heartbeat here: the stall deadline names a silent host.
         super().__init__([(node, node) for node in nodes], dead_after=float("inf"))
@@ -79,6 +84,7 @@ class ProbePhase(Phase[Node]):
         self.answers: dict[int, Facts] = {}  # by id(node)
         self.answered_at: dict[str, float] = {}  # when each host's agent answered
         self.handlers = {FACTS: self._on_facts}
+        self.joining = self.busy_briefly = joining  # hosts joining a running attempt: its ranks run
 
     @property
     def done(self) -> bool:
@@ -89,6 +95,9 @@ class ProbePhase(Phase[Node]):
 
     def doing(self, now: float) -> str:
         answered = f" ({len(self.answers)} of {len(self.nodes)} answered)" if len(self.nodes) > 1 else ""
+        if self.joining:
+            names = ", ".join(node.name for node in self.nodes)
+            return f"adding {names}: waiting for the agents' answers{answered}"
         return f"starting: waiting for the agents' answers{answered}"
 
     def next_due(self) -> float | None:
@@ -163,11 +172,13 @@ def probe_on(
     progress: ProgressFn | None = None,
     *,
     startup: float | None = None,
+    joining: bool = False,
 ) -> tuple[list[Facts], dict[str, float]]:
-    """`probe` on the job's loop; also when each host answered (time.monotonic(), for the timeline)."""
+    """`probe` on the job's loop; also when each host answered (time.monotonic(), for the timeline).
+    `joining`: hosts added to a running attempt, whose ranks run meanwhile."""
     for node, request in zip(nodes, requests, strict=True):
         node.send(PROBE, request)
-    phase = ProbePhase(nodes, stall, progress, startup)
+    phase = ProbePhase(nodes, stall, progress, startup, joining)
     if progress is not None:
         progress(Progress("waiting for agents", len(nodes)))
     loop.run(phase)

@@ -14,9 +14,11 @@ from launcher.runtime.control import (
     REQUEST_TOP,
     ControlError,
     ControlServer,
+    JobBusy,
     NoJob,
     SeveralJobs,
     answer,
+    answer_busy,
     ask_stacks,
     ask_top,
     runtime_dir,
@@ -121,5 +123,45 @@ def test_a_stacks_only_accept_refuses_a_top_request(run_dir: Path) -> None:
         assert server.accept() is None
         client.join(10.0)
         assert [str(e) for e in failed] == [f"distrun job {os.getpid()} ended before its samples were read"]
+    finally:
+        server.close()
+
+
+def test_stacks_ask_again_while_the_job_is_briefly_busy_with_its_ranks_running(run_dir: Path) -> None:
+    """A host joining a running job is reached and probed on the job's loop: `distrun stacks` asks again
+    within its --wait, and gets the stacks once the loop is free; a job busy past the wait is one line."""
+    server = ControlServer()
+    try:
+        got: list[str] = []
+        client = threading.Thread(target=lambda: got.append(ask_stacks(None, 30.0)))
+        client.start()
+        for reply in ("busy", "busy", "stacks"):
+            select.select([server], [], [], 10.0)
+            conn = server.accept()
+            assert conn is not None
+            if reply == "busy":
+                answer_busy(conn, "adding h4: waiting for the agents' answers", briefly=True)
+            else:
+                answer(conn, "rank 0 (1 of 1) on h1:\n")
+        client.join(10.0)
+        assert got == ["rank 0 (1 of 1) on h1:\n"]
+        failed: list[JobBusy] = []
+
+        def ask_briefly() -> None:
+            try:
+                ask_stacks(None, 0.5)
+            except JobBusy as err:
+                failed.append(err)
+
+        client = threading.Thread(target=ask_briefly)
+        client.start()
+        while client.is_alive():
+            if select.select([server], [], [], 0.1)[0]:
+                conn = server.accept()
+                assert conn is not None
+                answer_busy(conn, "adding h4: connecting", briefly=True)
+        [err] = failed
+        assert err.exit_code == 75
+        assert "is adding h4: connecting (its ranks run): ask again in a moment" in str(err)
     finally:
         server.close()
