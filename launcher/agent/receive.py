@@ -26,17 +26,9 @@ import time
 import zlib
 from typing import Any
 
-from launcher.agent.protocol import (
-    BLOB_HEADER,
-    BLOB_ZLIB,
-    SYNCED,
-    WANT,
-    FetchRequest,
-    Synced,
-    SyncRequest,
-    Want,
-)
+from launcher.agent.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT
 from launcher.agent.store import Store, StoreError, default_root, manifest_hash
+from launcher.agent.workdir_messages import FetchRequest, Synced, SyncRequest, Want
 
 SIZE = struct.Struct("!Q")
 PEER_TIMEOUT = 60.0  # without a byte from the peer: it is stuck (what it waits for does not come)

@@ -19,8 +19,8 @@ from typing import Any
 
 from launcher.agent.nvml import Nvml, open_nvml
 from launcher.agent.progress import ask, read, summary
-from launcher.agent.protocol import RankSample, Samples
 from launcher.agent.reaper import descendants
+from launcher.agent.sample_messages import RankSample, Samples
 
 _TICKS = os.sysconf("SC_CLK_TCK") if "SC_CLK_TCK" in os.sysconf_names else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if "SC_PAGE_SIZE" in os.sysconf_names else 4096

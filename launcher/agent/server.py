@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Collection  # noqa: UP035 - Python 3.7 runs this
 
 from launcher.agent.elastic import SOCKET_VAR, ElasticLines
+from launcher.agent.elastic_messages import LeaveRequest, Notice, ResetRequest
 from launcher.agent.environment import rank_environment, start_environment
 from launcher.agent.facts import host_facts
 from launcher.agent.protocol import (
@@ -58,14 +59,9 @@ from launcher.agent.protocol import (
     FrameReader,
     Handlers,
     Hello,
-    LeaveRequest,
-    Notice,
     ProbeRequest,
     RankExited,
-    ResetRequest,
     SignalRequest,
-    StackReply,
-    StacksRequest,
     StartRequest,
     StopRequest,
     dispatch,
@@ -84,6 +80,7 @@ from launcher.agent.rank_process import (
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
 from launcher.agent.sampling import Sampler
+from launcher.agent.stack_messages import StackReply, StacksRequest
 from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
 from launcher.agent.transport import launcher_answering
 

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping, Sequence
 
 from launcher.core.blacklist import Blacklist, CooldownRange, Exclusion
 from launcher.core.config import LaunchConfig
-from launcher.core.elastic_policy import wake_at
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan
 from launcher.core.restart import GiveUp, HostBook, Restart, plan_restart
@@ -115,6 +114,8 @@ class HostPool:
         polled every second, or (fixed hosts) until a host's cooldown ends; nothing to wait for, it gives up
         at once. `pause(seconds)` and `discover()` run on the job's loop: a signal or --timeout meanwhile ends
         the wait with that outcome."""
+        from launcher.core.elastic_policy import wake_at  # an elastic job's only
+
         options = self.config.restart
         script = options.discovery_script is not None
         give_up_at = time.monotonic() + options.elastic_timeout

@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 from launcher.core.blacklist import Blacklist, CooldownRange
 from launcher.core.config import LaunchConfig
-from launcher.core.elastic_policy import too_few, wake_at
 from launcher.core.plan import Plan, build_plan
 from launcher.core.progress import ProgressFn
 from launcher.errors import HostError
@@ -42,6 +41,8 @@ def connect_reachable(
     min_np = options.min_np
     if min_np is None:
         return plan, connect(plan.nodes, config, progress, control=control), []
+    from launcher.core.elastic_policy import too_few, wake_at  # an elastic job's only
+
     book = Blacklist(CooldownRange(*options.cooldown_range) if options.cooldown_range else None)
     give_up_at = time.monotonic() + options.elastic_timeout
     while True:
