@@ -157,7 +157,8 @@ def noop_row(repeat: int, baseline: Path | None) -> dict[str, list[float]]:
 def slurm_row(repeat: int, baseline: Path | None) -> dict[str, list[float]]:
     from slurm_launch import samples
 
-    return samples(repeat, baseline)
+    t = samples(repeat, baseline)
+    return {"srun": t["srun"], "this tree": t["distrun"], **({"baseline": t["baseline"]} if baseline else {})}
 
 
 def show(label: str, values: Sequence[float], unit: str) -> str:
