@@ -23,7 +23,10 @@ the ranks are asked to stop at their next commit, and the soak checks:
 
 It prints one table row per seed, and the problems found.
 
-    python benchmarks/chaos.py [--seeds 1 2 3] [--duration 300] [--hosts 4] [--gap 4 12]
+    python benchmarks/chaos.py [--seeds 1 2 3] [--duration 300] [--hosts 4] [--gap 4 12] [-v]
+
+A seed with problems keeps the job's log (at `distrun -v` with -v), its report and, for a job that did not
+stop, every rank's stacks and `distrun top` taken before its Ctrl-C.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class Soak:
 class Job:
     """The running job, its hosts' answers and its rank processes."""
 
-    def __init__(self, lab: Cluster, out: Path, rng: random.Random, step_s: float) -> None:
+    def __init__(self, lab: Cluster, out: Path, rng: random.Random, step_s: float, verbose: bool) -> None:
         self.lab = lab
         self.out = out
         self.rng = rng
@@ -97,6 +100,7 @@ class Job:
         options = ["--host-discovery-script", str(script), "--min-np", str(MIN_NP)]
         options += ["--max-np", str(len(lab.hosts)), "--blacklist-cooldown-range", "3", "6"]
         options += ["--ssh-keepalive", "1", "--elastic-timeout", "120", "--report", str(out / "report.json")]
+        options += ["-v"] if verbose else []
         env = {**lab.env(CHAOS_STEP_S=str(step_s)), "PYTHONPATH": env_with_repo()["PYTHONPATH"]}
         self.log = (out / "distrun.log").open("wb")
         argv = distrun("-np", str(len(lab.hosts)), *options, WORKER, out)
@@ -235,12 +239,20 @@ def _check_report(job: Job, soak: Soak) -> None:
             soak.problems.append(f"a reset at {at:.0f} follows no event")
 
 
-def soak_one(lab: Cluster, seed: int, duration: float, gap: tuple[float, float], step_s: float) -> Soak:
+def soak_one(
+    lab: Cluster,
+    seed: int,
+    duration: float,
+    gap: tuple[float, float],
+    step_s: float,
+    *,
+    verbose: bool = False,
+) -> Soak:
     soak = Soak(seed)
     rng = random.Random(seed)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="distrun-chaos-") as tmp:
-        job = Job(lab, Path(tmp), rng, step_s)
+        job = Job(lab, Path(tmp), rng, step_s, verbose)
         try:
             job.wait_training()
             while job.running() and time.monotonic() - started < duration:
@@ -254,6 +266,12 @@ def soak_one(lab: Cluster, seed: int, duration: float, gap: tuple[float, float],
                 job.proc.wait(timeout=240)
             except subprocess.TimeoutExpired:
                 soak.problems.append("the job did not stop within 240 s of the stop request")
+                # Where it hangs: every rank's stacks and the world as the job sees it, kept with its log.
+                for name, argv in (
+                    ("stacks", ("stacks", "--wait", "60")),
+                    ("top", ("top", "--once", "--job")),
+                ):
+                    (job.out / f"{name}.txt").write_text(job.ask(*argv, str(job.proc.pid))[1] + "\n")
                 job.proc.send_signal(signal.SIGINT)
                 job.proc.wait(timeout=60)
             _check_end(job, soak)
@@ -270,8 +288,10 @@ def soak_one(lab: Cluster, seed: int, duration: float, gap: tuple[float, float],
                 lab.link_up(host)
             if soak.problems:
                 keep = Path(tempfile.mkdtemp(prefix=f"distrun-chaos-{seed}-log-"))
-                (keep / "distrun.log").write_bytes((job.out / "distrun.log").read_bytes())
-                soak.problems.append(f"the job's log: {keep / 'distrun.log'}")
+                for name in ("distrun.log", "report.json", "stacks.txt", "top.txt"):
+                    if (job.out / name).exists():
+                        (keep / name).write_bytes((job.out / name).read_bytes())
+                soak.problems.append(f"the job's log, report and stacks: {keep}")
     soak.seconds = time.monotonic() - started
     return soak
 
@@ -283,6 +303,7 @@ def main() -> int:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--gap", type=float, nargs=2, default=(4.0, 12.0), help="seconds between events")
     parser.add_argument("--step-s", type=float, default=0.05, help="the script's pause per step")
+    parser.add_argument("-v", "--verbose", action="store_true", help="the job's log at distrun -v")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason is not None:
@@ -291,7 +312,7 @@ def main() -> int:
     soaks = []
     with Cluster(args.hosts) as lab:
         for seed in args.seeds:
-            soak = soak_one(lab, seed, args.duration, tuple(args.gap), args.step_s)
+            soak = soak_one(lab, seed, args.duration, tuple(args.gap), args.step_s, verbose=args.verbose)
             soaks.append(soak)
             print(
                 f"seed {seed:4d}  {soak.seconds:6.0f}s  events: {soak.counts()}  resets {soak.resets:3d}  "

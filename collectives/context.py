@@ -393,6 +393,13 @@ def _init_process_group(**kwargs: Any) -> None:
     if _torch_excepthook is not None and sys.excepthook is _torch_excepthook[1]:
         sys.excepthook = _torch_excepthook[0]
     below = sys.excepthook
+    # torch names a group by a counter that only destroying the default group resets, and its peers find
+    # each other's keys under that name. A creation that failed (an elastic reset's new world lost a peer
+    # before it formed) left the counter one up, so the next world's group here would wait forever for
+    # peers that start from 0 (a newcomer's first group). No default group exists now: start from 0.
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
     dist.init_process_group(**kwargs)
     if sys.excepthook is not below:
         _torch_excepthook = (below, sys.excepthook)

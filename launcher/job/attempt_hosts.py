@@ -33,6 +33,9 @@ class AttemptHosts:
     admit: Callable[[Sequence[HostAttempt], Sequence[HostAttempt]], None]
     forget: Callable[[Sequence[Node]], None]
     began: set[str] = field(default_factory=set)
+    # Told of each record that comes into the running attempt (a host added, or revived): the Supervisor
+    # reads its frames from then on, the elastic driver sends it ranks.
+    added: list[Callable[[HostAttempt], None]] = field(default_factory=list)
 
     def by_name(self) -> dict[str, HostAttempt]:
         """Each host's current record (a host that came back has a new one)."""
@@ -57,18 +60,26 @@ class AttemptHosts:
             self.forget(fresh)
             return []
         self.everyone.extend(joined)
+        for host in joined:
+            self._came(host)
         return joined
 
     def revive(self, name: str) -> HostAttempt | None:
-        """A host of the attempt whose ranks all ended, back after its cooldown: a new record on the same
-        connection (its next ranks START a new attempt there). None when it is lost or still runs ranks."""
+        """A host of the attempt whose ranks all ended (back after its cooldown, or chosen for a reset's
+        newcomers): a new record on the same connection, its next ranks START a new attempt there. None when
+        it is lost or still runs ranks."""
         current = self.by_name().get(name)
         if current is None or not current.finished or current.node.lost:
             return None
         back = HostAttempt(current.node, (), current.facts, idle=True)
         self.everyone.append(back)
         self.began.discard(name)
+        self._came(back)
         return back
+
+    def _came(self, host: HostAttempt) -> None:
+        for tell in self.added:
+            tell(host)
 
 
 def same_software(hosts: Sequence[HostAttempt], workdirs: Mapping[str, str], *, allow_mismatch: bool) -> None:

@@ -100,11 +100,14 @@ class Resetter:
         leave_out: Callable[[str, str], object] | None = None,
         rank_failed: Callable[[str, str], object] | None = None,
         usable: Callable[[str], bool] = lambda host: True,
+        revive: Callable[[str], HostAttempt | None] = lambda host: None,
     ) -> None:
         """`master_addr(host)`: an address of that host every host reaches; `note`: a console line;
         `spawn(world, newcomers, envs)` starts ranks on free slots of the attempt's hosts (spare hosts among
         them, after the others), up to `max_np`, on hosts `usable(host)`; `leave_out(host, reason)` blacklists
-        a host, `rank_failed(host, what)` counts a rank's failure there (the blacklist's rule)."""
+        a host, `rank_failed(host, what)` counts a rank's failure there (the blacklist's rule); `revive(host)`
+        gives a host whose ranks all ended a new record (launcher.job.attempt_hosts), which comes back through
+        `add_host`."""
         self.hosts = {host.name: host for host in hosts}
         self.host_of = {slot.rank: host.name for host in hosts for slot in host.slots}
         self.place = {slot.rank: slot.rank for host in hosts for slot in host.slots}  # rank id -> rank
@@ -134,6 +137,7 @@ class Resetter:
         self.leave_out = leave_out
         self.rank_failed = rank_failed
         self.usable = usable
+        self.revive = revive
         # The round under way: each rank's state once it ended or was lost (READY is `at_commit`), and why.
         self.states: dict[int, RankState] = {}
         self.causes: list[str] = []
@@ -340,9 +344,9 @@ class Resetter:
         return Limits(self.min_np, self.max_np or len(self.place), self.reset_limit)
 
     def host_back(self, name: str) -> None:
-        """A host back from its cooldown: its failed ranks' slots are free again."""
+        """A host back from its cooldown: its failed ranks' slots are free again. One that was lost stays
+        closed to newcomers until it is reached again (`add_host`)."""
         self.freed.update(r for r in self.failed if self.host_of[r] == name)
-        self.gone_hosts.discard(name)
 
     def _open(self, name: str) -> bool:
         """Whether a newcomer may go to that host: neither lost nor dropped by the discovery script."""
@@ -477,6 +481,11 @@ class Resetter:
         reset.size = world.plan.world_size
         if newcomers:
             assert self.spawn is not None
+            for name in dict.fromkeys(member.host.name for member in newcomers):
+                if self.hosts[name].finished:
+                    # Every rank there ended (its newcomers left a round that opened again, say): its agent
+                    # ended its attempt there, and the Supervisor reads it no more until it has a new record.
+                    self.revive(name)
             for member in newcomers:
                 self.place[member.rank_id] = world.rank_of(member.rank_id)
                 self.host_of[member.rank_id] = member.host.name

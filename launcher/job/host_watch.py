@@ -47,8 +47,6 @@ class Attached(Protocol):
 
     def end_job(self, now: float) -> None: ...
 
-    def add_host(self, host: HostAttempt) -> None: ...
-
     def add_watch(self, fileobj: IO[Any], on_ready: Callable[[float], bool]) -> None: ...
 
 
@@ -228,23 +226,13 @@ class HostWatch:
     def _join(self, coming: Sequence[Host], done: set[str]) -> bool:
         """The hosts newcomers go to, ready for them: added ones connected, probed and admitted, ones whose
         ranks all ended given a new record. False when one could not be (it stays out while listed)."""
-        resetter = self.resetter
-        assert self.sup is not None
-        ready: list[HostAttempt] = []
-        missing: set[str] = set()
+        # Each record joined or revived is the Supervisor's and the driver's from then on (AttemptHosts.added)
         again: set[str] = set()  # lost, back from a cooldown: reached again as an added host is
         for name in dict.fromkeys(h.name for h in coming if h.name in done):
-            back = self.revive(name)
-            if back is None:
+            if self.revive(name) is None:
                 again.add(name)
-            else:
-                ready.append(back)
-        new = [h for h in dict.fromkeys(coming) if h.name not in resetter.hosts or h.name in again]
-        joined = self.join(new)
-        missing |= {h.name for h in new} - {h.name for h in joined}
-        for attempt_host in [*ready, *joined]:
-            self.sup.add_host(attempt_host)
-            resetter.add_host(attempt_host)
+        new = [h for h in dict.fromkeys(coming) if h.name not in self.resetter.hosts or h.name in again]
+        missing = {h.name for h in new} - {h.name for h in self.join(new)}
         if missing:
             self.unreachable |= missing
             return False

@@ -114,38 +114,24 @@ class HostPool:
         polled every second, or (fixed hosts) until a host's cooldown ends; nothing to wait for, it gives up
         at once. `pause(seconds)` and `discover()` run on the job's loop: a signal or --timeout meanwhile ends
         the wait with that outcome."""
-        from launcher.core.elastic_policy import wake_at  # an elastic job's only
+        from launcher.job.slot_wait import wait_for_slots  # an elastic job's only (the policy loads with it)
 
         options = self.config.restart
         script = options.discovery_script is not None
-        give_up_at = time.monotonic() + options.elastic_timeout
-        decision: Restart | GiveUp = verdict
-        said = False
-        while isinstance(decision, GiveUp):
-            now = time.monotonic()
-            wake = wake_at(now, give_up_at, decision.back_at, polls=script, every=POLL)
-            if wake is None:
-                if said:
-                    return GiveUp(
-                        f"{verdict.message}; not enough came back within --elastic-timeout "
-                        f"{options.elastic_timeout:g}s",
-                        below_min_np=True,
-                    )
-                return decision
-            if not said:
-                waiting = f"waiting up to {options.elastic_timeout:g}s (--elastic-timeout)"
-                self.note([f"{verdict.message}: {waiting}"])
-                said = True
-            interrupted = pause(max(0.0, wake - now))
-            if interrupted is not None:
-                return interrupted
+
+        def look() -> Restart | GiveUp | Outcome:
+            nonlocal discovered
             if script:
                 found = discover()
                 if isinstance(found, Outcome):
                     return found
                 discovered = found
-            decision = plan_restart(
+            return plan_restart(
                 reason, None, options=options, hosts=plan.nodes, num_proc=plan.world_size, book=self.book,
                 now=time.monotonic(), discovered=discovered, spares=self.spares(plan),
             )  # fmt: skip
-        return decision
+
+        return wait_for_slots(
+            look, timeout=options.elastic_timeout, polls=script, note=self.note, pause=pause, every=POLL,
+            known=verdict,
+        )  # fmt: skip

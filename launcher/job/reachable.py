@@ -17,6 +17,7 @@ from launcher.core.blacklist import Blacklist, CooldownRange
 from launcher.core.config import LaunchConfig
 from launcher.core.plan import Plan, build_plan
 from launcher.core.progress import ProgressFn
+from launcher.core.restart import GiveUp
 from launcher.errors import HostError
 from launcher.runtime.control import ControlServer
 from launcher.runtime.node import Node, connect
@@ -41,39 +42,41 @@ def connect_reachable(
     min_np = options.min_np
     if min_np is None:
         return plan, connect(plan.nodes, config, progress, control=control), []
-    from launcher.core.elastic_policy import too_few, wake_at  # an elastic job's only
+    from launcher.core.elastic_policy import too_few  # an elastic job's only, as the wait for slots
+    from launcher.job.slot_wait import wait_for_slots
 
     book = Blacklist(CooldownRange(*options.cooldown_range) if options.cooldown_range else None)
-    give_up_at = time.monotonic() + options.elastic_timeout
-    while True:
-        now = time.monotonic()
-        out = [e for e in book.excluded.values() if not book.usable(e.host, now)]
-        hosts = [h for h in config.hosts if book.usable(h.name, now)]
-        slots = sum(h.slots for h in hosts)
-        if slots < min_np:
-            below = too_few(slots, min_np, [h.name for h in hosts], verb="reachable") + "; "
-            below += "; ".join(f"{e.host}: {e.reason}" for e in out)
-            wake = wake_at(now, give_up_at, book.back_at([e.host for e in out], now), polls=False)
-            if wake is None:
-                raise HostError(below)
-            waiting = f"waiting up to {options.elastic_timeout:g}s (--elastic-timeout) for a host's cooldown"
-            note([f"{below}: {waiting}"])
-            sleep(wake - now)
-            continue
-        if book.excluded:  # the plan again, from the hosts usable now
-            plan = build_plan(config.plan_inputs.resized(hosts, min(config.num_proc, slots)))
-        used = {h.name for h in plan.nodes}
-        # Spares are connected at the start: a reset in place then starts newcomers there without waiting
-        # for a login, and a dead spare is known before it is needed.
-        spares = [h for h in hosts if h.name not in used]
-        try:
-            nodes = connect([*plan.nodes, *spares], config, progress, control=control)
-        except HostError as err:
-            if err.host is None or err.host not in {h.name for h in hosts}:
-                raise
-            book.add(err.host, _reason(str(err), err.host), time.monotonic(), random.random())
-            continue
-        return plan, nodes, [(e.host, e.reason) for e in out]
+
+    def look() -> tuple[Plan, list[Node], list[tuple[str, str]]] | GiveUp:
+        while True:
+            now = time.monotonic()
+            out = [e for e in book.excluded.values() if not book.usable(e.host, now)]
+            hosts = [h for h in config.hosts if book.usable(h.name, now)]
+            slots = sum(h.slots for h in hosts)
+            if slots < min_np:
+                below = too_few(slots, min_np, [h.name for h in hosts], verb="reachable") + "; "
+                below += "; ".join(f"{e.host}: {e.reason}" for e in out)
+                return GiveUp(below, below_min_np=True, back_at=book.back_at([e.host for e in out], now))
+            made = plan
+            if book.excluded:  # the plan again, from the hosts usable now
+                made = build_plan(config.plan_inputs.resized(hosts, min(config.num_proc, slots)))
+            used = {h.name for h in made.nodes}
+            # Spares are connected at the start: a reset in place then starts newcomers there without
+            # waiting for a login, and a dead spare is known before it is needed.
+            spares = [h for h in hosts if h.name not in used]
+            try:
+                nodes = connect([*made.nodes, *spares], config, progress, control=control)
+            except HostError as err:
+                if err.host is None or err.host not in {h.name for h in hosts}:
+                    raise
+                book.add(err.host, _reason(str(err), err.host), time.monotonic(), random.random())
+                continue
+            return made, nodes, [(e.host, e.reason) for e in out]
+
+    found = wait_for_slots(look, timeout=options.elastic_timeout, polls=False, note=note, pause=sleep)
+    if isinstance(found, GiveUp):
+        raise HostError(found.message or "")
+    return found
 
 
 def _reason(message: str, host: str) -> str:

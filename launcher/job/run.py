@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from launcher.agent.protocol import ADD, START, Facts
@@ -326,6 +327,7 @@ class Job:
             grace=self.config.grace_period, dead_after=self.dead_after, watch=self.watch, elastic=elastic,
             host_watch=host_watch,
         )  # fmt: skip
+        self.hosts.added = [sup.add_host] if elastic is None else [sup.add_host, elastic.add_host]
         if host_watch is not None:
             host_watch.attach(sup)
         started = time.time()
@@ -363,16 +365,12 @@ class Job:
             first = [self.nodes[name]] + [n for n in nodes if n.name != name]
             return self.master_addr(first)
 
-        def spawn(
-            world: NewWorld, newcomers: Sequence[Member], envs: Mapping[int, Mapping[str, str]]
-        ) -> None:
-            self.spawn(attempt, world, newcomers, envs)
-
         return Resetter(
             hosts, min_np=options.min_np, reset_limit=options.reset_limit, run_id=self.run_id,
             max_restarts=options.max_restarts, master_addr=address_of, note=self.relay.note,
-            done_before=len(self.resets), max_np=options.max_np, spawn=spawn, leave_out=self.pool.leave_out,
-            rank_failed=self.pool.rank_failed, usable=self.pool.usable,
+            done_before=len(self.resets), max_np=options.max_np, spawn=partial(self.spawn, attempt),
+            leave_out=self.pool.leave_out, rank_failed=self.pool.rank_failed, usable=self.pool.usable,
+            revive=self.hosts.revive,
         )  # fmt: skip
 
     def attempt_hosts(self, everyone: list[HostAttempt], master_addr: str) -> AttemptHosts:
@@ -427,6 +425,7 @@ class Job:
                 kind = ADD if host.slots or host.name in self.hosts.began else START
                 self.hosts.began.add(host.name)
                 host.idle = False
+                host.sent.update(r.rank for r in ranks)
                 host.node.send(kind, dataclasses.replace(request, ranks=ranks))
         self.rank_hosts.update((member.rank_id, member.host.name) for member in newcomers)
         self.relay.set_hosts(dict(self.rank_hosts))

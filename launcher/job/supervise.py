@@ -301,6 +301,11 @@ class Supervisor(Phase[HostAttempt]):
             self.elastic.synced(frame.rank, synced.seconds, now)
 
     def _on_done(self, host: HostAttempt, now: float, frame: Frame, _: bytes) -> None:
+        # A connection's frames come in order: the EXIT of every rank this DONE ends was read before it. A
+        # rank sent there that has not exited came after it (a reset's newcomer sent as the agent ended its
+        # attempt), and the agent runs it in a new attempt: the host is not done.
+        if any(rank not in self.exits for rank in host.sent):
+            return
         host.finished = True
 
     def on_closed(self, host: HostAttempt, now: float) -> None:

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher.agent.protocol import (
     BEAT,
@@ -224,6 +224,8 @@ class HostAttempt:
     # An elastic job's spare host, probed but without a rank yet: the attempt does not wait for it to end
     # until a reset starts ranks there.
     idle: bool = False
+    # Ranks a reset started there (rank ids), beside the slots'.
+    sent: set[int] = field(default_factory=set)
 
     @property
     def name(self) -> str:

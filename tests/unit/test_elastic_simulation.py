@@ -113,11 +113,12 @@ class Sim:
             name = member.host.name
             self.check(self.usable(name), f"a newcomer started on {name}, left out until later")
             self.check(name not in self.lost_hosts, f"a newcomer started on lost host {name}")
+            # Its agent ended its attempt there: the Supervisor reads it no more, the newcomer never starts.
+            self.check(not self.records[name].finished, f"a newcomer sent to {name}, whose ranks all ended")
             self.running[member.rank_id] = name
             self.started.add(member.rank_id)
             if self.rng.random() < 0.8:  # most newcomers reach hvd.elastic.run before the next event
                 self.resetter.opted_in(member.rank_id)
-            self.records[name].finished = False
             self.records[name].idle = False
 
     def join(self, new: list[Host]) -> list[HostAttempt]:
@@ -132,6 +133,7 @@ class Sim:
             self.records[host.name] = record
             self.lost_hosts.discard(host.name)
             joined.append(record)
+            self.resetter.add_host(record)  # AttemptHosts.added
         return joined
 
     def revive(self, name: str) -> HostAttempt | None:
@@ -141,15 +143,13 @@ class Sim:
             return None
         back = HostAttempt(old.node, (), idle=True)
         self.records[name] = back
+        self.resetter.add_host(back)  # AttemptHosts.added
         return back
 
     # -- what the Supervisor does with the agents' frames
 
     def end_job(self, now: float) -> None:
         self.stop("the host watch ended the job", final=True)
-
-    def add_host(self, host: HostAttempt) -> None:
-        pass
 
     def add_watch(self, fileobj: IO[Any], on_ready: Any) -> None:
         pass
@@ -221,7 +221,7 @@ def build(seed: int) -> Sim:
     sim.resetter = Resetter(
         attempt_hosts, min_np=min_np, reset_limit=options.reset_limit, run_id="sim", max_restarts=0,
         master_addr=lambda name: name, note=lambda lines: None, max_np=max_np, spawn=sim.spawn,  # type: ignore[arg-type]
-        leave_out=sim.leave_out, rank_failed=sim.rank_failed, usable=sim.usable,
+        leave_out=sim.leave_out, rank_failed=sim.rank_failed, usable=sim.usable, revive=sim.revive,
     )  # fmt: skip
     sim.resetter.on_stop = sim.on_stop
     for rank_id in sim.running:
@@ -325,6 +325,8 @@ def back_from_cooldown(sim: Sim) -> list[str]:
     world = [r for r in resetter.place if r not in resetter.leavers]
     if len(world) >= (sim.options.max_np or 0) or not world:
         return []
+    if not all(r in resetter.opted for r in world):
+        return []  # a newcomer not in hvd.elastic.run yet: the change waits for it
     return [
         host.name
         for host in sim.hosts

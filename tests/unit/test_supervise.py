@@ -222,3 +222,18 @@ def test_closing_sends_eof_to_every_agent_before_waiting_for_any() -> None:
     close_all([h.node for h in nodes])
     assert seen_at_first_close == [True]
     assert _link(nodes[1]).closed and not _link(nodes[2]).input_closed
+
+
+def test_a_done_that_crossed_a_newcomer_on_the_wire_leaves_the_host_read() -> None:
+    """DONE ends the agent's attempt; a rank sent there that has not exited was started after it, in the new
+    attempt the agent began for it (an elastic reset's newcomer), so the host is still read until it ends."""
+    nodes = fake_hosts({"a": 1, "b": 1})
+    sup = _supervisor(nodes)
+    spare = nodes[1]
+    _exit(sup, spare, 1, 0, 0.0)
+    spare.sent.add(7)  # the newcomer, sent as the agent ended its attempt
+    _done(sup, spare)
+    assert not spare.finished and sup.listening(spare)
+    _exit(sup, spare, 7, 0, 1.0)
+    _done(sup, spare, 1.0)
+    assert spare.finished

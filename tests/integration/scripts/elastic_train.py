@@ -12,6 +12,8 @@ ELASTIC_DIE_IN_RESET=<start rank>: that rank SIGKILLs itself in its first reset 
 formed its group, before its first sync): a loss while the new world forms.
 ELASTIC_NEWCOMER_DIES set: a newcomer (started by a reset, not by the plan) SIGKILLs itself once it joined
 its first world, before it opts in: a newcomer lost while the new world forms.
+ELASTIC_NEWCOMER_DIES_EARLY set: the first newcomer SIGKILLs itself before it joins (hvd.init), so the
+survivors' new group fails while it is created.
 ELASTIC_TOP_LEVEL_BROADCAST set: the script broadcasts the model and optimizer at top level, as README's
 example (a non-elastic script) does.
 ELASTIC_RAISE_AT_END=<start rank>: that rank raises once it wrote its result (an uncaught exception after the
@@ -34,6 +36,13 @@ import collectives as hvd
 
 out, victim, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 batches = int(sys.argv[4]) if len(sys.argv) > 4 else 12
+if os.environ.get("ELASTIC_NEWCOMER_DIES_EARLY") and os.environ.get("DISTRUN_JOINED_AT_RESET"):
+    try:  # the first newcomer only
+        (out / "died_early").open("x").close()
+    except FileExistsError:
+        pass
+    else:
+        os.kill(os.getpid(), signal.SIGKILL)
 hvd.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT_S", "1800")))
 if os.environ.get("ELASTIC_NEWCOMER_DIES") and (out / "killed").exists():  # started after the victim died
     os.kill(os.getpid(), signal.SIGKILL)
