@@ -42,6 +42,7 @@ ELASTIC = (
     "launcher.core.elastic_plan",
     "launcher.core.elastic_policy",
     "launcher.core.host_changes",
+    "launcher.job.slot_wait",
     "launcher.agent.elastic_messages",
 )
 NOT_ON_THE_LAUNCH_PATH = (
