@@ -13,20 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import REPO, distrun, interleaved, timed_run
+from common import REPO, distrun, timed_run
 
 from tests.slurm.cluster import SlurmCluster, slurm_unavailable_reason
 
 NOOP = [sys.executable, "-c", "pass"]
 
 
-def inside_allocation(repeat: int, baseline: Path | None) -> dict[str, float]:
+def inside_allocation(repeat: int, baseline: Path | None) -> dict[str, list[float]]:
     cases = {
         "srun": lambda: timed_run(["srun", "--overlap", *NOOP], cwd=REPO, stderr=subprocess.DEVNULL),
         "distrun": lambda: timed_run(distrun(*NOOP), cwd=REPO, stderr=subprocess.DEVNULL),
@@ -35,11 +36,20 @@ def inside_allocation(repeat: int, baseline: Path | None) -> dict[str, float]:
         cases["baseline"] = lambda: timed_run(
             distrun(*NOOP, tree=baseline), cwd=REPO, stderr=subprocess.DEVNULL
         )
-    return interleaved(cases, repeat)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(repeat):  # the cases alternate within each round, so machine noise hits them alike
+        for name, case in cases.items():
+            samples[name].append(case())
+    return samples
 
 
 def medians(repeat: int, baseline: Path | None = None) -> dict[str, float]:
-    """Builds a 3-node Slurm cluster and measures inside `salloc` there; median seconds per case."""
+    """Median seconds per case of `samples`."""
+    return {name: statistics.median(values) for name, values in samples(repeat, baseline).items()}
+
+
+def samples(repeat: int, baseline: Path | None = None) -> dict[str, list[float]]:
+    """Builds a 3-node Slurm cluster and measures inside `salloc` there; each case's seconds per round."""
     reason = slurm_unavailable_reason()
     if reason is not None:
         raise SystemExit(reason)
@@ -54,7 +64,7 @@ def medians(repeat: int, baseline: Path | None = None) -> dict[str, float]:
             cwd=REPO,
             stdout=subprocess.PIPE,
         )
-    return dict(json.loads(done.stdout.decode().strip().splitlines()[-1]))
+    return {name: list(values) for name, values in json.loads(done.stdout.decode().splitlines()[-1]).items()}
 
 
 def main() -> None:

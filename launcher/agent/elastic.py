@@ -16,8 +16,9 @@ import os
 import selectors
 import socket
 
+from launcher.agent.elastic_messages import Notice, RankSynced, Ready
 from launcher.agent.facts import free_port
-from launcher.agent.protocol import OPTED_IN, RANK_READY, RANK_SYNCED, Notice, RankSynced, Ready
+from launcher.agent.protocol import OPTED_IN, RANK_READY, RANK_SYNCED
 
 SOCKET_VAR = "DISTRUN_ELASTIC_SOCKET"
 

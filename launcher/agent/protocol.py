@@ -12,14 +12,15 @@ The agent id names the agent a frame is from or for, so one link can carry sever
 launcher gives each agent its id in the frames it sends; the agent stamps its own frames with the id of the
 last frame it read (HELLO, sent before any, carries none).
 
-Message bodies are JSON objects built from the dataclasses below (`MESSAGES` says which kind carries which);
-a reader ignores keys it does not know and fills fields it does not get with their defaults, so a field can
-be added without breaking the other side. A change that cannot be read that way bumps VERSION. Each side
+Message bodies are JSON objects built from the dataclasses below, and from those of the `*_messages` modules
+beside this one for the frames a plain job may never see (`MESSAGES` says which kind carries which); a reader
+ignores keys it does not know and fills fields it does not get with their defaults, so a field can be added
+without breaking the other side. A change that cannot be read that way bumps VERSION. Each side
 handles frames through a kind -> handler table (`dispatch`), so a new request is one message type here, one
 kind number, and one handler on the side that answers it.
 
-Near 400 lines because the wire is one thing to read and to ship: every kind, every message body and the
-framing stay together here, where both sides and the version number see them. How a START's variables land
+Near 400 lines because the wire is one thing to read and to ship: every kind, the common message bodies and
+the framing stay together here, where both sides and the version number see them. How a START's variables land
 in a rank's environment is `launcher.agent.environment`.
 
 Lifecycle of one connection:
@@ -39,7 +40,22 @@ import os
 import select
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, TypeVar  # noqa: UP035 - Python 3.7 runs this
+
+if TYPE_CHECKING:  # at run time these come from `__getattr__` below, at their first use
+    from launcher.agent.elastic_messages import LeaveRequest as LeaveRequest  # noqa: PLC0414 - re-exported
+    from launcher.agent.elastic_messages import Notice as Notice  # noqa: PLC0414 - re-exported
+    from launcher.agent.elastic_messages import RankSynced as RankSynced  # noqa: PLC0414 - re-exported
+    from launcher.agent.elastic_messages import Ready as Ready  # noqa: PLC0414 - re-exported
+    from launcher.agent.elastic_messages import ResetRequest as ResetRequest  # noqa: PLC0414 - re-exported
+    from launcher.agent.sample_messages import RankSample as RankSample  # noqa: PLC0414 - re-exported
+    from launcher.agent.sample_messages import Samples as Samples  # noqa: PLC0414 - re-exported
+    from launcher.agent.stack_messages import StackReply as StackReply  # noqa: PLC0414 - re-exported
+    from launcher.agent.stack_messages import StacksRequest as StacksRequest  # noqa: PLC0414 - re-exported
+    from launcher.agent.workdir_messages import FetchRequest as FetchRequest  # noqa: PLC0414 - re-exported
+    from launcher.agent.workdir_messages import Synced as Synced  # noqa: PLC0414 - re-exported
+    from launcher.agent.workdir_messages import SyncRequest as SyncRequest  # noqa: PLC0414 - re-exported
+    from launcher.agent.workdir_messages import Want as Want  # noqa: PLC0414 - re-exported
 
 VERSION = 5  # 5: the elastic frames (resets in place); 4: SAMPLES, the ranks' live CPU, memory and GPU
 MAGIC = b"\x00distrun-agent\x00"
@@ -187,45 +203,6 @@ class StartRequest:
 
 
 @dataclass(frozen=True)
-class Notice:
-    """To these ranks (their ids, the ranks they started as): `peer_lost`, or `hosts_updated` with Horovod's
-    timestamp and update (removed 1, added 2)."""
-
-    ranks: list[int]
-    kind: str = "peer_lost"
-    timestamp: float = 0.0
-    update: int = 0
-
-
-@dataclass(frozen=True)
-class Ready:
-    """A rank is at its reset point; `port`: a port free on its host now, for the new world's rendezvous."""
-
-    port: int = 0
-
-
-@dataclass(frozen=True)
-class RankSynced:
-    """A rank's new world ran its first collective, `seconds` after the rank stopped."""
-
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class ResetRequest:
-    """Each rank's (by id, as a string: JSON keys) new identity, applied over its environment."""
-
-    envs: dict[str, dict[str, str]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class LeaveRequest:
-    """These ranks leave the job: each exits 0 at its reset point."""
-
-    ranks: list[int] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class StopRequest:
     """Stop every rank: `first` (a signal name) at once; SIGTERM halfway through the grace period when `first`
     is gentler (SIGINT, so `except KeyboardInterrupt` clean-up runs); SIGKILL when the grace period ends.
@@ -248,28 +225,6 @@ class SignalRequest:
 
 
 @dataclass(frozen=True)
-class StacksRequest:
-    """Read the stacks of every running rank (see `launcher.agent.stackdump`); the job goes on.
-
-    `tool`: "auto" (py-spy where the host has it, else the standard library's hook), "py-spy" or "python";
-    `wait`: seconds after which a rank not yet read is reported as such.
-    """
-
-    request_id: int
-    tool: str = "auto"
-    wait: float = 15.0
-
-
-@dataclass(frozen=True)
-class StackReply:
-    """The answer to StacksRequest `request_id`: per rank {rank, pid, source, threads, error}; each thread
-    {name, main, frames}, each frame [function, file, line, native], outermost first."""
-
-    request_id: int
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class RankExited:
     """`returncode`: as subprocess reports it, -N for a death by signal N.
 
@@ -286,83 +241,6 @@ class RankExited:
     cpu_s: float = 0.0
     max_rss_kb: int = 0
     stopped: bool | None = None
-
-
-@dataclass(frozen=True)
-class RankSample:
-    """One running rank's process tree now: CPU percent since the last sample (100: one core), resident
-    memory (summed over its processes), GPU utilisation and memory (None: no NVML, or on no GPU), seconds
-    since it last wrote (None: never), whether its leader is stopped (SIGSTOP, Ctrl-Z), how many processes."""
-
-    rank: int
-    cpu_percent: float | None = None
-    rss_bytes: int | None = None
-    gpu_util_percent: float | None = None
-    gpu_memory_bytes: int | None = None
-    last_output_age_s: float | None = None
-    stopped: bool = False
-    processes: int = 0
-    # Its global set's latest collectives (launcher.agent.progress): sequence numbers of the last issued and
-    # the last done, and the last issued one's name; None where the rank keeps no record.
-    collective_issued: int | None = None
-    collective_done: int | None = None
-    collective_name: str | None = None
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Every running rank of the host, sampled at once (`interval`: the pace asked for)."""
-
-    interval: float = 0.0
-    ranks: list[RankSample] = field(default_factory=list)
-    error: str = ""  # why sampling failed on the host this time (the ranks' last samples stand)
-
-
-@dataclass(frozen=True)
-class SyncRequest:
-    """--workdir: build the copy `manifest_hash` of `entries` (see launcher.agent.store), keeping `keep` per
-    `project` when pruning. The agent answers WANT with what it lacks, then SYNCED."""
-
-    project: str
-    entries: list[list[Any]]
-    manifest_hash: str
-    keep: int = 3
-    # Non-empty: serve the copy's objects to peer hosts that present this token, from now until START (each
-    # object once this host has it: a host feeds the next while it is still being fed).
-    serve_token: str = ""
-
-
-@dataclass(frozen=True)
-class Want:
-    """What the host lacks, and where it serves peers (0: it does not). Again after a FETCH that failed
-    (`error`): what it still lacks."""
-
-    digests: list[str]
-    error: str = ""
-    serve_port: int = 0
-
-
-@dataclass(frozen=True)
-class FetchRequest:
-    """Get `digests` from the peer host serving at addr:port (see SyncRequest.serve_token)."""
-
-    addr: str
-    port: int
-    token: str
-    digests: list[str]
-
-
-@dataclass(frozen=True)
-class Synced:
-    """The copy is ready at `path` (or `error` says why not); `manifest_hash` is what the host computed.
-
-    `received`: bytes that came from the launcher, `from_peers`: from peers."""
-
-    path: str = ""
-    manifest_hash: str = ""
-    received: int = 0
-    error: str = ""
-    from_peers: int = 0
 
 
 # A BLOB's payload: flags (1: zlib-compressed), the object's sha256 (raw), then the content.
@@ -406,10 +284,9 @@ def decode_message(cls: type[M], payload: bytes) -> M:
     data = json.loads(payload)
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object for {cls.__name__}")
-    if cls is StartRequest:
-        data = dict(data, ranks=[_build(RankSpec, r) for r in data.get("ranks", [])])
-    elif cls is Samples:
-        data = dict(data, ranks=[_build(RankSample, r) for r in data.get("ranks", [])])
+    nested = _NESTED.get(cls.__name__)
+    if nested is not None:
+        data = dict(data, ranks=[_build(_message_class(nested), r) for r in data.get("ranks", [])])
     return _build(cls, data)
 
 
@@ -420,38 +297,82 @@ class Frame(NamedTuple):
     payload: bytes
 
 
-# Each kind's message type; kinds not listed carry raw bytes (OUT, ERR) or nothing (KILL, DONE, BEAT).
-MESSAGES: dict[int, type] = {
-    PROBE: ProbeRequest,
-    START: StartRequest,
-    STOP: StopRequest,
-    SIGNAL: SignalRequest,
-    HELLO: Hello,
-    FACTS: Facts,
-    EXIT: RankExited,
-    STACKS: StacksRequest,
-    STACK_DUMP: StackReply,
-    SAMPLES: Samples,
-    SYNC: SyncRequest,
-    FETCH: FetchRequest,
-    WANT: Want,
-    SYNCED: Synced,
-    NOTICE: Notice,
-    RANK_READY: Ready,
-    RANK_SYNCED: RankSynced,
-    RESET: ResetRequest,
-    ADD: StartRequest,
-    LEAVE: LeaveRequest,
+# Each kind's message type, by name; kinds not listed carry raw bytes (OUT, ERR) or nothing (KILL, DONE,
+# BEAT).
+MESSAGES: dict[int, str] = {
+    PROBE: "ProbeRequest",
+    START: "StartRequest",
+    STOP: "StopRequest",
+    SIGNAL: "SignalRequest",
+    HELLO: "Hello",
+    FACTS: "Facts",
+    EXIT: "RankExited",
+    STACKS: "StacksRequest",
+    STACK_DUMP: "StackReply",
+    SAMPLES: "Samples",
+    SYNC: "SyncRequest",
+    FETCH: "FetchRequest",
+    WANT: "Want",
+    SYNCED: "Synced",
+    NOTICE: "Notice",
+    RANK_READY: "Ready",
+    RANK_SYNCED: "RankSynced",
+    RESET: "ResetRequest",
+    ADD: "StartRequest",
+    LEAVE: "LeaveRequest",
+}
+# The message types whose `ranks` are a list of another message type.
+_NESTED = {"StartRequest": "RankSpec", "Samples": "RankSample"}
+# The bodies of the frames a plain job may never see live in modules of their own, loaded at first use (here
+# or by whoever imports them): a job that never resets, syncs a workdir or reads stacks does not build their
+# classes, about a third of distrun's start-up imports of this module. Names here stay importable from this
+# module (`__getattr__`); the agent's own modules import them from where they live, so that the bootstrap
+# runs those modules first (launcher.backends.bootstrap.shipped_modules).
+ELSEWHERE = {
+    "Notice": "elastic_messages",
+    "Ready": "elastic_messages",
+    "RankSynced": "elastic_messages",
+    "ResetRequest": "elastic_messages",
+    "LeaveRequest": "elastic_messages",
+    "StacksRequest": "stack_messages",
+    "StackReply": "stack_messages",
+    "RankSample": "sample_messages",
+    "Samples": "sample_messages",
+    "SyncRequest": "workdir_messages",
+    "Want": "workdir_messages",
+    "FetchRequest": "workdir_messages",
+    "Synced": "workdir_messages",
 }
 # A side's handlers: kind -> a function of the side's context (the node a frame came from, say), the frame and
 # its message (see `decode_frame`).
 Handlers = Dict[int, Callable[..., None]]  # noqa: UP006 - evaluated at run time, on Python 3.7 too
 
 
+def __getattr__(name: str) -> Any:
+    """A message type of ELSEWHERE, from its module (imported now if it was not)."""
+    module = ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    found = getattr(__import__(f"launcher.agent.{module}", fromlist=[name]), name)
+    globals()[name] = found
+    return found
+
+
+def _message_class(name: str) -> type:
+    known = globals().get(name)
+    return known if isinstance(known, type) else __getattr__(name)
+
+
+def message_type(kind: int) -> type | None:
+    """The message type frames of `kind` carry (None: raw bytes or nothing)."""
+    name = MESSAGES.get(kind)
+    return None if name is None else _message_class(name)
+
+
 def decode_frame(frame: Frame) -> Any:
     """The frame's message: its kind's type from MESSAGES (an empty body: that type's defaults), else the raw
     payload."""
-    cls = MESSAGES.get(frame.kind)
+    cls = message_type(frame.kind)
     if cls is None:
         return frame.payload
     return decode_message(cls, frame.payload) if frame.payload else cls()

@@ -24,19 +24,13 @@ import struct
 import threading
 import time
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.agent.protocol import (
-    BLOB_HEADER,
-    BLOB_ZLIB,
-    SYNCED,
-    WANT,
-    FetchRequest,
-    Synced,
-    SyncRequest,
-    Want,
-)
+from launcher.agent.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT
 from launcher.agent.store import Store, StoreError, default_root, manifest_hash
+
+if TYPE_CHECKING:  # the --workdir frames' bodies load with the first SYNC (launcher.agent.protocol.ELSEWHERE)
+    from launcher.agent.workdir_messages import FetchRequest, SyncRequest
 
 SIZE = struct.Struct("!Q")
 PEER_TIMEOUT = 60.0  # without a byte from the peer: it is stuck (what it waits for does not come)
@@ -178,6 +172,8 @@ class Receiver:
                 port = self._server.port
             except OSError:
                 self._server = None  # no peer is fed from here; the launcher feeds them
+        from launcher.agent.workdir_messages import Want
+
         frames: list[tuple[int, Any]] = [(WANT, Want(sorted(self.wanted), "", port))]
         if not self.wanted:
             frames.append(self._finish())
@@ -230,6 +226,8 @@ class Receiver:
         self.wanted -= got
         self.stored |= got
         if error:  # the launcher sends what is still missing itself
+            from launcher.agent.workdir_messages import Want
+
             return [(WANT, Want(sorted(self.wanted), error))]
         return [] if self.wanted else [self._finish()]
 
@@ -253,11 +251,15 @@ class Receiver:
         if built:  # only a new copy can push an old one out
             with contextlib.suppress(OSError):
                 store.prune(request.keep)
+        from launcher.agent.workdir_messages import Synced
+
         return SYNCED, Synced(path, manifest_hash(request.entries), self.received, "", self.from_peers)
 
     def _failed(self, exc: BaseException) -> tuple[int, Any]:
         self._end_adding()
         reason = getattr(exc, "strerror", None) or str(exc)
+        from launcher.agent.workdir_messages import Synced
+
         return SYNCED, Synced(error=f"workdir cache {self._where()}: {reason}")
 
     def _where(self) -> str:

@@ -15,12 +15,14 @@ Stdlib-only and Python 3.7 compatible: it is shipped to remote hosts with the ag
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.agent.nvml import Nvml, open_nvml
 from launcher.agent.progress import ask, read, summary
-from launcher.agent.protocol import RankSample, Samples
 from launcher.agent.reaper import descendants
+
+if TYPE_CHECKING:  # loaded with the first sample: a job that ends before it never builds them
+    from launcher.agent.sample_messages import Samples
 
 _TICKS = os.sysconf("SC_CLK_TCK") if "SC_CLK_TCK" in os.sysconf_names else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if "SC_PAGE_SIZE" in os.sysconf_names else 4096
@@ -76,6 +78,8 @@ class Sampler:
         except Exception as err:
             if self.next_at is not None and self.next_at <= now:
                 self.next_at = now + max(self.interval, 1.0)
+            from launcher.agent.sample_messages import Samples
+
             text = " ".join(str(err).split())
             return Samples(self.interval, error=f"sampling failed: {type(err).__name__}: {text}")
 
@@ -102,6 +106,8 @@ class Sampler:
         if first:
             self._last = {rank: (now, ticks) for rank, (_, ticks, _) in readings.items()}
             return None
+        from launcher.agent.sample_messages import RankSample, Samples
+
         gpus = self._gpus(trees)
         ranks = []
         for rank, (state, ticks, pages) in readings.items():

@@ -25,9 +25,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Collection  # noqa: UP035 - Python 3.7 runs this
+from typing import TYPE_CHECKING, Any, Callable, Collection  # noqa: UP035 - Python 3.7 runs this
 
-from launcher.agent.elastic import SOCKET_VAR, ElasticLines
 from launcher.agent.environment import rank_environment, start_environment
 from launcher.agent.facts import host_facts
 from launcher.agent.protocol import (
@@ -58,14 +57,9 @@ from launcher.agent.protocol import (
     FrameReader,
     Handlers,
     Hello,
-    LeaveRequest,
-    Notice,
     ProbeRequest,
     RankExited,
-    ResetRequest,
     SignalRequest,
-    StackReply,
-    StacksRequest,
     StartRequest,
     StopRequest,
     dispatch,
@@ -84,16 +78,16 @@ from launcher.agent.rank_process import (
 from launcher.agent.reaper import become_subreaper, descendants, reap_adopted, signal_descendants
 from launcher.agent.receive import Receiver, listen
 from launcher.agent.sampling import Sampler
-from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering
+from launcher.agent.stackdump import POLL_SECONDS, DumpDir, Gathering, stack_reply
 from launcher.agent.transport import launcher_answering
+
+if TYPE_CHECKING:  # an elastic job's and the stack frames' modules load when a job uses them (start-up time)
+    from launcher.agent.elastic import ElasticLines
+    from launcher.agent.protocol import LeaveRequest, Notice, ResetRequest, StacksRequest
 
 # A launcher that waits for its user (see `ProbeRequest.wait_while_stopped`) is given up on only once its
 # machine has not answered on two looks this far apart: one look may fall within a probe's round trip.
 UNANSWERED_CONFIRM = 1.0
-
-
-def _readable(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
 
 
 class Agent:
@@ -252,6 +246,8 @@ class Agent:
             self.dump_dir = DumpDir()
         self.sampler = Sampler(spec.sample_interval, self.clock(), progress_dir=self.dump_dir.path)
         if spec.elastic and self.elastic is None:
+            from launcher.agent.elastic import ElasticLines
+
             self.elastic = ElasticLines(self.dump_dir.path)
             self.sel.register(self.elastic, selectors.EVENT_READ, "elastic")
         self._spawn(spec)
@@ -271,6 +267,8 @@ class Agent:
             env = rank_environment(shared, r)
             env.update(self.dump_dir.rank_env(env))
             if self.elastic is not None:
+                from launcher.agent.elastic import SOCKET_VAR
+
                 env[SOCKET_VAR] = self.elastic.open(r.rank)
             try:
                 proc = self.start_process(
@@ -374,7 +372,7 @@ class Agent:
         """Start reading the running ranks' stacks; STACK_DUMP answers once all are read or `wait` passed."""
         running = {e.rank: e.proc.pid for e in self.ranks.values() if e.returncode is None}
         if self.dump_dir is None or not running:
-            self.send_message(STACK_DUMP, StackReply(request.request_id))
+            self.send_message(STACK_DUMP, stack_reply(request.request_id))
             return
         now = self.clock()
         gathering = Gathering(
@@ -386,7 +384,7 @@ class Agent:
     def _poll_gatherings(self, now: float) -> None:
         for gathering in [g for g in self.gatherings if g.poll(now)]:
             self.gatherings.remove(gathering)
-            self.send_message(STACK_DUMP, StackReply(gathering.request_id, gathering.results()))
+            self.send_message(STACK_DUMP, stack_reply(gathering.request_id, gathering.results()))
 
     def _sample(self, now: float) -> None:
         running = {e.rank: e.proc.pid for e in self.ranks.values() if e.returncode is None}
@@ -520,7 +518,7 @@ class Agent:
                     self.dead_after
                     and silent > self.dead_after
                     and control_open
-                    and not _readable(self.in_fd)
+                    and not select.select([self.in_fd], [], [], 0)[0]
                 ):
                     self._launcher_silent(now, silent)
                 else:

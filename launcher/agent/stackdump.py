@@ -28,9 +28,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.agent.progress import ANSWER_MODULE, ANSWER_SOURCE, ANSWER_WAIT, answer_path, ask, read
+
+if TYPE_CHECKING:
+    from launcher.agent.stack_messages import StackReply
 
 HOOK_MODULE = "distrun_rankhook"
 # What the agent adds to each rank's environment for the hook: a distrun started inside a rank sees them.
@@ -574,3 +577,10 @@ class Gathering:
 def _answering(thread: dict[str, Any]) -> bool:
     hook = ANSWER_MODULE + ".py"
     return any(str(frame[1]).endswith(hook) for frame in thread.get("frames", ()) if len(frame) > 1)
+
+
+def stack_reply(request_id: int, ranks: list[dict[str, Any]] | None = None) -> StackReply:
+    """The STACK_DUMP answering StacksRequest `request_id` (its type loads with the first: start-up time)."""
+    from launcher.agent.stack_messages import StackReply
+
+    return StackReply(request_id, ranks or [])

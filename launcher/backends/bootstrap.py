@@ -30,8 +30,9 @@ _TOP_IMPORT = re.compile(rb"^from launcher\.agent\.(\w+) import", re.MULTILINE)
 
 
 def shipped_modules(folder: Path = AGENT_DIR) -> tuple[str, ...]:
-    """Every module of the agent's folder, each after those it imports at its top (the bootstrap runs them
-    in this order). Read from the folder, so a new module there travels without a list to keep."""
+    """Every module of the agent's folder, each after those it imports at its top (the order the bootstrap
+    reads them in; each runs at its first import). Read from the folder, so a new module there travels without
+    a list to keep."""
     needs = {
         path.stem: set(_TOP_IMPORT.findall(path.read_bytes()))
         for path in folder.glob("*.py")
@@ -74,8 +75,10 @@ def bootstrap(entry: str = SERVER) -> str:
     """argv[1:] holds each shipped module's source length and digest (`len:digest`), in SHIPPED order; then
     `entry`'s main() runs.
 
-    The modules are registered under their real names, in the packages `launcher` and `launcher.agent`, so
-    `from launcher.agent.protocol import ...` in the agent works as it does when imported here. Compiling
+    The modules are found under their real names, in the packages `launcher` and `launcher.agent`, so
+    `from launcher.agent.protocol import ...` in the agent works as it does when imported here; each runs at
+    its first import (a finder first on `sys.meta_path`), so an agent runs only the modules its job uses:
+    an elastic job's, --workdir's or stack dumps' load when those are asked for, as they do here. Compiling
     them is a quarter of an agent's start, so each host keeps the compiled code per user, named by the
     source's digest and the interpreter's bytecode magic (a changed source or interpreter is simply another
     name); every failure there falls back to compiling, and a directory someone else could write to is not
@@ -104,8 +107,8 @@ def bootstrap(entry: str = SERVER) -> str:
         " os.makedirs(d,0o700,exist_ok=True);s=os.stat(d)\n"
         " if s.st_uid!=os.getuid() or s.st_mode&0o22:d=None\n"
         "except Exception:d=None\n"
-        "def k(q,a):\n"
-        " n,h=a.split(':');s=r(int(n));f=d and os.path.join(d,q[9:]+'-'+h+'-'+t)\n"
+        "def k(q,a,s):\n"
+        " f=d and os.path.join(d,q[9:]+'-'+a.split(':')[1]+'-'+t)\n"
         " try:\n"
         "  with open(f,'rb') as x:return marshal.loads(x.read())\n"
         " except Exception:pass\n"
@@ -124,10 +127,15 @@ def bootstrap(entry: str = SERVER) -> str:
         " return c\n"
         "p=types.ModuleType('launcher');p.__path__=[];sys.modules['launcher']=p\n"
         "g=types.ModuleType('launcher.agent');g.__path__=[];sys.modules['launcher.agent']=g;p.agent=g\n"
-        f"for q,a in zip({_shipped()!r},sys.argv[1:]):\n"
-        " m=types.ModuleType(q);sys.modules[q]=m;setattr(g,q[15:],m)\n"
-        " exec(k(q,a),m.__dict__)\n"
-        f"sys.exit(sys.modules[{entry!r}].main())\n"
+        # Every source is read now (the frames follow them on stdin); each module runs at its first import.
+        f"c={{q:(a,r(int(a.split(':')[0]))) for q,a in zip({_shipped()!r},sys.argv[1:])}}\n"
+        "from importlib.machinery import ModuleSpec\n"
+        "class F:\n"
+        " def find_spec(n,p=None,t=None):return ModuleSpec(n,F) if n in c else None\n"
+        " def create_module(s):return None\n"
+        " def exec_module(m):exec(k(m.__name__,*c.pop(m.__name__)),m.__dict__)\n"
+        "sys.meta_path.insert(0,F)\n"
+        f"sys.exit(__import__({entry!r},fromlist=['main']).main())\n"
     )
 
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 
 from launcher.core.blacklist import Blacklist, Exclusion
 from launcher.core.config import RestartOptions
-from launcher.core.elastic_policy import too_few
 from launcher.core.hosts import Host
 from launcher.core.plan import plural
 from launcher.core.result import HostLost, Outcome, RankFailed, Signalled, TimedOut, describe_exit
@@ -149,6 +148,8 @@ def plan_restart(
         return Restart(tuple(hosts), num_proc, reason, note)
     assert options.min_np is not None and options.max_np is not None
     if slots < options.min_np:
+        from launcher.core.elastic_policy import too_few  # an elastic job's policy: not on a plain job's path
+
         known = [h.name for h in (*hosts, *spares, *discovered)]
         return GiveUp(
             too_few(slots, options.min_np, [h.name for h in candidates], without=left_out or ""),

@@ -12,11 +12,14 @@ import os
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from launcher.agent.protocol import RankSample, Samples
 from launcher.core.samples import Point, Series
 from launcher.diagnose.stragglers import StragglerWatch
 from launcher.errors import signal_name
+
+if TYPE_CHECKING:  # the SAMPLES frames' types load with the first one
+    from launcher.agent.sample_messages import RankSample, Samples
 
 # A running rank that wrote nothing for this long is marked silent.
 SILENT_AFTER = 30.0
@@ -145,7 +148,7 @@ class LiveView:
         for rank, host in [*members, *sorted(gone.items())]:
             left = rank not in place
             seen = self._seen.get(rank)
-            sample = seen.sample if seen is not None else RankSample(rank)
+            sample = seen.sample if seen is not None else _no_sample(rank)
             wrote = self._wrote.get(rank)
             age = None if wrote is None else now - wrote
             if age is None and sample.last_output_age_s is not None and seen is not None:
@@ -208,3 +211,10 @@ def mark_behind(rows: list[dict[str, object]]) -> list[dict[str, object]]:
         idle = isinstance(mine, int) and mine == done
         row["collectives_behind"] = top - mine if idle and isinstance(mine, int) and top > mine else None
     return rows
+
+
+def _no_sample(rank: int) -> RankSample:
+    """A rank's sample before its host sent any: nothing measured yet."""
+    from launcher.agent.sample_messages import RankSample
+
+    return RankSample(rank)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launcher.agent.protocol import STACKS, Samples, StackReply, StacksRequest
+from launcher.agent.protocol import STACKS
 from launcher.console.relay import LogRelay, first_stacks_number
 from launcher.core.plan import plural
 from launcher.core.scrub import SCRUBBER
@@ -29,6 +29,8 @@ from launcher.runtime.control import ControlError, ControlServer, answer, answer
 from launcher.runtime.node import HostAttempt
 
 if TYPE_CHECKING:  # stack dumps load at the first gathering, not on every job's start-up
+    from launcher.agent.sample_messages import Samples
+    from launcher.agent.stack_messages import StackReply
     from launcher.core.config import LaunchConfig
     from launcher.core.samples import Point
     from launcher.diagnose.stacks import RankStacks, StackDump
@@ -268,6 +270,8 @@ class JobWatch:
             wait = self.options.wait
             pending = _Gathering(self._next_id, reason, hosts, now + wait + AGENT_SLACK)
             self._next_id += 1
+            from launcher.agent.stack_messages import StacksRequest  # only once stacks are asked for
+
             request = StacksRequest(pending.request_id, self.options.tool, wait)
             for host in hosts:
                 pending.waiting.add(host.name)

@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from launcher.core.config import RestartOptions
 from launcher.core.host_changes import hosts_update, regroup
@@ -26,8 +26,10 @@ from launcher.core.plan import Plan
 from launcher.errors import EXIT_INTERNAL, DistrunError
 from launcher.job.attempt_hosts import AttemptHosts
 from launcher.job.discovery import TIMEOUT, DiscoveryError, Polling
-from launcher.job.elastic import Resetter
 from launcher.runtime.node import HostAttempt
+
+if TYPE_CHECKING:
+    from launcher.job.elastic import Resetter
 
 log = logging.getLogger(__name__)
 

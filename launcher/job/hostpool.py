@@ -18,7 +18,6 @@ from launcher.core.plan import Plan
 from launcher.core.restart import GiveUp, HostBook, Restart, plan_restart
 from launcher.core.result import Outcome
 from launcher.errors import CommandNotFound, HostError
-from launcher.job.slot_wait import wait_for_slots
 from launcher.runtime.node import HostAttempt, Node
 
 # Polls of the discovery script while an elastic job waits for slots.
@@ -115,6 +114,8 @@ class HostPool:
         polled every second, or (fixed hosts) until a host's cooldown ends; nothing to wait for, it gives up
         at once. `pause(seconds)` and `discover()` run on the job's loop: a signal or --timeout meanwhile ends
         the wait with that outcome."""
+        from launcher.job.slot_wait import wait_for_slots  # an elastic job's only (the policy loads with it)
+
         options = self.config.restart
         script = options.discovery_script is not None
 

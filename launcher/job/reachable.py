@@ -15,12 +15,10 @@ from collections.abc import Callable
 
 from launcher.core.blacklist import Blacklist, CooldownRange
 from launcher.core.config import LaunchConfig
-from launcher.core.elastic_policy import too_few
 from launcher.core.plan import Plan, build_plan
 from launcher.core.progress import ProgressFn
 from launcher.core.restart import GiveUp
 from launcher.errors import HostError
-from launcher.job.slot_wait import wait_for_slots
 from launcher.runtime.control import ControlServer
 from launcher.runtime.node import Node, connect
 
@@ -44,6 +42,9 @@ def connect_reachable(
     min_np = options.min_np
     if min_np is None:
         return plan, connect(plan.nodes, config, progress, control=control), []
+    from launcher.core.elastic_policy import too_few  # an elastic job's only, as the wait for slots
+    from launcher.job.slot_wait import wait_for_slots
+
     book = Blacklist(CooldownRange(*options.cooldown_range) if options.cooldown_range else None)
 
     def look() -> tuple[Plan, list[Node], list[tuple[str, str]]] | GiveUp:

@@ -27,7 +27,6 @@ from launcher.console.relay import LogRelay
 from launcher.core.command import interpreter, script_of
 from launcher.core.config import LaunchConfig
 from launcher.core.devices import HostDevices, RankDevices, describe, place_ranks, shared_gpu_warnings
-from launcher.core.elastic_plan import Member, NewWorld
 from launcher.core.forward import joined_env
 from launcher.core.hosts import Host
 from launcher.core.plan import Plan, build_plan, plural
@@ -43,8 +42,6 @@ from launcher.errors import (
 )
 from launcher.job.attempt_hosts import AttemptHosts, same_software
 from launcher.job.discovery import between_attempts
-from launcher.job.elastic import ResetRecord, Resetter
-from launcher.job.host_watch import watch_hosts
 from launcher.job.hostpool import HostPool
 from launcher.job.pause import Pause
 from launcher.job.supervise import Supervisor, supervise
@@ -59,7 +56,10 @@ from launcher.runtime.loop import Deadline, Loop
 from launcher.runtime.node import Heartbeat, HostAttempt, Node, agent_patience, connect
 from launcher.runtime.probe import facts_text, probe_on, probe_requests, refuse_unfit
 
-if TYPE_CHECKING:  # --workdir's modules load only for a job that has one
+if TYPE_CHECKING:  # --workdir's modules load only for a job that has one, an elastic job's for one that is
+    from launcher.core.elastic_plan import Member, NewWorld
+    from launcher.job.elastic import ResetRecord, Resetter
+    from launcher.job.host_watch import HostWatch
     from launcher.workdir.files import Workdir
     from launcher.workdir.sync import HostCopy
 
@@ -314,20 +314,19 @@ class Job:
         self.hosts = self.attempt_hosts([*hosts, *spares], master_addr)
         everyone = self.hosts.everyone
         elastic = self.resetter(attempt, everyone, [h.node for h in everyone])
-        host_watch = watch_hosts(
-            self.config.restart, plan, elastic, self.hosts, self.pool.usable, exclusions=self.pool.exclusions,
-            called_before=bool(self.attempts),
-        )  # fmt: skip
+        host_watch: HostWatch | None = None
+        if elastic is not None:  # only an elastic attempt watches its hosts
+            from launcher.job.host_watch import watch_hosts
+
+            host_watch = watch_hosts(
+                self.config.restart, plan, elastic, self.hosts, self.pool.usable,
+                exclusions=self.pool.exclusions, called_before=bool(self.attempts),
+            )  # fmt: skip
         sup = Supervisor(
-            everyone,
-            self.relay,
-            deadline=self.loop.deadline,  # the whole job's, restarts included
-            grace=self.config.grace_period,
-            dead_after=self.dead_after,
-            watch=self.watch,
-            elastic=elastic,
+            everyone, self.relay, deadline=self.loop.deadline,  # the whole job's, restarts included
+            grace=self.config.grace_period, dead_after=self.dead_after, watch=self.watch, elastic=elastic,
             host_watch=host_watch,
-        )
+        )  # fmt: skip
         self.hosts.added = [sup.add_host] if elastic is None else [sup.add_host, elastic.add_host]
         if host_watch is not None:
             host_watch.attach(sup)
@@ -359,6 +358,7 @@ class Job:
         options = self.config.restart
         if options.min_np is None:
             return None
+        from launcher.job.elastic import Resetter
 
         def address_of(name: str) -> str:
             # self.nodes: a host the discovery script added mid-attempt is among them, not among `nodes`.

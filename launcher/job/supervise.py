@@ -14,6 +14,7 @@ import signal
 import socket
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from launcher.agent.protocol import (
     DONE,
@@ -29,10 +30,6 @@ from launcher.agent.protocol import (
     STOP,
     Frame,
     RankExited,
-    RankSynced,
-    Ready,
-    Samples,
-    StackReply,
     StopRequest,
     dispatch,
 )
@@ -41,12 +38,17 @@ from launcher.core.restart import cause as describe_cause
 from launcher.core.result import HostLost, Outcome, RankExit, RankFailed, Signalled, Succeeded
 from launcher.diagnose.watch import JobWatch
 from launcher.errors import signal_name
-from launcher.job.elastic import Resetter
-from launcher.job.host_watch import HostWatch
 from launcher.runtime.control import answer_busy
 from launcher.runtime.loop import NO_DEADLINE, Deadline, Loop, Phase, forward_signal
 from launcher.runtime.node import AGENT_MARGIN, HostAttempt, Node, agent_patience
 from launcher.signals import FORWARDED_SIGNALS, STOP_SIGNALS, suspend_self
+
+if TYPE_CHECKING:  # an elastic job's, stacks' and samples' types: loaded where those happen, not at start-up
+    from launcher.agent.elastic_messages import RankSynced, Ready
+    from launcher.agent.sample_messages import Samples
+    from launcher.agent.stack_messages import StackReply
+    from launcher.job.elastic import Resetter
+    from launcher.job.host_watch import HostWatch
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,8 @@ runs with -S), on whatever interpreter they have; README says which they need at
 from __future__ import annotations
 
 import ast
+import dataclasses
+import importlib
 import re
 import sys
 from collections.abc import Iterator
@@ -14,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.agent import OLDEST_PYTHON
+from launcher.agent import OLDEST_PYTHON, protocol
+from launcher.agent.protocol import ELSEWHERE, MESSAGES, SAMPLES, Frame, decode_frame, message_type
 from launcher.backends.bootstrap import AGENT_DIR, SHIPPED
 from tests.support import REPO
 
@@ -214,6 +217,27 @@ def test_agent_modules_import_each_other_as_the_bootstrap_orders_them() -> None:
                     node.lineno,
                 )
                 assert SHIPPED.index(f"launcher.agent.{path.stem}") > SHIPPED.index(node.module), path.name
+
+
+def test_agent_modules_import_a_lazy_message_type_from_where_it_lives() -> None:
+    """On a host the protocol finds ELSEWHERE's types only among the modules the bootstrap already ran: an
+    agent module taking one from `launcher.agent.protocol` at its top could run before that type's module."""
+    for path in MODULES:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module == "launcher.agent.protocol":
+                assert not {a.name for a in node.names} & set(ELSEWHERE), (path.name, node.lineno)
+
+
+def test_every_kind_s_message_type_is_found_and_the_lazy_ones_are_their_modules_own() -> None:
+    for kind, name in MESSAGES.items():
+        cls = message_type(kind)
+        assert cls is not None and cls.__name__ == name and dataclasses.is_dataclass(cls), kind
+    for name, module in ELSEWHERE.items():
+        assert getattr(protocol, name) is getattr(importlib.import_module(f"launcher.agent.{module}"), name)
+    samples = decode_frame(Frame(SAMPLES, 0, -1, b'{"interval": 2.0, "ranks": [{"rank": 3}]}'))
+    assert samples == protocol.Samples(2.0, [protocol.RankSample(3)])
+    with pytest.raises(AttributeError):
+        protocol.NoSuchMessage  # noqa: B018
 
 
 def test_readme_states_the_oldest_python_hosts_need() -> None:
