@@ -50,7 +50,8 @@ from typing import Any
 
 import torch
 
-from collectives.engine_rounds import Announcement, Table, exchange, name_key
+from collectives.engine_cache import capacity_from_env, mask_of
+from collectives.engine_rounds import Announcement, Table, exchange, first_words, name_key
 from collectives.engine_tickets import Ticket
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
@@ -130,11 +131,18 @@ class Engine:
         # Something in _new that fuses with nothing (a gradient bucket, an agreement): no burst to wait for.
         self._urgent = False
         self._local: dict[int, _Entry] = {}
-        # Agreed operations in issue order: key, every rank's row, every rank's payload (or None).
-        self._queue: collections.deque[tuple[int, list[list[int]], list[torch.Tensor] | None]] = (
-            collections.deque()
-        )
-        self._table = Table(groups.size)
+        # Agreed operations in issue order: key, every rank's row, every rank's payload (or None), and the
+        # agreement where the response cache knows it already (every rank's row the cached one).
+        self._queue: collections.deque[
+            tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
+        ] = collections.deque()
+        self._table = Table(groups.size, capacity_from_env())
+        # Per response-cache slot: its agreement, made once (every rank's row is the slot's row).
+        self._cached_agreements: dict[int, Agreement] = {}
+        # Entries in _local that their callers drive: the rest are the engine thread's work.
+        self._driven_local = 0
+        # Payload bytes that may ride in a round: announcements beyond them go by the cache's bits.
+        self._ride_bytes = first_words(groups.size) * 4
         self._sequence = 0
         self._held: Turn | None = None
         self._stopping = False
@@ -238,6 +246,8 @@ class Engine:
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
             entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row)
             self._local[key] = entry
+            if not notify:
+                self._driven_local += 1
             now = time.monotonic()
             if not self._new:
                 self._first_new_at = now
@@ -348,34 +358,86 @@ class Engine:
             self._round_owner = None
             self._last_round = time.monotonic()
 
+    def _announce(self, new: list[_Entry]) -> tuple[list[Announcement], int]:
+        """This round's announcements: rows for what the response cache does not hold (or what rides with
+        its payload), and the bit vector of the cached rest."""
+        cache = self._table.cache
+        if not cache.slot_of:
+            return [e.announcement() for e in new], 0
+        mine: list[Announcement] = []
+        riders: list[tuple[_Entry, int]] = []
+        ride_bytes = 0
+        slots: list[int] = []
+        slot_of, rows = cache.slot_of, cache.rows
+        for e in new:
+            slot = slot_of.get(e.key)
+            if slot is not None:
+                row = e.row
+                if row is None:
+                    row = e.row = row_of(e.call)
+                cached = rows[slot]
+                if cached is not row and cached == row:
+                    # The same row: keep the submitter's list, so the next step compares identities.
+                    cached = rows[slot] = row
+                if cached is row:
+                    fusion = e.fusion
+                    if fusion is not None and fusion.reduce is not None:
+                        # It may ride with its payload, if the round's payloads are few enough to.
+                        riders.append((e, slot))
+                        ride_bytes += fusion.tensor.nbytes
+                    else:
+                        slots.append(slot)
+                    continue
+            mine.append(e.announcement())
+        if riders:
+            if ride_bytes <= self._ride_bytes:
+                mine.extend(e.announcement() for e, _ in riders)
+            else:
+                slots.extend(slot for _, slot in riders)
+        return mine, mask_of(slots, cache.words)
+
     def _round_locked(self) -> tuple[bool, bool]:
         with self._mutex:
-            mine = [e.announcement() for e in self._new]
-            self._new.clear()
+            new, self._new = self._new, []
             self._undriven = 0
             self._urgent = False
             self._woken = False
             stop = self._stopping
+        mine, bits = self._announce(new)
         timeout = self.settings.gloo_timeout_s
+        table = self._table
         result = exchange(
-            self._table,
+            table,
             mine,
             width=1 + ROW,
             stop=stop,
             group=self.groups.engine,
             # Bounded: a peer that stops answering without closing its connections still ends the round.
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
+            bits=bits,
         )
+        queue = self._queue
         for key in result.ready:
-            payloads = self._table.take_payloads(key)
-            self._queue.append((key, self._table.take(key), payloads))
+            payloads = table.take_payloads(key)
+            queue.append((key, table.take(key), payloads, None))
+        if result.cached:
+            cache = table.cache
+            keys = cache.keys
+            agreements = self._cached_agreements
+            take = table.take_payloads if table.payloads else None
+            for slot in result.cached:
+                key = keys[slot]
+                agreement = agreements.get(slot)
+                if agreement is None:
+                    agreement = agreements[slot] = Agreement(cache.all_rows[slot], ())
+                queue.append((key, agreement.rows, take(key) if take else None, agreement))
         if self.stand_in is not None:
             self._stand_in_for_named()
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
         # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
         # of the engine thread beside them costs the next driven call a round of its own.
         with self._mutex:
-            busy = bool(self._queue) or any(not e.driven for e in self._local.values())
+            busy = bool(self._queue) or len(self._local) > self._driven_local
         self._execute()
         now = time.monotonic()
         if self.settings.stall_check and now - self._last_stall_check >= self.settings.stall_check_s:
@@ -393,11 +455,12 @@ class Engine:
         row, as Horovod's coordinator counts a joined rank in; once agreed, ``stand_in`` takes part."""
         assert self.stand_in is not None
         me = self.groups.index
+        assert me is not None  # an engine runs on its set's members only
         with self._mutex:
-            for key, seen in self._table.rows.items():
-                if key < 0 or me in seen or key in self._local or not seen:
+            for key, row in list(self._table.seen_without(me)):
+                if key < 0 or key in self._local:
                     continue
-                start = self.stand_in(next(iter(seen.values())))
+                start = self.stand_in(row)
                 if start is None:
                     continue
                 label = self._table.labels.get(key, f"key {key}")
@@ -425,14 +488,15 @@ class Engine:
             with self._mutex:
                 if self._held is not None or self._abandoned:
                     return
-            key, rows, payloads = self._queue.popleft()
+            key, rows, payloads, agreement = self._queue.popleft()
             with self._mutex:
-                entry = self._local.pop(key)
-            try:
-                agreement = _verdict(entry.call, self.groups, rows)
-            except CollectivesError as error:
-                entry.ticket._settle(None, error)
-                continue
+                entry = self._forget(key)
+            if agreement is None:
+                try:
+                    agreement = _verdict(entry.call, self.groups, rows)
+                except CollectivesError as error:
+                    entry.ticket._settle(None, error)
+                    continue
             if entry.cuda_event is not None:
                 if not self._device_set and threading.current_thread() is self._thread:
                     # The engine thread's current device and stream are those of the rank's GPU.
@@ -460,6 +524,13 @@ class Engine:
             else:
                 self._issue(entry, agreement)
 
+    def _forget(self, key: int) -> _Entry:
+        """Take ``key``'s entry out of the local table (the caller holds the mutex)."""
+        entry = self._local.pop(key)
+        if entry.driven:
+            self._driven_local -= 1
+        return entry
+
     def _fusable_after(self, first: _Entry) -> list[_Entry]:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
@@ -469,7 +540,7 @@ class Engine:
         threshold = self.settings.fusion_threshold
         queue, local = self._queue, self._local
         while queue:
-            key, rows, payloads = queue[0]
+            key, rows, payloads, cached = queue[0]
             entry = local.get(key)
             if entry is None or entry.fusion is None or entry.fusion.key != fusion_key:
                 break
@@ -480,7 +551,7 @@ class Engine:
                 break
             mine = rows[0]
             # Every rank's row the same (the common case, and never a joined rank's): agreed, not joined.
-            if not all(row == mine for row in rows):
+            if cached is None and not all(row == mine for row in rows):
                 try:
                     if _verdict(entry.call, self.groups, rows).joined:
                         break
@@ -493,7 +564,7 @@ class Engine:
             total += size
         with self._mutex:
             for entry in taken:
-                del local[entry.key]
+                self._forget(entry.key)
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
@@ -554,6 +625,7 @@ class Engine:
                 self.broken = error
             entries = list(self._local.values())
             self._local.clear()
+            self._driven_local = 0
             self._new.clear()
             self._undriven = 0
             self._queue.clear()

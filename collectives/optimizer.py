@@ -64,6 +64,10 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MB
 # old hooks. Keyed by identity: tensors compare elementwise, so weakref.WeakKeyDictionary cannot hold them.
 _OWNERS = WeakIdKeyDictionary()
 
+# The ticket of a bucket issued on the gradient channel: settled at once, its work is the bucket's own.
+_LAUNCHED = Ticket()
+_LAUNCHED._settle(None, None)
+
 # Layout digest -> how many optimizers of that layout this process has built: part of the buckets' names.
 _instances: dict[int, int] = {}
 
@@ -200,6 +204,9 @@ class DistributedOptimizer:
         # in flight meanwhile.
         self._verified = False
         self._check: Ticket | None = None
+        # Whether this step's buckets go straight to the set's gradient channel (see _launch), decided by
+        # the step's agreement, which is the same on every rank.
+        self._direct = False
         # The engine's tickets of this step's launched buckets, in bucket order.
         self._launches: list[Ticket] = []
         self._digest = self._digest_of(set_groups.ranks)
@@ -237,7 +244,8 @@ class DistributedOptimizer:
         }
 
     def _digest_of(self, ranks: Sequence[int]) -> int:
-        shapes = [(str(p.dtype), tuple(p.shape)) for p in self._params]
+        # The device type too: whether the buckets may take the gradient channel depends on it (see _launch).
+        shapes = [(str(p.dtype), p.device.type, tuple(p.shape)) for p in self._params]
         return zlib.crc32(repr((list(ranks), self._passes, self._op.name, shapes)).encode())
 
     def _rejoin(self) -> None:
@@ -355,11 +363,21 @@ class DistributedOptimizer:
         if not block and not self._check.done():
             return False
         try:
-            self._check.result()
+            agreement = self._check.result()
         except BaseException:
             self._reset()
             raise
         self._verified = True
+        # Agreed by every rank on this layout, with nobody joined: the step's buckets are the same on every
+        # rank and go out in bucket order, so each may be issued as soon as it is full, with no agreement of
+        # its own (Horovod's response cache, for a step's worth of gradients at once).
+        groups = self._groups
+        self._direct = (
+            agreement is not None
+            and not agreement.joined
+            and groups.control is not None
+            and not self._buckets[0].buffer.is_cuda
+        )
         return True
 
     def _launch_in_order(self, block: bool = False) -> None:
@@ -380,6 +398,11 @@ class DistributedOptimizer:
             bucket.launch(groups.data, local)
             ticket._settle(None, None)
             return ticket
+        if self._direct:
+            # The set's gradient channel (its gloo control group) carries nothing but the buckets of agreed
+            # steps, in bucket order on every rank: no collective of the engine's can come between them.
+            bucket.launch(groups.control, local)
+            return _LAUNCHED
         call = Call(
             Kind.ALLREDUCE,
             f"DistributedOptimizer.{self._instance}.bucket.{bucket.index}",
@@ -494,6 +517,7 @@ class DistributedOptimizer:
         self._next_launch = 0
         self._launches = []
         self._verified = False
+        self._direct = False
         self._check = None
 
     def _join_step(self) -> None:

@@ -1,0 +1,161 @@
+"""The engine's costs per operation, measured inside one distrun job (whichever tree's ``collectives`` comes
+first on ``PYTHONPATH``). Rank 0 prints one JSON line.
+
+* ``burst``: ``--count`` ``allreduce_async_`` of ``--size`` bytes each, named, then ``synchronize`` on each;
+  ``grouped``: one ``grouped_allreduce_`` of the same tensors; ``raw``: one ``torch.distributed.all_reduce``
+  of a tensor of all their bytes. The three take turns in every round; each round's time is the slowest
+  rank's, and the ratios are per round.
+* ``step``: a step's worth of named operations (``--step-count`` ``allreduce_async_`` of ``--step-size``
+  bytes, the same names every step, so they are cached after the first), repeated; per step, how many
+  agreement rounds ran and the CPU they took beyond their gathers (``Engine._round_locked`` less
+  ``Engine._execute`` and the gathers' waits), per operation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import collectives
+from collectives import engine, engine_rounds
+from collectives.reduce_op import ReduceOp
+
+
+class Meter:
+    """Wraps the engine's round, its issue and its gathers to time the agreement's own CPU."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.round_ns = 0
+        self.execute_ns = 0
+        self.gather_ns = 0
+
+    def install(self) -> None:
+        meter = self
+        round_locked: Callable[..., Any] = engine.Engine._round_locked
+        execute: Callable[..., Any] = engine.Engine._execute
+        gather: Callable[..., Any] = engine_rounds._gather
+
+        def timed_round(self: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return round_locked(self)
+            finally:
+                meter.rounds += 1
+                meter.round_ns += time.thread_time_ns() - start
+
+        def timed_execute(self: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return execute(self)
+            finally:
+                meter.execute_ns += time.thread_time_ns() - start
+
+        def timed_gather(*args: Any, **kwargs: Any) -> Any:
+            start = time.thread_time_ns()
+            try:
+                return gather(*args, **kwargs)
+            finally:
+                meter.gather_ns += time.thread_time_ns() - start
+
+        engine.Engine._round_locked = timed_round  # type: ignore[method-assign]
+        engine.Engine._execute = timed_execute  # type: ignore[method-assign]
+        engine_rounds._gather = timed_gather
+
+    def agreement_ns(self) -> int:
+        return self.round_ns - self.execute_ns - self.gather_ns
+
+
+def slowest(values: list[float]) -> list[float]:
+    out = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out.tolist()
+
+
+def burst(args: argparse.Namespace) -> dict[str, Any]:
+    tensors = [torch.zeros(args.size // 4) for _ in range(args.count)]
+    whole = torch.zeros(args.count * args.size // 4)
+    names = [f"bench.burst.{i}" for i in range(args.count)]
+
+    def many() -> None:
+        pairs = zip(tensors, names, strict=True)
+        handles = [collectives.allreduce_async_(t, name=n, op=ReduceOp.SUM) for t, n in pairs]
+        for handle in handles:
+            collectives.synchronize(handle)
+
+    cases: dict[str, Callable[[], object]] = {
+        "burst": many,
+        "grouped": lambda: collectives.grouped_allreduce_(tensors, op=ReduceOp.SUM),
+        "raw": lambda: dist.all_reduce(whole),
+    }
+    for case in cases.values():
+        for _ in range(3):
+            case()
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    order = list(cases)
+    shuffler = random.Random(7)  # the same order on every rank
+    collectives.barrier()
+    for _ in range(args.rounds):
+        shuffler.shuffle(order)
+        for name in order:
+            start = time.perf_counter()
+            cases[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: slowest(values) for name, values in times.items()}
+
+
+def steps(args: argparse.Namespace, meter: Meter) -> dict[str, Any]:
+    tensors = [torch.zeros(max(1, args.step_size // 4)) for _ in range(args.step_count)]
+    names = [f"bench.step.{i}" for i in range(args.step_count)]
+
+    def step() -> None:
+        pairs = zip(tensors, names, strict=True)
+        handles = [collectives.allreduce_async_(t, name=n, op=ReduceOp.SUM) for t, n in pairs]
+        for handle in handles:
+            collectives.synchronize(handle)
+
+    for _ in range(3):
+        step()
+    collectives.barrier()
+    seconds, rounds, agreement = [], [], []
+    for _ in range(args.steps):
+        r0, a0 = meter.rounds, meter.agreement_ns()
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+        rounds.append(meter.rounds - r0)
+        agreement.append((meter.agreement_ns() - a0) / args.step_count)
+    return {"seconds": slowest(seconds), "rounds": rounds, "agreement_ns_per_op": agreement}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=64)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--step-count", type=int, default=1000)
+    parser.add_argument("--step-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=0, help="steps of --step-count operations (0: none)")
+    args = parser.parse_args()
+    meter = Meter()
+    meter.install()
+    collectives.init()
+    out: dict[str, Any] = {"world": collectives.size()}
+    if args.rounds:
+        out["burst"] = burst(args)
+    if args.steps:
+        out["steps"] = steps(args, meter)
+    if collectives.rank() == 0:
+        print(json.dumps(out), flush=True)
+    collectives.shutdown()
+
+
+if __name__ == "__main__":
+    main()
