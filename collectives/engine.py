@@ -50,9 +50,9 @@ from typing import Any
 
 import torch
 
-from collectives.engine_cache import capacity_from_env, mask_of
-from collectives.engine_rounds import Announcement, Table, exchange, first_words, name_key
-from collectives.engine_tickets import Ticket
+from collectives.engine_cache import capacity_from_env
+from collectives.engine_rounds import Announcement, Table, announce, exchange, first_words, name_key
+from collectives.engine_tickets import Ticket, Turn
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
@@ -70,27 +70,7 @@ _BURST_CYCLES = 8
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
 
 
-class Turn:
-    """The data group lent to the caller's thread: granted once every rank has reached this ordered entry."""
-
-    def __init__(self, ticket: Ticket, engine: Engine) -> None:
-        self._ticket = ticket
-        self._engine = engine
-        self._released = False
-
-    def granted(self) -> bool:
-        return self._ticket.done()
-
-    def wait(self) -> Agreement:
-        """Block until granted, running the rounds on this thread; the agreement (or the
-        :class:`MismatchError`, which releases the turn)."""
-        agreement: Agreement = self._ticket.result()
-        return agreement
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._engine._release(self)
+_Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
 
 
 @dataclasses.dataclass(slots=True)
@@ -106,6 +86,12 @@ class _Entry:
     device: int | None = None
     driven: bool = False
     row: list[int] | None = None
+
+    def announced_row(self) -> list[int]:
+        row = self.row
+        if row is None:
+            row = self.row = row_of(self.call)
+        return row
 
     def announcement(self) -> Announcement:
         fusion = self.fusion
@@ -131,18 +117,13 @@ class Engine:
         # Something in _new that fuses with nothing (a gradient bucket, an agreement): no burst to wait for.
         self._urgent = False
         self._local: dict[int, _Entry] = {}
-        # Agreed operations in issue order: key, every rank's row, every rank's payload (or None), and the
-        # agreement where the response cache knows it already (every rank's row the cached one).
-        self._queue: collections.deque[
-            tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
-        ] = collections.deque()
+        # Agreed operations in issue order: key, every rank's row and payload (or None), and the agreement
+        # where the response cache knows it already.
+        self._queue: collections.deque[_Agreed] = collections.deque()
         self._table = Table(groups.size, capacity_from_env())
-        # Per response-cache slot: its agreement, made once (every rank's row is the slot's row).
-        self._cached_agreements: dict[int, Agreement] = {}
-        # Entries in _local that their callers drive: the rest are the engine thread's work.
-        self._driven_local = 0
-        # Payload bytes that may ride in a round: announcements beyond them go by the cache's bits.
-        self._ride_bytes = first_words(groups.size) * 4
+        self._cached_agreements: dict[int, Agreement] = {}  # per response-cache slot, made once
+        self._driven_local = 0  # entries in _local that their callers drive (the rest: the thread's work)
+        self._ride_bytes = first_words(groups.size) * 4  # payloads beyond go by the cache's bits
         self._sequence = 0
         self._held: Turn | None = None
         self._stopping = False
@@ -277,7 +258,7 @@ class Engine:
             while True:
                 with self._mutex:
                     # Entries that a caller drives are no work of this thread's: it sleeps beside them.
-                    if not self._undriven_new() and not self._stopping and not self._abandoned:
+                    if not self._undriven and not self._stopping and not self._abandoned:
                         self._cond.wait(idle_wait)
                     if self._abandoned:
                         return
@@ -287,12 +268,7 @@ class Engine:
                     # cycles from the first; a caller that waits meanwhile runs the round itself at once.
                     # An entry that fuses with nothing (a gradient bucket, an agreement) gains nothing from
                     # the wait: its round starts at once.
-                    while (
-                        self._undriven_new()
-                        and not self._urgent
-                        and not self._stopping
-                        and not self._abandoned
-                    ):
+                    while self._undriven and not self._urgent and not self._stopping and not self._abandoned:
                         cycle = self.settings.cycle_time_s
                         deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
                         delay = deadline - time.monotonic()
@@ -313,10 +289,6 @@ class Engine:
                 idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
         except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
             self._fail_round(error)
-
-    def _undriven_new(self) -> bool:
-        """Whether something submitted since the last round waits for this thread (the caller holds _cond)."""
-        return self._undriven > 0
 
     def _driven_lately(self, idle_wait: float) -> bool:
         with self._mutex:
@@ -358,44 +330,6 @@ class Engine:
             self._round_owner = None
             self._last_round = time.monotonic()
 
-    def _announce(self, new: list[_Entry]) -> tuple[list[Announcement], int]:
-        """This round's announcements: rows for what the response cache does not hold (or what rides with
-        its payload), and the bit vector of the cached rest."""
-        cache = self._table.cache
-        if not cache.slot_of:
-            return [e.announcement() for e in new], 0
-        mine: list[Announcement] = []
-        riders: list[tuple[_Entry, int]] = []
-        ride_bytes = 0
-        slots: list[int] = []
-        slot_of, rows = cache.slot_of, cache.rows
-        for e in new:
-            slot = slot_of.get(e.key)
-            if slot is not None:
-                row = e.row
-                if row is None:
-                    row = e.row = row_of(e.call)
-                cached = rows[slot]
-                if cached is not row and cached == row:
-                    # The same row: keep the submitter's list, so the next step compares identities.
-                    cached = rows[slot] = row
-                if cached is row:
-                    fusion = e.fusion
-                    if fusion is not None and fusion.reduce is not None:
-                        # It may ride with its payload, if the round's payloads are few enough to.
-                        riders.append((e, slot))
-                        ride_bytes += fusion.tensor.nbytes
-                    else:
-                        slots.append(slot)
-                    continue
-            mine.append(e.announcement())
-        if riders:
-            if ride_bytes <= self._ride_bytes:
-                mine.extend(e.announcement() for e, _ in riders)
-            else:
-                slots.extend(slot for _, slot in riders)
-        return mine, mask_of(slots, cache.words)
-
     def _round_locked(self) -> tuple[bool, bool]:
         with self._mutex:
             new, self._new = self._new, []
@@ -403,7 +337,7 @@ class Engine:
             self._urgent = False
             self._woken = False
             stop = self._stopping
-        mine, bits = self._announce(new)
+        mine, bits = announce(self._table.cache, new, self._ride_bytes)
         timeout = self.settings.gloo_timeout_s
         table = self._table
         result = exchange(
@@ -420,17 +354,13 @@ class Engine:
         for key in result.ready:
             payloads = table.take_payloads(key)
             queue.append((key, table.take(key), payloads, None))
-        if result.cached:
-            cache = table.cache
-            keys = cache.keys
-            agreements = self._cached_agreements
-            take = table.take_payloads if table.payloads else None
-            for slot in result.cached:
-                key = keys[slot]
-                agreement = agreements.get(slot)
-                if agreement is None:
-                    agreement = agreements[slot] = Agreement(cache.all_rows[slot], ())
-                queue.append((key, agreement.rows, take(key) if take else None, agreement))
+        cache, agreements = table.cache, self._cached_agreements
+        take = table.take_payloads if table.payloads else None
+        for slot in result.cached:
+            key, agreement = cache.keys[slot], agreements.get(slot)
+            if agreement is None:
+                agreement = agreements[slot] = Agreement(cache.all_rows[slot], ())
+            queue.append((key, agreement.rows, take(key) if take else None, agreement))
         if self.stand_in is not None:
             self._stand_in_for_named()
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
@@ -525,8 +455,7 @@ class Engine:
                 self._issue(entry, agreement)
 
     def _forget(self, key: int) -> _Entry:
-        """Take ``key``'s entry out of the local table (the caller holds the mutex)."""
-        entry = self._local.pop(key)
+        entry = self._local.pop(key)  # the caller holds the mutex
         if entry.driven:
             self._driven_local -= 1
         return entry

@@ -23,16 +23,26 @@ import datetime
 import functools
 import hashlib
 import time
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 
-from collectives.engine_cache import ResponseCache
+from collectives.engine_cache import ResponseCache, mask_of
+from collectives.engine_values import Fusion
 from collectives.errors import CollectivesError
 
-__all__ = ["Announcement", "RoundResult", "Table", "exchange", "name_key", "payload_fits"]
+__all__ = [
+    "Announcement",
+    "Announcing",
+    "RoundResult",
+    "Table",
+    "announce",
+    "exchange",
+    "name_key",
+    "payload_fits",
+]
 
 # (announcements in all, wants to stop, announcements in the first buffer, their records' words, the rest's
 # words: the length of the second buffer this rank needs, 0 for none; the response cache's bit vector's
@@ -66,6 +76,55 @@ class Announcement(NamedTuple):
     row: list[int]
     label: str
     payload: torch.Tensor | None = None
+
+
+class Announcing(Protocol):
+    """An engine's entry, as a round announces it."""
+
+    key: int
+    fusion: Fusion | None
+
+    def announced_row(self) -> list[int]: ...
+
+    def announcement(self) -> Announcement: ...
+
+
+def announce(
+    cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int
+) -> tuple[list[Announcement], int]:
+    """A round's announcements of ``new``: rows for what the response cache does not hold (or what rides
+    with its payload, ``ride_bytes`` at most in all), and the bit vector of the cached rest."""
+    if not cache.slot_of:
+        return [e.announcement() for e in new], 0
+    mine: list[Announcement] = []
+    riders: list[tuple[Announcing, int]] = []
+    riding = 0
+    slots: list[int] = []
+    slot_of, rows = cache.slot_of, cache.rows
+    for e in new:
+        slot = slot_of.get(e.key)
+        if slot is not None:
+            row = e.announced_row()
+            cached = rows[slot]
+            if cached is not row and cached == row:
+                # The same row: keep the submitter's list, so the next step compares identities.
+                cached = rows[slot] = row
+            if cached is row:
+                fusion = e.fusion
+                if fusion is not None and fusion.reduce is not None:
+                    # It may ride with its payload, if the round's payloads are few enough to.
+                    riders.append((e, slot))
+                    riding += fusion.tensor.nbytes
+                else:
+                    slots.append(slot)
+                continue
+        mine.append(e.announcement())
+    if riders:
+        if riding <= ride_bytes:
+            mine.extend(e.announcement() for e, _ in riders)
+        else:
+            slots.extend(slot for _, slot in riders)
+    return mine, mask_of(slots, cache.words)
 
 
 @dataclasses.dataclass(frozen=True)

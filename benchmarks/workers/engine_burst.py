@@ -5,6 +5,7 @@ first on ``PYTHONPATH``). Rank 0 prints one JSON line.
   ``grouped``: one ``grouped_allreduce_`` of the same tensors; ``raw``: one ``torch.distributed.all_reduce``
   of a tensor of all their bytes. The three take turns in every round; each round's time is the slowest
   rank's, and the ratios are per round.
+* ``--count-calls``: Python function calls per operation of a burst, on every thread of rank 0.
 * ``step``: a step's worth of named operations (``--step-count`` ``allreduce_async_`` of ``--step-size``
   bytes, the same names every step, so they are cached after the first), repeated; per step, how many
   agreement rounds ran and the CPU they took beyond their gathers (``Engine._round_locked`` less
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -111,6 +114,38 @@ def burst(args: argparse.Namespace) -> dict[str, Any]:
     return {name: slowest(values) for name, values in times.items()}
 
 
+class CallCounter:
+    """Counts Python function calls on every thread started after :meth:`install` (the engine's too) and on
+    this one, while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.calls = 0
+
+    def install(self) -> None:
+        def profile(frame: Any, event: str, arg: Any) -> None:
+            if event == "call" and self.on:
+                self.calls += 1
+
+        threading.setprofile(profile)
+        sys.setprofile(profile)
+
+
+def python_calls(args: argparse.Namespace, counter: CallCounter) -> float:
+    """Python function calls per operation of one burst of named async allreduces, on every thread."""
+    tensors = [torch.zeros(args.size // 4) for _ in range(args.count)]
+    names = [f"bench.calls.{i}" for i in range(args.count)]
+    for counting in (False, True, True):  # the first burst fills the caches
+        collectives.barrier()
+        counter.on = counting
+        pairs = zip(tensors, names, strict=True)
+        handles = [collectives.allreduce_async_(t, name=n, op=ReduceOp.SUM) for t, n in pairs]
+        for handle in handles:
+            collectives.synchronize(handle)
+        counter.on = False
+    return counter.calls / 2 / args.count
+
+
 def steps(args: argparse.Namespace, meter: Meter) -> dict[str, Any]:
     tensors = [torch.zeros(max(1, args.step_size // 4)) for _ in range(args.step_count)]
     names = [f"bench.step.{i}" for i in range(args.step_count)]
@@ -143,12 +178,18 @@ def main() -> None:
     parser.add_argument("--step-count", type=int, default=1000)
     parser.add_argument("--step-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=0, help="steps of --step-count operations (0: none)")
+    parser.add_argument("--count-calls", action="store_true", help="only count Python calls per operation")
     args = parser.parse_args()
+    counter = CallCounter()
+    if args.count_calls:
+        counter.install()
     meter = Meter()
     meter.install()
     collectives.init()
     out: dict[str, Any] = {"world": collectives.size()}
-    if args.rounds:
+    if args.count_calls:
+        out["python_calls_per_op"] = python_calls(args, counter)
+    elif args.rounds:
         out["burst"] = burst(args)
     if args.steps:
         out["steps"] = steps(args, meter)
