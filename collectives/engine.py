@@ -486,7 +486,7 @@ class Engine:
         assert first.fusion is not None
         taken: list[_Entry] = []
         fusion_key = first.fusion.key
-        total = first.fusion.tensor.nbytes
+        total = first.fusion.nbytes
         threshold = self.settings.fusion_threshold
         queue, local = self._queue, self._local
         while queue:
@@ -496,7 +496,7 @@ class Engine:
                 break
             if payloads is not None:
                 break  # reduced from its payloads, on its own
-            size = entry.fusion.tensor.nbytes
+            size = entry.fusion.nbytes
             if total + size > threshold:
                 break
             mine = rows[0]

@@ -103,6 +103,9 @@ def announce(
     riding = 0
     slots: list[int] = []
     slot_of, rows = cache.slot_of, cache.rows
+    # A burst's cached operations go by their bits even where their payloads would fit: one fused allreduce
+    # costs less than a thousand rows packed, unpacked and tabled.
+    few = len(new) <= _RIDERS
     for e in new:
         slot = slot_of.get(e.key)
         if slot is not None:
@@ -113,18 +116,16 @@ def announce(
                 cached = rows[slot] = row
             if cached is row:
                 fusion = e.fusion
-                if fusion is not None and fusion.reduce is not None:
+                if few and fusion is not None and fusion.reduce is not None:
                     # It may ride with its payload, if the round's payloads are few enough to.
                     riders.append((e, slot))
-                    riding += fusion.tensor.nbytes
+                    riding += fusion.nbytes
                 else:
                     slots.append(slot)
                 continue
         mine.append(e.announcement())
     if riders:
-        # A burst's cached operations go by their bits even where their payloads would fit: one fused
-        # allreduce costs less than a thousand rows packed, unpacked and tabled.
-        if len(new) <= _RIDERS and riding <= ride_bytes:
+        if riding <= ride_bytes:
             mine.extend(e.announcement() for e, _ in riders)
         else:
             slots.extend(slot for _, slot in riders)
