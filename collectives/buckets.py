@@ -51,15 +51,23 @@ def assign_buckets(
 
 def fuse(tensors: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
     """``tensors`` grouped by (dtype, device) in first-seen order, each group with a flat copy of it."""
+    # One call per buffer: a reshape per tensor from Python costs more than the copy for small tensors.
+    # (Of one tensor, flatten_dense_tensors gives a view: the buffer must be a copy.)
     return [
-        (members, torch.cat([t.detach().reshape(-1) for t in members])) for members in assign_buckets(tensors)
+        (
+            members,
+            torch._C._nn.flatten_dense_tensors([t.detach() for t in members])
+            if len(members) > 1
+            else members[0].detach().reshape(-1).clone(),
+        )
+        for members in assign_buckets(tensors)
     ]
 
 
 def unflatten_into(flat: torch.Tensor, members: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of ``flat`` back into ``members`` (the inverse of the concatenation)."""
-    offset = 0
-    for tensor in members:
-        count = tensor.numel()
-        tensor.copy_(flat[offset : offset + count].view_as(tensor))
-        offset += count
+    if not members:
+        return
+    # Two calls for the whole buffer rather than a slice, a view and a copy per tensor.
+    parts = torch._C._nn.unflatten_dense_tensors(flat, list(members))
+    torch._foreach_copy_(list(members), list(parts))

@@ -49,9 +49,10 @@ from typing import Any
 
 import torch
 
+from collectives.engine_cache import capacity_from_env
 from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
-from collectives.engine_rounds import Announcement, Table, exchange, name_key
-from collectives.engine_tickets import Ticket
+from collectives.engine_rounds import Announcement, Table, announce, exchange, first_words, name_key
+from collectives.engine_tickets import Ticket, Turn
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
@@ -69,27 +70,7 @@ _BURST_CYCLES = 8
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
 
 
-class Turn:
-    """The data group lent to the caller's thread: granted once every rank has reached this ordered entry."""
-
-    def __init__(self, ticket: Ticket, engine: Engine) -> None:
-        self._ticket = ticket
-        self._engine = engine
-        self._released = False
-
-    def granted(self) -> bool:
-        return self._ticket.done()
-
-    def wait(self) -> Agreement:
-        """Block until granted, running the rounds on this thread; the agreement (or the
-        :class:`MismatchError`, which releases the turn)."""
-        agreement: Agreement = self._ticket.result()
-        return agreement
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._engine._release(self)
+_Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
 
 
 @dataclasses.dataclass(slots=True)
@@ -106,6 +87,12 @@ class _Entry:
     driven: bool = False
     row: list[int] | None = None
     seq: int = 0  # this rank's count of submissions to the engine (collectives.progress); 0: a stand-in's
+
+    def announced_row(self) -> list[int]:
+        row = self.row
+        if row is None:
+            row = self.row = row_of(self.call)
+        return row
 
     def announcement(self) -> Announcement:
         fusion = self.fusion
@@ -131,11 +118,13 @@ class Engine:
         # Something in _new that fuses with nothing (a gradient bucket, an agreement): no burst to wait for.
         self._urgent = False
         self._local: dict[int, _Entry] = {}
-        # Agreed operations in issue order: key, every rank's row, every rank's payload (or None).
-        self._queue: collections.deque[tuple[int, list[list[int]], list[torch.Tensor] | None]] = (
-            collections.deque()
-        )
-        self._table = Table(groups.size)
+        # Agreed operations in issue order: key, every rank's row and payload (or None), and the agreement
+        # where the response cache knows it already.
+        self._queue: collections.deque[_Agreed] = collections.deque()
+        self._table = Table(groups.size, capacity_from_env())
+        self._cached_agreements: dict[int, Agreement] = {}  # per response-cache slot, made once
+        self._driven_local = 0  # entries in _local that their callers drive (the rest: the thread's work)
+        self._ride_bytes = first_words(groups.size) * 4  # payloads beyond go by the cache's bits
         self._sequence = 0
         self._submitted = 0
         self.progress = progress_for(groups.set_id)  # the latest operation issued, agreed and done
@@ -245,6 +234,8 @@ class Engine:
             progress = self.progress
             progress.issued_seq, progress.issued_kind, progress.issued_name = seq, call.kind, label
             self._local[key] = entry
+            if not notify:
+                self._driven_local += 1
             now = time.monotonic()
             if not self._new:
                 self._first_new_at = now
@@ -274,7 +265,7 @@ class Engine:
             while True:
                 with self._mutex:
                     # Entries that a caller drives are no work of this thread's: it sleeps beside them.
-                    if not self._undriven_new() and not self._stopping and not self._abandoned:
+                    if not self._undriven and not self._stopping and not self._abandoned:
                         self._cond.wait(idle_wait)
                     if self._abandoned:
                         return
@@ -284,12 +275,7 @@ class Engine:
                     # cycles from the first; a caller that waits meanwhile runs the round itself at once.
                     # An entry that fuses with nothing (a gradient bucket, an agreement) gains nothing from
                     # the wait: its round starts at once.
-                    while (
-                        self._undriven_new()
-                        and not self._urgent
-                        and not self._stopping
-                        and not self._abandoned
-                    ):
+                    while self._undriven and not self._urgent and not self._stopping and not self._abandoned:
                         cycle = self.settings.cycle_time_s
                         deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
                         delay = deadline - time.monotonic()
@@ -310,10 +296,6 @@ class Engine:
                 idle_wait = self.settings.cycle_time_s if busy else min(idle_wait * 2, _MAX_IDLE_WAIT_S)
         except BaseException as error:  # a round or an issue failed: every pending handle must hear of it
             self._fail_round(error)
-
-    def _undriven_new(self) -> bool:
-        """Whether something submitted since the last round waits for this thread (the caller holds _cond)."""
-        return self._undriven > 0
 
     def _driven_lately(self, idle_wait: float) -> bool:
         with self._mutex:
@@ -357,33 +339,43 @@ class Engine:
 
     def _round_locked(self) -> tuple[bool, bool]:
         with self._mutex:
-            mine = [e.announcement() for e in self._new]
-            self._new.clear()
+            new, self._new = self._new, []
             self._undriven = 0
             self._urgent = False
             self._woken = False
             stop = self._stopping
+        mine, bits = announce(self._table.cache, new, self._ride_bytes)
         timeout = self.settings.gloo_timeout_s
+        table = self._table
         result = exchange(
-            self._table,
+            table,
             mine,
             width=1 + ROW,
             stop=stop,
             group=self.groups.engine,
             # Bounded: a peer that stops answering without closing its connections still ends the round.
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
+            bits=bits,
         )
         self._peers_stopping.update(result.stopping)
+        queue = self._queue
         for key in result.ready:
-            payloads = self._table.take_payloads(key)
-            self._queue.append((key, self._table.take(key), payloads))
+            payloads = table.take_payloads(key)
+            queue.append((key, table.take(key), payloads, None))
+        cache, agreements = table.cache, self._cached_agreements
+        take = table.take_payloads if table.payloads else None
+        for slot in result.cached:
+            key, agreement = cache.keys[slot], agreements.get(slot)
+            if agreement is None:
+                agreement = agreements[slot] = Agreement(cache.all_rows[slot], ())
+            queue.append((key, agreement.rows, take(key) if take else None, agreement))
         if self.stand_in is not None:
             self._stand_in_for_named()
         # Work that only the engine thread's rounds move on: entries nobody drives (async submissions, the
         # optimizer's buckets) and agreed operations behind a turn. Drivers run their own rounds, and a round
         # of the engine thread beside them costs the next driven call a round of its own.
         with self._mutex:
-            busy = bool(self._queue) or any(not e.driven for e in self._local.values())
+            busy = bool(self._queue) or len(self._local) > self._driven_local
         self._execute()
         now = time.monotonic()
         if self.settings.stall_check and now - self._last_stall_check >= self.settings.stall_check_s:
@@ -401,11 +393,12 @@ class Engine:
         row, as Horovod's coordinator counts a joined rank in; once agreed, ``stand_in`` takes part."""
         assert self.stand_in is not None
         me = self.groups.index
+        assert me is not None  # an engine runs on its set's members only
         with self._mutex:
-            for key, seen in self._table.rows.items():
-                if key < 0 or me in seen or key in self._local or not seen:
+            for key, row in list(self._table.seen_without(me)):
+                if key < 0 or key in self._local:
                     continue
-                start = self.stand_in(next(iter(seen.values())))
+                start = self.stand_in(row)
                 if start is None:
                     continue
                 label = self._table.labels.get(key, f"key {key}")
@@ -432,18 +425,19 @@ class Engine:
             with self._mutex:
                 if self._held is not None or self._abandoned:
                     return
-            key, rows, payloads = self._queue.popleft()
+            key, rows, payloads, agreement = self._queue.popleft()
             with self._mutex:
-                entry = self._local.pop(key)
+                entry = self._forget(key)
             progress = self.progress
             if entry.seq:
                 progress.negotiated_seq, progress.negotiated_kind = entry.seq, entry.call.kind
                 progress.negotiated_name = entry.label
-            try:
-                agreement = _verdict(entry.call, self.groups, rows)
-            except CollectivesError as error:
-                entry.ticket._settle(None, error)
-                continue
+            if agreement is None:
+                try:
+                    agreement = _verdict(entry.call, self.groups, rows)
+                except CollectivesError as error:
+                    entry.ticket._settle(None, error)
+                    continue
             if entry.cuda_event is not None:
                 if not self._device_set and threading.current_thread() is self._thread:
                     # The engine thread's current device and stream are those of the rank's GPU.
@@ -481,27 +475,33 @@ class Engine:
             progress.done_seq, progress.done_kind = entry.seq, entry.call.kind
             progress.done_name = entry.label
 
+    def _forget(self, key: int) -> _Entry:
+        entry = self._local.pop(key)  # the caller holds the mutex
+        if entry.driven:
+            self._driven_local -= 1
+        return entry
+
     def _fusable_after(self, first: _Entry) -> list[_Entry]:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
         taken: list[_Entry] = []
         fusion_key = first.fusion.key
-        total = first.fusion.tensor.nbytes
+        total = first.fusion.nbytes
         threshold = self.settings.fusion_threshold
         queue, local = self._queue, self._local
         while queue:
-            key, rows, payloads = queue[0]
+            key, rows, payloads, cached = queue[0]
             entry = local.get(key)
             if entry is None or entry.fusion is None or entry.fusion.key != fusion_key:
                 break
             if payloads is not None:
                 break  # reduced from its payloads, on its own
-            size = entry.fusion.tensor.nbytes
+            size = entry.fusion.nbytes
             if total + size > threshold:
                 break
             mine = rows[0]
             # Every rank's row the same (the common case, and never a joined rank's): agreed, not joined.
-            if not all(row == mine for row in rows):
+            if cached is None and not all(row == mine for row in rows):
                 try:
                     if _verdict(entry.call, self.groups, rows).joined:
                         break
@@ -514,7 +514,7 @@ class Engine:
             total += size
         with self._mutex:
             for entry in taken:
-                del local[entry.key]
+                self._forget(entry.key)
         return taken
 
     def _issue(self, entry: _Entry, agreement: Agreement) -> None:
@@ -569,6 +569,7 @@ class Engine:
                 self.broken = error
             entries = list(self._local.values())
             self._local.clear()
+            self._driven_local = 0
             self._new.clear()
             self._undriven = 0
             self._queue.clear()

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
-from collectives.engine_rounds import Table
 from collectives.engine_tickets import Ticket
 from collectives.errors import CollectivesError, HorovodInternalError
 
@@ -16,12 +15,20 @@ __all__ = ["attempt", "failure_message", "log_stall", "missing_text", "stall_tex
 _log = logging.getLogger("collectives")
 
 
+class Stalls(Protocol):
+    """What the stall check reads: the round table (``engine_rounds.Table``, a module beside this one)."""
+
+    def stalled(
+        self, older_than_s: float, ranks: tuple[int, ...], reporter: int | None = None
+    ) -> dict[int, list[str]]: ...
+
+
 def missing_text(missing: dict[int, list[str]]) -> str:
     return "; ".join(f"rank {rank} missing {sorted(names)}" for rank, names in sorted(missing.items()))
 
 
 def stall_texts(
-    table: Table, older_than_s: float, ranks: tuple[int, ...], index: int | None
+    table: Stalls, older_than_s: float, ranks: tuple[int, ...], index: int | None
 ) -> tuple[str, str]:
     """(every stalled operation, for the engine thread's name; those this rank logs: the ones it submitted
     first, whose names it knows)."""

@@ -23,21 +23,38 @@ import datetime
 import functools
 import hashlib
 import time
-from typing import Any, NamedTuple
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Announcement", "RoundResult", "Table", "exchange", "name_key", "payload_fits"]
+from collectives.engine_cache import ResponseCache, mask_of
+from collectives.engine_values import Fusion
+from collectives.errors import CollectivesError
+
+__all__ = [
+    "Announcement",
+    "Announcing",
+    "RoundResult",
+    "Table",
+    "announce",
+    "exchange",
+    "name_key",
+    "payload_fits",
+]
 
 # (announcements in all, wants to stop, announcements in the first buffer, their records' words, the rest's
-# words: the length of the second buffer this rank needs, 0 for none)
-_HEADER = 5
+# words: the length of the second buffer this rank needs, 0 for none; the response cache's bit vector's
+# words, which follow the header)
+_HEADER = 6
 # The first buffer's length in words. An all_gather of 8 KB costs what one of a few hundred bytes does here,
 # and holds a blocking call's announcement with a small payload, or some 80 announcements of a burst; it
 # shrinks as the set grows, since every rank receives every rank's buffer.
 _FIRST_WORDS = 1024
 _FIRST_BYTES_ALL_RANKS = 128 * 1024
+# How many cached operations a round may carry with their payloads rather than as bits.
+_RIDERS = 4
 # A payload rides in the round when every rank receiving it costs no more than a small all_gather.
 _PAYLOAD_BYTES_ALL_RANKS = 8 * 1024
 
@@ -63,6 +80,58 @@ class Announcement(NamedTuple):
     payload: torch.Tensor | None = None
 
 
+class Announcing(Protocol):
+    """An engine's entry, as a round announces it."""
+
+    key: int
+    fusion: Fusion | None
+
+    def announced_row(self) -> list[int]: ...
+
+    def announcement(self) -> Announcement: ...
+
+
+def announce(
+    cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int
+) -> tuple[list[Announcement], int]:
+    """A round's announcements of ``new``: rows for what the response cache does not hold (or what rides
+    with its payload, ``ride_bytes`` at most in all), and the bit vector of the cached rest."""
+    if not cache.slot_of:
+        return [e.announcement() for e in new], 0
+    mine: list[Announcement] = []
+    riders: list[tuple[Announcing, int]] = []
+    riding = 0
+    slots: list[int] = []
+    slot_of, rows = cache.slot_of, cache.rows
+    # A burst's cached operations go by their bits even where their payloads would fit: one fused allreduce
+    # costs less than a thousand rows packed, unpacked and tabled.
+    few = len(new) <= _RIDERS
+    for e in new:
+        slot = slot_of.get(e.key)
+        if slot is not None:
+            row = e.announced_row()
+            cached = rows[slot]
+            if cached is not row and cached == row:
+                # The same row: keep the submitter's list, so the next step compares identities.
+                cached = rows[slot] = row
+            if cached is row:
+                fusion = e.fusion
+                if few and fusion is not None and fusion.reduce is not None:
+                    # It may ride with its payload, if the round's payloads are few enough to.
+                    riders.append((e, slot))
+                    riding += fusion.nbytes
+                else:
+                    slots.append(slot)
+                continue
+        mine.append(e.announcement())
+    if riders:
+        if riding <= ride_bytes:
+            mine.extend(e.announcement() for e, _ in riders)
+        else:
+            slots.extend(slot for _, slot in riders)
+    return mine, mask_of(slots, cache.words)
+
+
 @dataclasses.dataclass(frozen=True)
 class RoundResult:
     """What a round settled: keys that became ready (in issue order) and whether every rank wants to stop."""
@@ -70,13 +139,17 @@ class RoundResult:
     ready: list[int]
     stop: bool
     stopping: tuple[int, ...] = ()  # positions whose engine asked to stop (its rank is leaving)
+    # Response-cache slots whose operations became ready by their bits (every rank's row is the slot's),
+    # after ``ready`` in issue order.
+    cached: list[int] = dataclasses.field(default_factory=list)
 
 
 class Table:
     """The announcements seen so far and not yet ready: key -> {position in the set: row}."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, capacity: int = 0) -> None:
         self.size = size
+        self.cache = ResponseCache(size, capacity)
         self.rows: dict[int, dict[int, list[int]]] = {}
         self.first_seen: dict[int, float] = {}
         self.labels: dict[int, str] = {}
@@ -139,7 +212,26 @@ class Table:
             for position, rank in enumerate(ranks):
                 if position not in seen:
                     missing.setdefault(rank, []).append(label)
+        cache = self.cache
+        for slot, own in cache.stalled(older_than_s):
+            announced = [p for p in range(len(ranks)) if cache.announced_by(p, slot)]
+            if not announced or (reporter is not None and announced[0] != reporter):
+                continue
+            label = own or f"an operation of rank {ranks[announced[0]]}"
+            for position, rank in enumerate(ranks):
+                if not cache.announced_by(position, slot):
+                    missing.setdefault(rank, []).append(label)
         return missing
+
+    def seen_without(self, position: int) -> Iterator[tuple[int, list[int]]]:
+        """(key, a row) of every operation some rank has announced and ``position`` has not."""
+        for key, seen in self.rows.items():
+            if seen and position not in seen:
+                yield key, next(iter(seen.values()))
+        cache = self.cache
+        for slot, key, _ in list(cache.waiting()):
+            if not cache.announced_by(position, slot):
+                yield key, cache.full_row(slot)
 
 
 def _gather(buffer: torch.Tensor, size: int, group: Any, timeout: datetime.timedelta) -> torch.Tensor:
@@ -163,10 +255,11 @@ def _records(mine: list[Announcement]) -> list[list[int]]:
 
 
 def _fit(records: list[list[int]], words: int) -> tuple[int, int]:
-    """How many records fit in the first buffer after its header, and the words they take there."""
+    """How many records fit in ``words`` (the first buffer's room after its header and bits), and the words
+    they take there."""
     used = 0
     count = 0
-    room = words - _HEADER
+    room = words
     for record in records:
         if used + len(record) > room:
             break
@@ -181,11 +274,12 @@ def _int64(values: list[int]) -> torch.Tensor:
 
 
 def _pack_first(
-    mine: list[Announcement], records: list[list[int]], header: list[int], words: int
+    mine: list[Announcement], records: list[list[int]], header: list[int], words: int, bits: int
 ) -> torch.Tensor:
     """The first buffer: ``header``, then the first ``header[2]`` records, then (from the back) every
     announcement's payload if all the announcements are here and their payloads fit behind the records."""
-    count, used = header[2], header[3]
+    count, used, bit_words = header[2], header[3], header[5]
+    start = _HEADER + bit_words
     placed: list[tuple[int, int, torch.Tensor]] = []
     tail = words
     if count == len(mine):
@@ -194,7 +288,7 @@ def _pack_first(
             if payload is None:
                 continue
             tail -= (payload.nbytes + 7) // 8
-            if tail < _HEADER + used:
+            if tail < start + used:
                 placed = []
                 break
             placed.append((index, tail, payload))
@@ -202,6 +296,8 @@ def _pack_first(
         record = records[index]
         record[-2], record[-1] = payload.nbytes, offset
     flat = array.array("q", header)
+    if bit_words:
+        flat.frombytes(bits.to_bytes(bit_words * 8, "little"))
     for record in records[:count]:
         flat.extend(record)
     buffer = torch.empty(words, dtype=torch.int64)
@@ -245,26 +341,41 @@ def exchange(
     group: Any,
     timeout: datetime.timedelta,
     width: int,
+    bits: int = 0,
 ) -> RoundResult:
-    """Run one round: announce ``mine`` (each a key and a row of ``width - 1`` values, and maybe a payload),
-    add every rank's announcements to ``table`` in set order."""
+    """Run one round: announce ``mine`` (each a key and a row of ``width - 1`` values, and maybe a payload)
+    and ``bits``, the response cache's slots of the operations announced by their bit; add every rank's
+    announcements to ``table`` in set order."""
     labels = table.labels
     for announcement in mine:
         if announcement.key not in labels:
             labels[announcement.key] = announcement.label
+    cache = table.cache
+    bit_words = cache.words
     records = _records(mine)
     words = first_words(table.size)
-    inline, inline_words = _fit(records, words)
+    inline, inline_words = _fit(records, words - _HEADER - bit_words)
     rest: list[int] = []
     for record in records[inline:]:
         rest.extend(record)
-    header = [len(mine), int(stop), inline, inline_words, len(rest)]
-    gathered = _gather(_pack_first(mine, records, header, words), table.size, group, timeout)
+    header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words]
+    gathered = _gather(_pack_first(mine, records, header, words, bits), table.size, group, timeout)
     headers = gathered[:, :_HEADER].tolist()
+    if any(h[5] != bit_words for h in headers):
+        raise CollectivesError(
+            "the ranks' response caches differ in size: set HOROVOD_CACHE_CAPACITY alike on every rank"
+        )
+    start = _HEADER + bit_words
     announced = [
-        _unpack(gathered, p, gathered[p, _HEADER : _HEADER + h[3]].tolist(), h[2], width)
+        _unpack(gathered, p, gathered[p, start : start + h[3]].tolist(), h[2], width)
         for p, h in enumerate(headers)
     ]
+    if bit_words:
+        vectors = gathered[:, _HEADER:start].tolist()
+        pending = cache.pending
+        for p, vector in enumerate(vectors):
+            if any(vector):
+                pending[p] |= int.from_bytes(array.array("q", vector).tobytes(), "little")
     longest = max(h[4] for h in headers)
     if longest > 0:
         rest.extend([-1] * (longest - len(rest)))
@@ -274,9 +385,28 @@ def exchange(
     ready: list[int] = []
     now = time.monotonic()
     add = table.add
+    slot_of = cache.slot_of
     for p, entries in enumerate(announced):
         for key, row, payload in entries:
+            slot = slot_of.get(key) if slot_of else None
+            if slot is not None:
+                if row == cache.full_row(slot):
+                    # The cached row announced in full (its payload rode along): the same as its bit.
+                    cache.pending[p] |= 1 << slot
+                    if payload is not None:
+                        table.payloads.setdefault(key, {})[p] = payload
+                    continue
+                # Another row under a cached name: every rank drops the slot in this same round, and the
+                # bits set for it become rows again, for the verdict to compare.
+                for position, cached_row in cache.drop(key):
+                    if add(position, key, cached_row, None, now):
+                        ready.append(key)
             if add(p, key, row, payload, now):
                 ready.append(key)
+    for key in ready:
+        # Agreed with one row everywhere: announced by its bit from now on (the same slot on every rank).
+        if key > 0:
+            cache.admit(key, [table.rows[key][p] for p in range(table.size)], table.labels.get(key, ""))
+    cached = cache.take_ready(now) if bit_words else []
     stopping = tuple(p for p, h in enumerate(headers) if h[1] == 1)
-    return RoundResult(ready, len(stopping) == len(headers), stopping)
+    return RoundResult(ready, len(stopping) == len(headers), stopping, cached)

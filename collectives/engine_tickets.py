@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-__all__ = ["Driver", "Ticket"]
+__all__ = ["Driver", "Lender", "Ticket", "Turn"]
 
 
 class Driver(Protocol):
@@ -17,6 +17,12 @@ class Driver(Protocol):
 
     @property
     def broken(self) -> BaseException | None: ...
+
+
+class Lender(Protocol):
+    """What a turn needs of its engine: to take the data group back."""
+
+    def _release(self, turn: Turn) -> None: ...
 
 
 class Ticket:
@@ -84,3 +90,25 @@ class Ticket:
             event.set()
         for callback in callbacks or ():
             callback()
+
+
+class Turn:
+    """The data group lent to the caller's thread: granted once every rank has reached this ordered entry."""
+
+    def __init__(self, ticket: Ticket, engine: Lender) -> None:
+        self._ticket = ticket
+        self._engine = engine
+        self._released = False
+
+    def granted(self) -> bool:
+        return self._ticket.done()
+
+    def wait(self) -> Any:
+        """Block until granted, running the rounds on this thread; the agreement (``Agreement``; or the
+        :class:`MismatchError`, which releases the turn)."""
+        return self._ticket.result()
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._engine._release(self)

@@ -52,4 +52,5 @@ class Fusion(NamedTuple):
     key: Hashable
     tensor: torch.Tensor
     issue: Callable[[list[torch.Tensor]], list[Any]]
+    nbytes: int  # the tensor's, at hand: ``Tensor.nbytes`` costs a fused burst a C call per operation
     reduce: Callable[[torch.Tensor, list[torch.Tensor]], Any] | None = None

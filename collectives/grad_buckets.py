@@ -7,7 +7,8 @@ gradients themselves after the first step, so the reduced buffer needs no copy b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -104,3 +105,24 @@ class _Bucket:
         self.filled = [False] * len(self.params)
         self.missing = len(self.params)
         self.work = None
+
+
+def _grad_hook(owner_ref: weakref.ref[Any]) -> Callable[[torch.Tensor], None]:
+    """A post-accumulate-grad hook that forwards to the optimizer while it exists.
+
+    The hook holds the optimizer weakly: a bound method would keep a dropped optimizer alive through the
+    parameters, and its hooks would go on counting gradients (and, on several ranks, start allreduces that
+    nothing waits for).
+    """
+
+    def hook(param: torch.Tensor) -> None:
+        owner = owner_ref()
+        if owner is not None:
+            owner._on_grad_ready(param)
+
+    return hook
+
+
+def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
+    for handle in handles:
+        handle.remove()

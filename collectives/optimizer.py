@@ -7,10 +7,11 @@ defaults). A post-accumulate-grad hook on every parameter copies its final gradi
 the average and cast for the wire, into its slot of the bucket's persistent buffer; the hook that fills a
 bucket starts its allreduce asynchronously while autograd keeps computing earlier layers, so communication
 overlaps compute and no pass over a whole bucket sits between the last gradient and the launch. ``step()``
-waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. Each bucket is
-submitted to the set's engine under its own name, as Horovod's hooks submit each gradient, so the ranks pair
-the same buckets whatever their autograd orders, and a collective called between ``backward()`` and
-``step()`` runs without waiting for a bucket that only ``step()`` completes.
+waits for the buckets, copies the results into ``.grad`` and runs the wrapped optimizer. On the CPU, once
+the step is agreed, the buckets go out in bucket order on the set's gradient channel (a gloo group of their
+own), with no agreement per bucket, so no collective of the engine's comes between them and one called
+between ``backward()`` and ``step()`` waits for no bucket; elsewhere, or with a rank joined, each bucket is
+submitted to the set's engine under its own name, as Horovod's hooks submit each gradient.
 
 Without compression the gradients become views of the bucket buffers after the first step (DDP's
 ``gradient_as_bucket_view``): the reduced bucket is the gradient, with no copy back, and a backward pass into
@@ -40,7 +41,7 @@ from collectives.context import _require
 from collectives.engine import Ticket
 from collectives.engines import engine_for
 from collectives.errors import ArgumentError, CollectivesError, GradientSyncError, HorovodInternalError
-from collectives.grad_buckets import _Bucket, _views
+from collectives.grad_buckets import _Bucket, _grad_hook, _remove_handles, _views
 from collectives.negotiation import Call, Kind
 from collectives.objects import broadcast_object
 from collectives.ops import sparse_allreduce_async
@@ -64,6 +65,10 @@ DEFAULT_FIRST_BUCKET_BYTES = 1 * MB
 # old hooks. Keyed by identity: tensors compare elementwise, so weakref.WeakKeyDictionary cannot hold them.
 _OWNERS = WeakIdKeyDictionary()
 
+# The ticket of a bucket issued on the gradient channel: settled at once, its work is the bucket's own.
+_LAUNCHED = Ticket()
+_LAUNCHED._settle(None, None)
+
 # Layout digest -> how many optimizers of that layout this process has built: part of the buckets' names.
 _instances: dict[int, int] = {}
 
@@ -72,27 +77,6 @@ def _owner_ref(param: torch.Tensor) -> weakref.ref[DistributedOptimizer] | None:
     # torch.utils.weak is not annotated; this function gives its one lookup a type.
     ref: weakref.ref[DistributedOptimizer] | None = _OWNERS.get(param)  # type: ignore[no-untyped-call]
     return ref
-
-
-def _grad_hook(owner_ref: weakref.ref[DistributedOptimizer]) -> Callable[[torch.Tensor], None]:
-    """A post-accumulate-grad hook that forwards to the optimizer while it exists.
-
-    The hook holds the optimizer weakly: a bound method would keep a dropped optimizer alive through the
-    parameters, and its hooks would go on counting gradients (and, on several ranks, start allreduces that
-    nothing waits for).
-    """
-
-    def hook(param: torch.Tensor) -> None:
-        owner = owner_ref()
-        if owner is not None:
-            owner._on_grad_ready(param)
-
-    return hook
-
-
-def _remove_handles(handles: list[torch.utils.hooks.RemovableHandle]) -> None:
-    for handle in handles:
-        handle.remove()
 
 
 class DistributedOptimizer:
@@ -200,6 +184,7 @@ class DistributedOptimizer:
         # in flight meanwhile.
         self._verified = False
         self._check: Ticket | None = None
+        self._direct = False  # this step's buckets go on the gradient channel (decided by its agreement)
         # The engine's tickets of this step's launched buckets, in bucket order.
         self._launches: list[Ticket] = []
         self._digest = self._digest_of(set_groups.ranks)
@@ -237,7 +222,8 @@ class DistributedOptimizer:
         }
 
     def _digest_of(self, ranks: Sequence[int]) -> int:
-        shapes = [(str(p.dtype), tuple(p.shape)) for p in self._params]
+        # The device type too: whether the buckets may take the gradient channel depends on it (see _launch).
+        shapes = [(str(p.dtype), p.device.type, tuple(p.shape)) for p in self._params]
         return zlib.crc32(repr((list(ranks), self._passes, self._op.name, shapes)).encode())
 
     def _rejoin(self) -> None:
@@ -355,11 +341,16 @@ class DistributedOptimizer:
         if not block and not self._check.done():
             return False
         try:
-            self._check.result()
+            agreement = self._check.result()
         except BaseException:
             self._reset()
             raise
         self._verified = True
+        # Agreed by every rank on this layout, with nobody joined: the step's buckets are the same on every
+        # rank and go out in bucket order, so each may be issued as soon as it is full, with no agreement of
+        # its own (Horovod's response cache, for a step's worth of gradients at once).
+        channel = self._groups.control
+        self._direct = not agreement.joined and channel is not None and not self._buckets[0].buffer.is_cuda
         return True
 
     def _launch_in_order(self, block: bool = False) -> None:
@@ -380,6 +371,9 @@ class DistributedOptimizer:
             bucket.launch(groups.data, local)
             ticket._settle(None, None)
             return ticket
+        if self._direct:  # the channel carries only agreed steps' buckets, in bucket order on every rank
+            bucket.launch(groups.control, local)
+            return _LAUNCHED
         call = Call(
             Kind.ALLREDUCE,
             f"DistributedOptimizer.{self._instance}.bucket.{bucket.index}",
@@ -494,6 +488,7 @@ class DistributedOptimizer:
         self._next_launch = 0
         self._launches = []
         self._verified = False
+        self._direct = False
         self._check = None
 
     def _join_step(self) -> None:

@@ -41,7 +41,8 @@ class _Groups:
 
     @property
     def control(self) -> Any:
-        """The gloo group that carries the negotiation rows."""
+        """The set's second gloo group: the gradient channel of ``DistributedOptimizer``'s agreed steps on
+        the CPU (``collectives.optimizer``), and the rows of ``collectives.negotiation``'s exchanges."""
         return _process_groups.get(self.set_id, (None, None))[1]
 
     @property

@@ -34,6 +34,7 @@ class _Plan(NamedTuple):
     fusion_key: Any
     issue_fused: Callable[[list[torch.Tensor]], list[_Part[torch.Tensor]]]
     reduce: _Reduce | None
+    nbytes: int
 
 
 _plans: dict[tuple[Any, ...], _Plan] = {}
@@ -69,6 +70,7 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         (dtype, device, op, prescale, postscale),
         issue_fused,
         _reduce_payloads(op, postscale) if rides else None,
+        nbytes,
     )
 
 
@@ -106,7 +108,7 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
 
     fusion = None
     if groups.size > 1 and tensor.is_contiguous():
-        fusion = Fusion(plan.fusion_key, tensor, plan.issue_fused, plan.reduce)
+        fusion = Fusion(plan.fusion_key, tensor, plan.issue_fused, plan.nbytes, plan.reduce)
     return _submit(plan.call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, row=plan.row)
 
 

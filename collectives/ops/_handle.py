@@ -123,17 +123,22 @@ class Handle(Generic[T]):
         """Block until the operation is complete and return its result; later calls return it again."""
         if not self._done:
             try:
-                if self._ticket is not None:
-                    inner: _Part[T] = self._ticket.result()
+                ticket = self._ticket
+                if ticket is not None:
+                    inner: _Part[T] = ticket.result()
                     self._result = inner.wait()
-                    _raise_if_cut_short(self._ticket, self._result)
+                    if ticket._engine is not None and ticket._engine.broken is not None:
+                        _raise_if_cut_short(ticket, self._result)
                 else:
                     for work in self._works:
                         _wait_work(work)
                     self._result = self._finish()
                 self._done = True
             finally:
-                self._release_name()
+                name = self._name
+                if name is not None:  # _release_name, inline: a call fewer per operation
+                    _in_flight.discard(name)
+                    self._name = None
         return self._result  # type: ignore[return-value]
 
     def _release_name(self) -> None:

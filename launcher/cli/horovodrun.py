@@ -88,18 +88,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag(("--stall-check",), Kind.ENV, "HOROVOD_STALL_CHECK_DISABLE", takes_value=False, constant="0"),
     Flag(("--stall-check-warning-time-seconds",), Kind.ENV, "HOROVOD_STALL_CHECK_TIME_SECONDS"),
     Flag(("--gloo-timeout-seconds",), Kind.ENV, "HOROVOD_GLOO_TIMEOUT_SECONDS"),
+    Flag(("--cache-capacity",), Kind.ENV, "HOROVOD_CACHE_CAPACITY"),
     # Tuning the engine has no use for.
     Flag(
         ("--stall-check-shutdown-time-seconds",),
         Kind.NO_EFFECT,
         "the stall check only warns here; --stall-timeout ends a job whose ranks stop printing",
         variable="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
-    ),
-    Flag(
-        ("--cache-capacity",),
-        Kind.NO_EFFECT,
-        "the engine keeps no response cache: rounds are one all_gather",
-        variable="HOROVOD_CACHE_CAPACITY",
     ),
     *(
         Flag((name,), Kind.NO_EFFECT, _TUNING, takes_value=False, variable=variable, constant=constant)

@@ -22,7 +22,7 @@ LAYERS: list[list[str]] = [
         "collectives.features",
         "collectives.registry",
         "collectives.engine_values",
-        "collectives.engine_rounds",
+        "collectives.engine_cache",
         "collectives.engine_tickets",
         "collectives.progress",
         "collectives.elastic.failures",
@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
     ],
     [
         "collectives.links",
+        "collectives.engine_rounds",
         "collectives.placement",
         "collectives.negotiation",
         "collectives.engine_reports",

@@ -229,7 +229,6 @@ def _said(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
         (["--timeline-filename", "/tmp/t.json"], "HOROVOD_TIMELINE=/tmp/t.json"),
         (["--autotune"], "HOROVOD_AUTOTUNE=1"),
         (["--no-autotune"], "HOROVOD_AUTOTUNE=0"),
-        (["--cache-capacity", "1024"], "HOROVOD_CACHE_CAPACITY=1024"),
         (["--hierarchical-allreduce"], "HOROVOD_HIERARCHICAL_ALLREDUCE=1"),
         (["--log-without-timestamp"], "HOROVOD_LOG_HIDE_TIME=1"),
         (["--thread-affinity", "1"], "HOROVOD_THREAD_AFFINITY=1"),
@@ -256,7 +255,12 @@ def test_a_horovod_variable_says_what_its_flag_says(
 def test_the_variables_the_engine_honours_say_nothing(
     horovod_example: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    honoured = ["HOROVOD_FUSION_THRESHOLD=1", "HOROVOD_CYCLE_TIME=2", "HOROVOD_STALL_CHECK_DISABLE=1"]
+    honoured = [
+        "HOROVOD_FUSION_THRESHOLD=1",
+        "HOROVOD_CYCLE_TIME=2",
+        "HOROVOD_STALL_CHECK_DISABLE=1",
+        "HOROVOD_CACHE_CAPACITY=16",
+    ]
     assert _said([arg for name in honoured for arg in ("-x", name)], capsys) == []
 
 

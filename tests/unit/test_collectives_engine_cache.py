@@ -1,0 +1,135 @@
+"""The engine's response cache: named operations agreed before are announced by a bit, and a rank that
+announces such a name with another row still reaches a verdict on every rank (two ranks simulated by two
+threads, each with its own table, exchanging through a fake all_gather)."""
+
+from __future__ import annotations
+
+import datetime
+import random
+import threading
+
+import pytest
+import torch
+
+from collectives import engine_rounds
+from collectives.engine_cache import bits_of, mask_of
+from collectives.engine_rounds import Announcement, RoundResult, Table, announce, name_key
+from collectives.engine_values import Fusion
+from collectives.negotiation import ROW, Call, Kind, row_of
+from collectives.reduce_op import ReduceOp
+
+TIMEOUT = datetime.timedelta(seconds=5)
+
+
+def test_bit_vectors_round_trip() -> None:
+    shuffler = random.Random(3)
+    for count in (0, 1, 5, 64, 65, 1000):
+        slots = sorted(shuffler.sample(range(1024), count))
+        mask = mask_of(slots, 16)
+        assert mask == sum(1 << slot for slot in slots)
+        assert bits_of(mask) == slots
+
+
+class _Entry:
+    """What ``announce`` reads of an engine's entry."""
+
+    def __init__(self, name: str, shape: tuple[int, ...]) -> None:
+        self.call = Call(Kind.ALLREDUCE, name, torch.float32, "cpu", ReduceOp.SUM, shape=shape)
+        self.key = name_key(name)
+        self.fusion: Fusion | None = None
+
+    def announced_row(self) -> list[int]:
+        return row_of(self.call)
+
+    def announcement(self) -> Announcement:
+        return Announcement(self.key, row_of(self.call), self.call.name or "", None)
+
+
+def _rounds(
+    tables: list[Table], entries: list[list[_Entry]], monkeypatch: pytest.MonkeyPatch
+) -> list[RoundResult]:
+    """One round of two ranks: each announces its entries (cached ones by their bit)."""
+    barrier = threading.Barrier(2)
+    buffers: list[torch.Tensor | None] = [None, None]
+    results: list[RoundResult | None] = [None, None]
+    position = threading.local()
+
+    def gather(buffer: torch.Tensor, size: int, group: object, timeout: object) -> torch.Tensor:
+        buffers[position.index] = buffer
+        barrier.wait()
+        out = torch.stack([b for b in buffers if b is not None])
+        barrier.wait()
+        return out
+
+    def rank(index: int) -> None:
+        position.index = index
+        mine, bits = announce(tables[index].cache, entries[index], ride_bytes=0)
+        results[index] = engine_rounds.exchange(
+            tables[index], mine, stop=False, group=None, timeout=TIMEOUT, width=1 + ROW, bits=bits
+        )
+
+    monkeypatch.setattr(engine_rounds, "_gather", gather)
+    threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert all(r is not None for r in results)
+    return [r for r in results if r is not None]
+
+
+def _take(table: Table, result: RoundResult) -> None:
+    for key in result.ready:
+        table.take(key)
+
+
+def test_an_operation_agreed_once_goes_by_its_bit_and_both_ranks_find_it_ready(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tables = [Table(2, 64), Table(2, 64)]
+    grads = [[_Entry(f"grad.{i}", (4,)) for i in range(3)] for _ in range(2)]
+    first = _rounds(tables, grads, monkeypatch)
+    assert [r.ready for r in first] == [[e.key for e in grads[0]]] * 2 and all(not r.cached for r in first)
+    for table, result in zip(tables, first, strict=True):
+        _take(table, result)
+    assert tables[0].cache.slot_of == tables[1].cache.slot_of and len(tables[0].cache.slot_of) == 3
+    mine, bits = announce(tables[0].cache, grads[0], ride_bytes=0)
+    assert mine == [] and bits_of(bits) == [0, 1, 2]
+    second = _rounds(tables, grads, monkeypatch)
+    assert [r.cached for r in second] == [[0, 1, 2], [0, 1, 2]] and all(not r.ready for r in second)
+    assert all(table.rows == {} for table in tables)
+
+
+def test_another_row_under_a_cached_name_drops_the_slot_on_every_rank(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tables = [Table(2, 64), Table(2, 64)]
+    same = [[_Entry("grad.w", (4,))] for _ in range(2)]
+    for table, result in zip(tables, _rounds(tables, same, monkeypatch), strict=True):
+        _take(table, result)
+    # Rank 0 announces the cached row by its bit, rank 1 the same name with another shape, in full.
+    changed = [[_Entry("grad.w", (4,))], [_Entry("grad.w", (5,))]]
+    results = _rounds(tables, changed, monkeypatch)
+    key = name_key("grad.w")
+    assert [r.ready for r in results] == [[key], [key]] and all(not r.cached for r in results)
+    for table in tables:
+        assert table.cache.slot_of == {}
+        rows = table.take(key)
+        assert rows[0] != rows[1]  # the verdict sees both rows: a MismatchError on every rank
+
+
+def test_a_cached_operation_one_rank_has_not_announced_shows_in_the_stall_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tables = [Table(2, 64), Table(2, 64)]
+    same = [[_Entry("grad.b", (2,))] for _ in range(2)]
+    for table, result in zip(tables, _rounds(tables, same, monkeypatch), strict=True):
+        _take(table, result)
+    results = _rounds(tables, [[_Entry("grad.b", (2,))], []], monkeypatch)
+    assert all(not r.ready and not r.cached for r in results)
+    for table in tables:
+        assert table.stalled(0.0, (7, 8)) == {8: ["grad.b"]}
+        assert list(table.seen_without(1)) == [(name_key("grad.b"), table.cache.full_row(0))]
+    results = _rounds(tables, [[], [_Entry("grad.b", (2,))]], monkeypatch)
+    assert [r.cached for r in results] == [[0], [0]]
+    assert all(table.stalled(0.0, (7, 8)) == {} for table in tables)
