@@ -12,16 +12,20 @@ group's creation.
 
 A cut also reaches a group still being created (an elastic reset's new world, whose member died before it
 formed): the sockets that appeared since its creation began are shut down too, so its rendezvous fails at
-once instead of waiting out the group's timeout. A creation that begins after a cut fails at once as well
+once instead of waiting out the group's timeout. A connect still waiting for its peer (a host beyond a cut
+link drops the SYN) is aborted, and so is each one gloo opens again in its place (it retries a failed
+connect with a new socket) until the creation ends. A creation that begins after a cut fails at once as well
 (:class:`~collectives.errors.HorovodInternalError`), until :func:`rearm` says a new world is named.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -34,6 +38,12 @@ _owned: set[int] = set()
 _forming: list[set[int]] = []  # for each creation under way, the sockets there were before it began
 _severed = False  # cut since the last new world was named
 _lock = threading.Lock()
+_TCP_SYN_SENT = 2  # tcp_info's state of a connect waiting for its peer's answer
+CHASE_S = 0.1  # how often a creation still under way after a cut is cut again (gloo's connect retries)
+
+
+class _Unspecified(ctypes.Structure):
+    _fields_ = [("family", ctypes.c_ushort), ("data", ctypes.c_char * 14)]
 
 
 def _socket_inodes() -> dict[int, int]:
@@ -89,6 +99,8 @@ def _shut(fd: int) -> bool:
             return False
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             return False  # a listener (the store's server): its thread must not see accept fail
+        if _connecting(sock):
+            return _abort_connect(fd)
         sock.getpeername()
         sock.shutdown(socket.SHUT_RDWR)  # on the socket itself, so the group's own descriptor sees it
         return True
@@ -96,6 +108,22 @@ def _shut(fd: int) -> bool:
         return False  # not connected, or already shut
     finally:
         sock.close()
+
+
+def _connecting(sock: socket.socket) -> bool:
+    info = getattr(socket, "TCP_INFO", None)
+    return info is not None and sock.getsockopt(socket.IPPROTO_TCP, info, 1)[0] == _TCP_SYN_SENT
+
+
+def _abort_connect(fd: int) -> bool:
+    """End a connect under way (shutdown() cannot: nothing is connected yet): connect() to AF_UNSPEC
+    dissolves the association, and the connect's waiter sees an error at once (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    address = _Unspecified(socket.AF_UNSPEC)
+    return bool(libc.connect(fd, ctypes.byref(address), ctypes.sizeof(address)) == 0)
 
 
 def cut() -> int:
@@ -106,6 +134,25 @@ def cut() -> int:
         _severed = True
         mine = set(_owned)
         forming = list(_forming)
+    shut = _cut(mine, forming)
+    if forming:
+        threading.Thread(target=_chase, args=(forming,), name="collectives-cut", daemon=True).start()
+    return shut
+
+
+def _cut(mine: set[int], forming: list[set[int]]) -> int:
     inodes = _socket_inodes()
-    mine.update(inode for inode in inodes.values() if any(inode not in before for before in forming))
+    mine = mine | {inode for inode in inodes.values() if any(inode not in before for before in forming)}
     return sum(_shut(fd) for fd, inode in inodes.items() if inode in mine)
+
+
+def _chase(forming: list[set[int]]) -> None:
+    """Cut the creations under way at the cut again, every CHASE_S, until they ended or a new world is named:
+    gloo connects again with a new socket where a connect failed."""
+    while True:
+        time.sleep(CHASE_S)  # gloo says nothing when it opens a socket: look again
+        with _lock:
+            still = [before for before in _forming if any(before is other for other in forming)]
+            if not _severed or not still:
+                return
+        _cut(set(), still)

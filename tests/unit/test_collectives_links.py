@@ -1,7 +1,8 @@
 """collectives.links on real loopback sockets: what appeared inside `owned()` is shut down by `cut()`, which
 ends a wait blocked on it in another thread; sockets opened outside, listeners, and forgotten sockets are
 left alone. A cut reaches a group still forming (what appeared since its creation began), and a creation
-that begins after a cut fails at once until a new world is named (`rearm`)."""
+that begins after a cut fails at once until a new world is named (`rearm`). A connect still waiting for its
+peer is aborted, and so are the ones a creation opens again in its place."""
 
 from __future__ import annotations
 
@@ -89,3 +90,31 @@ def test_after_a_cut_no_group_forms_until_a_new_world_is_named(listener: socket.
     links.rearm()
     with links.owned():
         pass
+
+
+def test_a_cut_ends_connects_still_waiting_for_their_peer_and_their_retries(listener: socket.socket) -> None:
+    """A peer beyond a cut link drops the SYN: gloo's connect waits (and retries with a new socket, three
+    times) until the group's timeout. A cut aborts each attempt at once."""
+    # A listener whose accept queue is full drops the next SYN, as a host beyond a cut link does.
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full:
+        queued = socket.create_connection(full.getsockname())
+        failures: list[OSError] = []
+
+        def connect_with_retries() -> None:
+            for _ in range(4):
+                with socket.socket() as attempt:
+                    try:
+                        attempt.connect(full.getsockname())
+                    except OSError as err:
+                        failures.append(err)
+
+        with links.owned():
+            connecting = threading.Thread(target=connect_with_retries)
+            connecting.start()
+            while not failures and connecting.is_alive():
+                links.cut()  # the connect may not have begun yet: a cut after it began aborts it
+                connecting.join(0.05)
+            connecting.join(10)
+            assert not connecting.is_alive(), "every attempt ended well before the connect's own timeout"
+        assert len(failures) == 4
+        queued.close()
