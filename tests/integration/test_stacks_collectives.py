@@ -63,8 +63,14 @@ def test_the_verdict_names_the_rank_behind_the_tensor_and_both_sequence_numbers(
         lines = shown.splitlines()
         assert lines[lines.index("rank 3 (1 of 4) on localhost:") + 1] == rank3_line, shown
         assert "distrun_progresshook" not in shown, "the thread that answers is distrun's, not shown"
-        rows = wait_until(lambda: (r := top_json(job.pid, env)) and r[3].get("collectives_behind") and r,
-                          timeout=60, what="top to mark rank 3 behind")  # fmt: skip
+
+        # Each rank's record comes with its own samples: once every rank's is in, rank 3 is behind.
+        def marked() -> dict[int, dict[str, object]] | None:
+            rows = top_json(job.pid, env)
+            complete = all(row.get("collective_issued") is not None for row in rows.values())
+            return rows if complete and rows[3].get("collectives_behind") else None
+
+        rows = wait_until(marked, timeout=60, what="top to hold every rank's record and mark rank 3 behind")
         assert rows[3]["collective_issued"] == issued3 and rows[3]["collective_done"] == done3, rows[3]
         assert rows[3]["collectives_behind"] == issued_others - issued3, rows[3]
         for rank in range(3):
