@@ -123,7 +123,7 @@ def _abort_connect(fd: int) -> bool:
     except OSError:
         return False
     address = _Unspecified(socket.AF_UNSPEC)
-    return bool(libc.connect(fd, ctypes.byref(address), ctypes.sizeof(address)) == 0)
+    return int(libc.connect(fd, ctypes.byref(address), ctypes.sizeof(address))) == 0
 
 
 def cut() -> int:

@@ -84,7 +84,7 @@ class ProbePhase(Phase[Node]):
         self.answers: dict[int, Facts] = {}  # by id(node)
         self.answered_at: dict[str, float] = {}  # when each host's agent answered
         self.handlers = {FACTS: self._on_facts}
-        self.joining = self.busy_briefly = joining  # hosts joining a running attempt: its ranks run
+        self.busy_briefly = joining  # hosts joining a running attempt: its ranks run meanwhile
 
     @property
     def done(self) -> bool:
@@ -95,7 +95,7 @@ class ProbePhase(Phase[Node]):
 
     def doing(self, now: float) -> str:
         answered = f" ({len(self.answers)} of {len(self.nodes)} answered)" if len(self.nodes) > 1 else ""
-        if self.joining:
+        if self.busy_briefly:
             names = ", ".join(node.name for node in self.nodes)
             return f"adding {names}: waiting for the agents' answers{answered}"
         return f"starting: waiting for the agents' answers{answered}"
