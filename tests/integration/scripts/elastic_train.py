@@ -46,6 +46,7 @@ if os.environ.get("ELASTIC_NEWCOMER_DIES_EARLY") and os.environ.get("DISTRUN_JOI
 hvd.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT_S", "1800")))
 if os.environ.get("ELASTIC_NEWCOMER_DIES") and (out / "killed").exists():  # started after the victim died
     os.kill(os.getpid(), signal.SIGKILL)
+newcomer = bool(os.environ.get("DISTRUN_JOINED_AT_RESET"))
 start_rank = int(os.environ["DISTRUN_START_RANK"]) if "DISTRUN_START_RANK" in os.environ else hvd.rank()
 (out / f"{os.getpid()}.start").write_text(str(start_rank))
 torch.manual_seed(start_rank)  # different weights everywhere: the sync must make them equal
@@ -91,8 +92,10 @@ def train(state):
         optimizer.step()
         state.batch += 1
         state.commit()
-        if state.batch == kill_at and os.environ.get("ELASTIC_WAIT_FOR_HOSTS") and not sizes:
-            # Hold until the host update arrives (unless an earlier commit saw it); the commit raises.
+        if state.batch == kill_at and os.environ.get("ELASTIC_WAIT_FOR_HOSTS") and not sizes and not newcomer:
+            # The first world holds until the host update arrives (unless an earlier commit saw it, and a
+            # world after it may reach KILL_AT again); the commit raises. A newcomer's callbacks have not
+            # run, so `sizes` alone would let it hold while the others go on.
             state._host_messages.put(state._host_messages.get())
             state.commit()
 
