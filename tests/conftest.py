@@ -48,6 +48,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         have = {mark.name for mark in item.iter_markers()}
         for name in sorted(markers_for(item.path, getattr(item, "fixturenames", ())) - have):
             item.add_marker(name)
+    # The tests that run alone go last, together: in an xdist run each one stops every other worker at the
+    # gate until their tests end, so that spread among the others the workers would idle once per such test.
+    items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
 
 
 @pytest.fixture(autouse=True)
