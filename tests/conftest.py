@@ -18,13 +18,13 @@ from collections.abc import Iterator
 import pytest
 
 from tests import alone
-from tests.cpu_time import CpuTime
 from tests.markers import markers_for
 from tests.support import REPO, SENT_BY_TESTS, is_outer_job
 
 # The simulated clusters' fixtures, for tests/multihost and tests/slurm, for the scenarios that run both here
-# and there, and for the conformance scenarios that run on every backend (tests/conformance).
-pytest_plugins = ("tests.multihost.fixtures", "tests.slurm.fixtures")
+# and there, and for the conformance scenarios that run on every backend (tests/conformance); and
+# `--cpu-durations`.
+pytest_plugins = ("tests.multihost.fixtures", "tests.slurm.fixtures", "tests.cpu_time")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -32,8 +32,6 @@ def pytest_configure(config: pytest.Config) -> None:
     xdist run), as an installed distrun has it. Where PYTHONDONTWRITEBYTECODE is set (some sandboxes and CI
     images set it), every distrun, agent and rank would otherwise compile the sources again: 0.2-0.3 s of
     CPU for each distrun, in a suite that starts thousands of them on two cores."""
-    if config.getoption("--cpu-durations"):
-        config.pluginmanager.register(CpuTime(config.getoption("--cpu-durations")), "cpu-durations")
     if hasattr(config, "workerinput"):  # an xdist worker: its controller compiled already
         return
     for folder in ("launcher", "collectives", "tests", "examples", "benchmarks"):
@@ -96,10 +94,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--cpu-load", type=int, default=0, metavar="N",
         help="run the tests with N CPU-burning processes beside them (.ci/run runs the elastic tests so)",
-    )  # fmt: skip
-    parser.addoption(
-        "--cpu-durations", type=int, default=0, metavar="N",
-        help="show the N tests that took the most CPU, every process they started counted (needs a cgroup)",
     )  # fmt: skip
 
 

@@ -115,3 +115,15 @@ class CpuTime:
     def pytest_unconfigure(self) -> None:
         if self.group is not None:
             self.group.close()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--cpu-durations", type=int, default=0, metavar="N",
+        help="show the N tests that took the most CPU, every process they started counted (needs a cgroup)",
+    )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--cpu-durations"):
+        config.pluginmanager.register(CpuTime(config.getoption("--cpu-durations")), "cpu-durations")
