@@ -34,9 +34,15 @@ def _ranks(ranks: list[int]) -> str:
 def teardown_abort(outcome: RankFailed) -> list[str]:
     """A rank that aborted once every other rank had finished well: its work is most likely done, and torch
     aborted in its interpreter's shutdown. A script that leaves its process group to the interpreter's exit
-    has one rank die so in some runs (with torchrun too): `terminate called without an active exception`."""
+    has one rank die so in some runs (with torchrun too): `terminate called without an active exception`.
+
+    A peer heard to exit 0 just after the abort (`exited`) counts as done before it: one agent reaping both
+    in one pass reports them in its own order, not in the order they ended."""
     failed = outcome.failure
-    if failed.returncode != -signal.SIGABRT or outcome.stopped or not outcome.peers_done:
+    finished = outcome.peers_done + len(outcome.exited)
+    if failed.returncode != -signal.SIGABRT or outcome.stopped or not finished:
+        return []
+    if any(other.returncode != 0 for other in outcome.exited):
         return []
     return [
         f"rank {failed.rank} aborted (SIGABRT) after every other rank had exited 0: most likely torch's "

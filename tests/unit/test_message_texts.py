@@ -180,3 +180,27 @@ def test_the_summary_lists_no_none(outcome: object, line: str) -> None:
     lines = summarize(outcome, lambda rank: [])  # type: ignore[arg-type]
     assert lines == [line]
     assert "none" not in lines[0]
+
+
+ABORTED = RankExit(1, "localhost", -signal.SIGABRT)
+DONE_0, DONE_2 = RankExit(0, "localhost", 0), RankExit(2, "localhost", 0)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "hinted"),
+    [
+        (RankFailed(ABORTED, peers_done=1), True),
+        # Both exits read by one agent in one pass, the abort first: rank 0 still ended on its own with 0.
+        (RankFailed(ABORTED, exited=(DONE_0,)), True),
+        (RankFailed(ABORTED, exited=(DONE_0, DONE_2), peers_done=1), True),
+        (RankFailed(ABORTED), False),  # alone: nothing says its work was done
+        (RankFailed(ABORTED, (0,), peers_done=1), False),  # a peer was still running: stopped by distrun
+        (RankFailed(ABORTED, exited=(RankExit(0, "localhost", 1),), peers_done=1), False),
+        (RankFailed(RankExit(1, "localhost", 3), peers_done=1), False),
+    ],
+)
+def test_an_abort_once_every_peer_exited_0_is_named_torchs_teardown(
+    outcome: RankFailed, hinted: bool
+) -> None:
+    lines = summarize(outcome, lambda rank: [])
+    assert any("most likely torch's abort at interpreter exit" in line for line in lines) == hinted, lines
