@@ -36,8 +36,9 @@ def teardown_abort(outcome: RankFailed) -> list[str]:
     aborted in its interpreter's shutdown. A script that leaves its process group to the interpreter's exit
     has one rank die so in some runs (with torchrun too): `terminate called without an active exception`.
 
-    A peer heard to exit 0 just after the abort (`exited`) counts as done before it: one agent reaping both
-    in one pass reports them in its own order, not in the order they ended."""
+    A peer whose exit 0 was heard just after the abort (`exited`: it ended on its own, not by the stop) counts
+    as done too: exits do not always reach distrun in the order the ranks ended (a loaded run heard rank 0's
+    exit after rank 1's abort, which the test's rank 1 had held until rank 0 was gone)."""
     failed = outcome.failure
     finished = outcome.peers_done + len(outcome.exited)
     if failed.returncode != -signal.SIGABRT or outcome.stopped or not finished:
