@@ -284,6 +284,20 @@ def python_process(pid: int) -> int:
     return pid
 
 
+def signal_main_thread(pid: int, signum: int) -> None:
+    """Signal `pid`'s main thread, not whichever the kernel picks: faulthandler's C handler reads all threads'
+    frames without the GIL, and run in a native thread while the main thread ran Python (the hook's handler,
+    under load) it read them as they changed: SIGSEGV. No tgkill, or the main thread gone: the process."""
+    try:
+        import ctypes
+
+        tgkill = ctypes.CDLL(None).tgkill
+    except (ImportError, OSError, AttributeError):
+        tgkill = None
+    if tgkill is None or tgkill(pid, pid, signum) != 0:
+        os.kill(pid, signum)  # raises where the process itself is gone or not ours, as before
+
+
 def parse_faulthandler(text: str) -> list[dict[str, Any]]:
     """faulthandler's dump as threads (frames outermost first). It lists the newest thread first, so the
     main thread, the oldest, is the last."""
@@ -443,7 +457,7 @@ class _One:
             if os.path.exists(self.dir.whole_file(self.pid)):
                 os.unlink(self.dir.whole_file(self.pid))  # an earlier request's
             os.truncate(self.dir.stack_file(self.pid), 0)
-            os.kill(self.pid, STACK_SIGNAL)
+            signal_main_thread(self.pid, STACK_SIGNAL)
         except OSError as exc:
             self._done(error=self.py_spy_error or f"cannot signal it: {exc.strerror or exc}")
 
