@@ -40,10 +40,9 @@ def teardown_abort(outcome: RankFailed) -> list[str]:
     as done too: exits do not always reach distrun in the order the ranks ended (a loaded run heard rank 0's
     exit after rank 1's abort, which the test's rank 1 had held until rank 0 was gone)."""
     failed = outcome.failure
-    finished = outcome.peers_done + len(outcome.exited)
-    if failed.returncode != -signal.SIGABRT or outcome.stopped or not finished:
-        return []
-    if any(other.returncode != 0 for other in outcome.exited):
+    peers_fine = all(other.returncode == 0 for other in outcome.exited)
+    peers_ended = outcome.peers_done or outcome.exited  # none: it was alone, nothing says its work was done
+    if failed.returncode != -signal.SIGABRT or outcome.stopped or not peers_fine or not peers_ended:
         return []
     return [
         f"rank {failed.rank} aborted (SIGABRT) after every other rank had exited 0: most likely torch's "
