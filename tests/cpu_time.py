@@ -27,7 +27,6 @@ class _Group:
 
     def __init__(self) -> None:
         self.path: Path | None = None
-        self.parent: Path | None = None
         self.usage = ""
         for parent, usage in _candidates():
             group = parent / f"distrun-tests-{os.getpid()}"
@@ -38,7 +37,7 @@ class _Group:
                 with contextlib.suppress(OSError):
                     group.rmdir()
                 continue
-            self.path, self.parent, self.usage = group, parent, usage
+            self.path, self.usage = group, usage
             return
 
     def seconds(self) -> float:
@@ -49,10 +48,10 @@ class _Group:
         return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
 
     def close(self) -> None:
-        if self.path is None or self.parent is None:
+        if self.path is None:
             return
         with contextlib.suppress(OSError):  # a daemon a fixture left running keeps the group: harmless
-            (self.parent / "cgroup.procs").write_text(str(os.getpid()))
+            (self.path.parent / "cgroup.procs").write_text(str(os.getpid()))
             self.path.rmdir()
 
 
