@@ -8,6 +8,10 @@ still reaches it), default signal dispositions, and an `os._exit` that never run
 
 Forking a process with threads can leave a lock held forever in the child, so the launcher forks only while
 it is single-threaded (a first local launch) and starts an interpreter otherwise (`fork_safe`).
+
+The launcher forks before its signal handling takes over, while Ctrl-C still raises KeyboardInterrupt. Raised
+in one of the interpreter's at-fork callbacks (logging's), it would be printed as "Exception ignored" and
+lost, and the job would run on: the stopping signals wait, blocked, until the fork is over.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import signal
 import sys
 import threading
 from typing import BinaryIO
+
+from launcher.signals import STOP_SIGNALS
 
 
 def fork_safe() -> bool:
@@ -31,16 +37,21 @@ class ForkedAgent:
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child's coverage is not collected; tests observe its behaviour
-            _child(in_r, out_w, err_w)
-        for fd in (in_r, out_w, err_w):
-            os.close(fd)
-        self.pid = pid
-        self.returncode: int | None = None
-        self.stdin: BinaryIO = open(in_w, "wb", buffering=0)  # noqa: SIM115 - closed by the link
-        self.stdout: BinaryIO = open(out_r, "rb", buffering=0)  # noqa: SIM115
-        self.stderr: BinaryIO = open(err_r, "rb", buffering=0)  # noqa: SIM115
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child's coverage is not collected; tests observe it
+                _child(in_r, out_w, err_w, mask)
+            for fd in (in_r, out_w, err_w):
+                os.close(fd)
+            self.pid = pid
+            self.returncode: int | None = None
+            self.stdin: BinaryIO = open(in_w, "wb", buffering=0)  # noqa: SIM115 - closed by the link
+            self.stdout: BinaryIO = open(out_r, "rb", buffering=0)  # noqa: SIM115
+            self.stderr: BinaryIO = open(err_r, "rb", buffering=0)  # noqa: SIM115
+        finally:
+            # A Ctrl-C that came meanwhile is raised from here; the agent sees EOF once these pipes are freed.
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -78,8 +89,9 @@ class ForkedAgent:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def _child(in_r: int, out_w: int, err_w: int) -> None:
-    """Become the agent: own session, the three pipes as fds 0-2 and nothing else, default signals."""
+def _child(in_r: int, out_w: int, err_w: int, mask: set[int | signal.Signals]) -> None:
+    """Become the agent: own session, the three pipes as fds 0-2 and nothing else, default signals, the
+    launcher's signal mask from before the fork."""
     code = 1
     try:
         os.setsid()
@@ -92,6 +104,7 @@ def _child(in_r: int, out_w: int, err_w: int) -> None:
         for signum in signal.valid_signals():
             if callable(signal.getsignal(signum)):
                 signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         from launcher.agent.server import main
 
         code = main()
