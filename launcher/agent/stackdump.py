@@ -4,12 +4,13 @@ Two ways, chosen per host:
 - `py-spy dump` where py-spy is installed (on PATH, or beside the agent's interpreter): it reads a running
   interpreter from outside, so it sees any Python rank, and with `--native` it adds the native frames
   (NCCL, gloo, CUDA calls, libc) between the Python ones.
-- otherwise the standard library: every rank the agent starts imports a small hook at start-up that asks
-  `faulthandler` to write all its threads' Python frames to a file when it receives STACK_SIGNAL. The hook
-  comes in through the rank's environment, without a sitecustomize: PYTHONWARNINGS names a warning category
-  of the hook's module, which Python imports while reading the option, and PYTHONPATH finds that module in
-  the agent's private directory. faulthandler's handler runs in C, so it answers even while the main thread
-  is blocked in a collective or in native code. The agent signals only a process whose signal mask shows
+- otherwise the standard library: every rank the agent starts imports a small hook at start-up
+  (launcher.agent.rankhook) that writes its stacks to a file when it receives STACK_SIGNAL: the main
+  thread's from `faulthandler`, in C, even while it is blocked in a collective or in native code, and every
+  thread's from a Python handler once the main thread runs Python. The hook comes in through the rank's
+  environment, without a sitecustomize: PYTHONWARNINGS names a warning category of the hook's module, which
+  Python imports while reading the option, and PYTHONPATH finds that module in the agent's private
+  directory. The agent signals only a process whose signal mask shows
   the handler installed (/proc/PID/status), so a rank that is not Python, or not yet past start-up, is
   never killed by the signal: it is named with the reason instead.
 """
@@ -23,7 +24,6 @@ import json
 import os
 import py_compile
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,84 +31,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from launcher.agent.progress import ANSWER_MODULE, ANSWER_SOURCE, ANSWER_WAIT, answer_path, ask, read
+from launcher.agent.rankhook import HOOK_MODULE, HOOK_SOURCE, HOOK_VARIABLES, STACK_SIGNAL
 
 if TYPE_CHECKING:
     from launcher.agent.stack_messages import StackReply
 
-HOOK_MODULE = "distrun_rankhook"
-# What the agent adds to each rank's environment for the hook: a distrun started inside a rank sees them.
-HOOK_VARIABLES = ("DISTRUN_STACK_DIR", "DISTRUN_STACK_SIGNAL")
-# A real-time signal: the user's own SIGUSR1/SIGUSR2 handlers (which distrun forwards) stay untouched.
-STACK_SIGNAL = int(getattr(signal, "SIGRTMAX", 64)) - 2
 # faulthandler writes in several calls: the dump is complete once the file stopped growing for this long.
 SETTLE_SECONDS = 0.05
 # How often the agent looks at a gathering in progress.
 POLL_SECONDS = 0.02
-# faulthandler stops at 100 frames (innermost first), writing "  ..." for the rest: then the whole stacks
-# come from a Python handler chained behind it, which runs as soon as the main thread runs Python code.
+# faulthandler writes the main thread alone, and stops at 100 frames (innermost first, "  ..." for the
+# rest): the whole stacks of a rank with threads, or of a deep one, come from the hook's Python handler, which
+# runs as soon as the main thread runs Python code (launcher.agent.rankhook).
 WHOLE_WAIT = 0.5
 TRUNCATED = "  ..."
-HOOK_SOURCE = """\
-import _thread, faulthandler, os, sys
-
-_where = os.environ.get("DISTRUN_STACK_DIR")
-
-
-def _whole(signum, frame):
-    \"""Every thread's whole stack; faulthandler, in C, answered first but stops at 100 frames. It runs in
-    the main thread between two bytecodes of whatever that was doing, so it takes no lock (threading's own
-    would deadlock a main thread interrupted while holding it) and imports nothing.\"""
-    try:
-        threading = sys.modules.get("threading")
-        active = dict(getattr(threading, "_active", None) or {})
-        here = _thread.get_ident()
-        lines = []
-        for ident, top in sys._current_frames().items():
-            top = frame if ident == here else top
-            thread = active.get(ident)
-            name = getattr(thread, "_name", "") if thread is not None else ""
-            lines.append("thread\\t%d\\t%s" % (ident == here, str(name).replace("\\n", " ")))
-            frames = []
-            while top is not None:
-                code = top.f_code
-                frames.append("%d\\t%s\\t%s" % (top.f_lineno or 0, code.co_name, code.co_filename))
-                top = top.f_back
-            lines.extend(reversed(frames))
-        path = os.path.join(_where, "%d.whole" % os.getpid())
-        with open(path + ".tmp", "w") as f:
-            f.write("\\n".join(lines) + "\\n")
-        os.replace(path + ".tmp", path)
-    except Exception:
-        pass
-
-
-def _install():
-    signum = os.environ.get("DISTRUN_STACK_SIGNAL")
-    if not _where or not signum:
-        return
-    try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(os.path.join(_where, "%d.stack" % os.getpid()), flags, 0o600)
-        try:
-            import signal
-
-            signal.signal(int(signum), _whole)
-            chain = True
-        except (OSError, ValueError, RuntimeError, AttributeError):
-            chain = False
-        faulthandler.register(int(signum), file=fd, all_threads=True, chain=chain)
-    except (OSError, ValueError, RuntimeError, AttributeError):
-        pass
-
-
-_install()
-
-
-class Never(Warning):
-    "The category PYTHONWARNINGS names so that Python imports this module; nothing ever raises it."
-"""
-
-
 DIR_PREFIX = "distrun-stacks-"
 # Held (flock) by the agent whose directory it is, for as long as it lives: the kernel lets go of it however
 # the agent ends, SIGKILL included, so a directory whose lock can be taken is a leftover.
@@ -270,6 +206,15 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _threaded(pid: int) -> bool:
+    """Whether the process runs threads besides its main one (native ones too: no outside view tells them
+    apart from Python's)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except OSError:
+        return False
+
+
 def python_process(pid: int) -> int:
     """The process to read for a rank: the rank itself, or where it is not Python (a shell script, `bash -c`
     running python), its first Python descendant; the rank itself when it has none."""
@@ -285,9 +230,9 @@ def python_process(pid: int) -> int:
 
 
 def signal_main_thread(pid: int, signum: int) -> None:
-    """Signal `pid`'s main thread, not whichever the kernel picks: faulthandler's C handler reads all threads'
-    frames without the GIL, and run in a native thread while the main thread ran Python (the hook's handler,
-    under load) it read them as they changed: SIGSEGV. No tgkill, or the main thread gone: the process."""
+    """Signal `pid`'s main thread, not whichever the kernel picks: faulthandler's C handler writes the frames
+    of the thread it runs in, and run in a native thread it read the main thread's as they changed (the
+    hook's handler, under load): SIGSEGV. No tgkill, or the main thread gone: the process."""
     try:
         import ctypes
 
@@ -303,9 +248,8 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
     main thread, the oldest, is the last."""
     threads: list[dict[str, Any]] = []
     for line in text.splitlines():
-        if line.startswith(("Thread 0x", "Current thread 0x")):
-            ident = line.split()[1] if line.startswith("Thread") else line.split()[2]
-            threads.append({"name": "", "ident": ident, "frames": []})
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
+            threads.append({"name": "", "frames": []})  # the last: the hook's (the main thread alone)
         elif line.rstrip() == TRUNCATED and threads:
             threads[-1]["truncated"] = True  # the outermost frames are missing
         elif line.startswith('  File "') and threads:
@@ -316,8 +260,6 @@ def parse_faulthandler(text: str) -> list[dict[str, Any]]:
                 threads[-1]["frames"].insert(0, [func, path, int(number)])
             except ValueError:
                 continue
-    for thread in threads:
-        del thread["ident"]
     if threads:
         threads[-1]["main"] = True
     return threads
@@ -500,15 +442,17 @@ class _One:
         elif size and now - self.changed >= SETTLE_SECONDS:
             with open(self.dir.stack_file(self.pid), errors="replace") as f:
                 threads = parse_faulthandler(f.read())
-            if any(t.get("truncated") for t in threads):
+            if _threaded(self.pid) and threads:
+                threads[-1]["others_unread"] = True  # until the whole stacks come
+            if any(t.get("truncated") or t.get("others_unread") for t in threads):
                 self.cut, self.whole_until = threads, now + WHOLE_WAIT
                 self._await_whole(now)
             else:
                 self._done("faulthandler", threads)
 
     def _await_whole(self, now: float) -> None:
-        """The whole stacks, once the rank's Python handler wrote them; the cut ones (marked) when it does
-        not run soon (its main thread is blocked outside Python)."""
+        """The whole stacks, once the rank's Python handler wrote them; faulthandler's (marked: cut, or the
+        main thread's alone) when it does not run soon (its main thread is blocked outside Python)."""
         try:
             with open(self.dir.whole_file(self.pid)) as f:
                 self._done("faulthandler", parse_whole(f.read()))

@@ -195,7 +195,7 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             # Only when there is a stray variable: these imports cost start-up time.
             import difflib
 
-            from launcher.agent.stackdump import HOOK_VARIABLES
+            from launcher.agent.rankhook import HOOK_VARIABLES
             from launcher.agent.store import CACHE_DIR_VAR
 
             if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (docs/workdir.md)

@@ -30,6 +30,10 @@ _COLLECTIVE_PATHS = ("/torch/distributed/", "/collectives/")
 _COLLECTIVE_SYMBOLS = ("c10d", "gloo", "nccl")
 # faulthandler's limit: a stack it cut lacks its outermost frames.
 CUT_AT = 100
+OTHERS_UNREAD = (
+    "not read while the main thread waits in native code (reading them then could crash the rank); "
+    "with py-spy installed, distrun stacks reads every thread"
+)
 
 
 # Ordered: a rank's signature sorts its threads, and two threads may differ only in their frames.
@@ -57,12 +61,15 @@ class Frame:
 @dataclass(frozen=True)
 class ThreadStack:
     """One thread's frames, outermost first and innermost last. `main`: the rank's main thread. `truncated`:
-    its outermost frames are missing (faulthandler stops at 100, and the whole stack could not be read)."""
+    its outermost frames are missing (faulthandler stops at 100, and the whole stack could not be read).
+    `others_unread`: the rank's other threads, if any ran Python, were not read (faulthandler reads the main
+    thread alone, and the whole stacks could not be read: its main thread waits in native code)."""
 
     name: str
     frames: tuple[Frame, ...]
     main: bool = False
     truncated: bool = False
+    others_unread: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,7 @@ class RankStacks:
                 ),
                 bool(t.get("main", False)),
                 bool(t.get("truncated", False)),
+                bool(t.get("others_unread", False)),
             )
             for t in data.get("threads", ())
         )
@@ -117,7 +125,8 @@ class RankStacks:
             return ("error", self.error)
         return tuple(
             sorted(
-                (not t.main, t.truncated, tuple(f for f in t.frames if not f.native)) for t in self.threads
+                (not t.main, t.truncated, t.others_unread, tuple(f for f in t.frames if not f.native))
+                for t in self.threads
             )
         )
 
@@ -321,7 +330,7 @@ def _thread_lines(thread: ThreadStack, full: bool, verdicts: bool) -> list[str]:
 
 
 def _thread_order(thread: ThreadStack) -> tuple[Any, ...]:
-    return (not thread.main, thread.name, thread.frames, thread.truncated)
+    return (not thread.main, thread.name, thread.frames, thread.truncated, thread.others_unread)
 
 
 def shown_threads(stacks: RankStacks) -> list[ThreadStack]:
@@ -336,6 +345,7 @@ def thread_json(thread: ThreadStack) -> dict[str, Any]:
         "name": thread.name,
         "main": thread.main,
         **({"truncated": True} if thread.truncated else {}),
+        **({"others_unread": True} if thread.others_unread else {}),
         "frames": [
             {"function": f.func, "file": f.file, "line": f.line, "native": f.native} for f in thread.frames
         ],
@@ -419,6 +429,8 @@ class StackDump:
                 out.extend(f"    {line}" for line in lines)
                 if not thread.frames:
                     out.append("    (no Python frame)")
+                if thread.others_unread:
+                    out.append(f"  other threads: {OTHERS_UNREAD}")
         out.append(f"verdict: {self.verdict}")
         return out
 

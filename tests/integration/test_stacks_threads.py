@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.diagnose.stacks import OTHERS_UNREAD
 from tests.multihost.support import Where
 from tests.support import (
     SCRIPTS,
@@ -77,6 +78,25 @@ def test_two_threads_stacks_while_it_runs_then_exit_0(tmp_path: Path, where: Whe
         where.assert_clean(within=10)
     else:
         assert_all_gone(recorded_pids(tmp_path))
+
+
+def test_a_rank_waiting_in_native_code_shows_its_main_thread_and_says_the_others_were_not_read(
+    tmp_path: Path,
+) -> None:
+    """Read with the standard library (no py-spy), a rank whose main thread waits in native code while its
+    threads run Python (scripts/native_wait.py): its main thread's stack, and a line saying that the other
+    threads were not read and why; the job runs on, then exits 0."""
+    env = _own_runtime(tmp_path, Where(None))
+    job = start_distrun("-np", "1", "--stack-tool", "python", SCRIPTS / "native_wait.py", tmp_path, env=env)
+    with never_left_running(job):
+        wait_for_files(tmp_path, "*.pid", 1)
+        shown = ask_stacks_until(job.pid, "other threads: ", env)
+        assert f"  other threads: {OTHERS_UNREAD}" in shown, shown
+        assert shown.count("main thread:") == 1 and ", in wait_in_native" in shown, shown
+        assert "in churn" not in shown, shown
+        assert job.poll() is None, "asking for the stacks must not disturb the job"
+        _released(job, tmp_path)
+    assert_all_gone(recorded_pids(tmp_path))
 
 
 def test_two_threads_at_the_timeout_exit_124_with_stacks_and_a_verdict(tmp_path: Path, where: Where) -> None:

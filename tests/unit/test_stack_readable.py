@@ -9,7 +9,7 @@ import pytest
 
 from launcher.agent.stackdump import parse_faulthandler, parse_whole
 from launcher.diagnose.readable import MOST_LINES, package_of, readable, shorten_symbol
-from launcher.diagnose.stacks import Frame, RankStacks, StackDump, ThreadStack, group_stacks
+from launcher.diagnose.stacks import OTHERS_UNREAD, Frame, RankStacks, StackDump, ThreadStack, group_stacks
 
 SITE = "/venv/lib/python3.11/site-packages"
 STDLIB = "/usr/lib/python3.11"
@@ -165,6 +165,27 @@ def test_a_cut_faulthandler_dump_is_marked_and_the_verdict_says_so() -> None:
     assert dump.verdict.endswith("; ranks 0-1: stacks cut at 100 frames, they may differ further out")
     assert "    ... outer frames not read (faulthandler stops at 100)" in dump.lines()
     assert dump.to_json()["groups"][0]["threads"][0]["truncated"] is True
+
+
+def test_the_main_thread_read_alone_says_its_other_threads_were_not_read() -> None:
+    """The hook's faulthandler writes the main thread alone; the agent marks it where the rank has other
+    threads and their whole stacks did not come: the line says so, and the report carries the mark."""
+    text = (
+        "Stack (most recent call first):\n"
+        '  File "/job/t.py", line 9 in wait\n'
+        '  File "/job/t.py", line 2 in <module>\n'
+    )
+    threads = parse_faulthandler(text)
+    assert threads == [
+        {"name": "", "main": True, "frames": [["<module>", "/job/t.py", 2], ["wait", "/job/t.py", 9]]}
+    ]
+    threads[0]["others_unread"] = True
+    stacks = [RankStacks.from_json("h1", {"rank": 0, "pid": 5, "source": "faulthandler", "threads": threads})]
+    dump = StackDump.of("request", 0.0, 1, stacks)
+    lines = dump.lines()
+    assert lines[lines.index("  main thread:") + 3] == f"  other threads: {OTHERS_UNREAD}", lines
+    assert dump.to_json()["groups"][0]["threads"][0]["others_unread"] is True
+    assert dump.verdict == "rank 0 is not in a collective: in wait, t.py:9", dump.verdict
 
 
 def test_the_whole_dump_of_the_hooks_python_handler_is_read() -> None:
