@@ -5,8 +5,8 @@ On STACK_SIGNAL, sent to the rank's main thread, two handlers answer:
 - faulthandler's, in C, at once, even while the main thread is blocked in a collective or in native code. It
   writes the main thread's frames alone: its own, which nothing changes while it runs. Asked for every
   thread's (`all_threads`), it reads the others' frames without the GIL while they run Python, and a rank
-  whose main thread waited in native code while another thread ran generators died of SIGSEGV within a few
-  dozen requests.
+  whose main thread waited in native code while other threads made generators died of SIGSEGV within
+  21-506 requests (tests/integration/test_stack_signal.py).
 - a Python handler chained behind it, which writes every thread's whole stack under the GIL as soon as the
   main thread runs Python again: at once from sleep(), select(), a lock or a loop in Python (the signal
   interrupts the wait); not while it waits in a collective's C++ or CUDA, where py-spy reads them instead.
@@ -29,9 +29,8 @@ _where = os.environ.get("DISTRUN_STACK_DIR")
 
 def _whole(signum, frame):
     \"""Every thread's whole stack; faulthandler, in C, answered first with the main thread's alone, cut at
-    100 frames. It runs in
-    the main thread between two bytecodes of whatever that was doing, so it takes no lock (threading's own
-    would deadlock a main thread interrupted while holding it) and imports nothing.\"""
+    100 frames. It runs in the main thread between two bytecodes of whatever that was doing, so it takes no
+    lock (threading's own would deadlock a main thread interrupted while holding it) and imports nothing.\"""
     try:
         threading = sys.modules.get("threading")
         active = dict(getattr(threading, "_active", None) or {})
