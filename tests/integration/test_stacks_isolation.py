@@ -24,7 +24,7 @@ from tests.support import (
 )
 
 SCRIPT = SCRIPTS / "idle_threads.py"
-IDLE = "verdict: both ranks are at the same place, not in a collective: in idle, idle_threads.py:24"
+IDLE = "verdict: both ranks are at the same place, not in a collective: in idle, idle_threads.py:27"
 # --timeout of the jobs asked for their stacks first: ranks without torch idle within seconds, and each ask
 # takes one; a loaded machine gets the second (tests/support.with_timeouts).
 TIMEOUTS = (8, 20)

@@ -27,7 +27,7 @@ from tests.support import (
 )
 
 SCRIPT = SCRIPTS / "idle_threads.py"
-IDLE = "are at the same place, not in a collective: in idle, idle_threads.py:24"
+IDLE = "are at the same place, not in a collective: in idle, idle_threads.py:27"
 # Elastic ranks import torch (and reset) on a machine shared with other tests: the longest wait for them to
 # idle, and their --timeout: short on a lightly loaded machine, else generous (tests/support.with_timeouts).
 # They idle within 9 s there, or 15-19 s after a reset and three asks for their stacks (over 30 s at a load of

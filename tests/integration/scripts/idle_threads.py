@@ -1,6 +1,6 @@
 """Ranks with threads, idle in the user's own code until released (issue 38): DIR MODE [VICTIM KILL_AT].
 
-Each rank writes DIR/<start rank>.pid once it is idle in `idle`, polling for DIR/release, then exits 0. MODE:
+Each rank writes DIR/<start rank>.pid once it is idle in `idle`, then exits 0 once DIR/release exists. MODE:
 - threads: two helper threads of different stacks (one sleeps, one polls), no torch (`garbled`: see garble).
 - elastic: an hvd.elastic loop of 4 batches (its engine's and elastic channel's threads), idle after batch
   2; the rank starting as VICTIM kills itself with SIGKILL at batch KILL_AT (before it idles), so that the
@@ -19,9 +19,18 @@ victim, kill_at = (int(sys.argv[3]), int(sys.argv[4])) if len(sys.argv) > 4 else
 
 
 def idle(rank: int) -> None:
+    """Wait in one place, whenever the stacks are read: a thread looks for DIR/release (the main thread,
+    looking itself, was now and then read mid-look, in pathlib, under load)."""
+    released = threading.Event()
+    threading.Thread(target=watch_release, args=(released,), daemon=True).start()
     (out / f"{rank}.pid").write_text(str(os.getpid()))
-    while not (out / "release").exists():  # seldom: a rank sampled mid-look is in pathlib, not idle here
-        time.sleep(0.5)
+    released.wait()
+
+
+def watch_release(released: threading.Event) -> None:
+    while not (out / "release").exists():
+        time.sleep(0.05)
+    released.set()
 
 
 def helper_sleeps() -> None:
