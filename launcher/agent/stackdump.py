@@ -10,9 +10,9 @@ Two ways, chosen per host:
   thread's from a Python handler once the main thread runs Python. The hook comes in through the rank's
   environment, without a sitecustomize: PYTHONWARNINGS names a warning category of the hook's module, which
   Python imports while reading the option, and PYTHONPATH finds that module in the agent's private
-  directory. The agent signals only a process whose signal mask shows
-  the handler installed (/proc/PID/status), so a rank that is not Python, or not yet past start-up, is
-  never killed by the signal: it is named with the reason instead.
+  directory. The agent signals only a process whose signal mask shows the handler installed
+  (/proc/PID/status), so a rank that is not Python, or not yet past start-up, is never killed by the
+  signal: it is named with the reason instead.
 """
 
 from __future__ import annotations
