@@ -154,14 +154,17 @@ def test_stall_watchdog_fires_once_per_stall(tmp_path: Path) -> None:
     result = run_distrun("-np", "2", "--stall-timeout", "2", SCRIPTS / "quiet_spells.py", "2", "4")
     err = result.stderr.decode()
     assert result.returncode == 0, err
+    warning = "no rank has written anything for 2s: a stall?"
     # Once in each quiet spell (a loaded machine may add one while the ranks start, before any output).
     spells = [
         err[err.rindex("] spell 0") : err.index("] spell 1")],
-        err[err.rindex("] spell 1") : err.index("] done")],
+        err[err.rindex("] spell 1") :],
     ]
     for spell in spells:
-        assert spell.count("no rank has written anything for 2s: a stall?") == 1, err
-        assert spell.count("distrun: stacks of 2 ranks on 1 host (stall):") == 1, err
+        assert spell.count(warning) == 1, err
+    # Each stall's stacks follow its warning, but reading them takes a while on a loaded machine: the last
+    # spell's may come after the ranks' `done`.
+    assert err.count("distrun: stacks of 2 ranks on 1 host (stall):") == err.count(warning), err
     assert (
         "verdict: both ranks are at the same place, not in a collective: in <module>, quiet_spells.py:19"
         in err

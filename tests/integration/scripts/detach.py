@@ -34,6 +34,9 @@ else:
 
 for kind, argv in (("daemon", SLEEP), ("deaf-daemon", DEAF)):
     # The classic daemon: fork, setsid, fork again; the middle process exits, so the daemon is orphaned.
+    # The pipe closes on the daemon's exec: the rank goes on once its pid is recorded (a job that ended
+    # before that, on a loaded machine, stopped daemons that no test could know of).
+    recorded, written = os.pipe()
     middle = os.fork()
     if middle == 0:
         os.setsid()
@@ -41,7 +44,10 @@ for kind, argv in (("daemon", SLEEP), ("deaf-daemon", DEAF)):
             record(kind, os.getpid())
             os.execv(argv[0], argv)
         os._exit(0)
+    os.close(written)
     os.waitpid(middle, 0)
+    os.read(recorded, 1)
+    os.close(recorded)
 
 with open(os.path.join(pid_dir, f"r{rank}.ready"), "w") as f:
     f.write("")
