@@ -6,7 +6,8 @@ earlier tree's and against DDP, side by side.
 DIR is a ``git archive`` of an earlier tree (the tree before the engine: b0ead4b), put first on
 ``PYTHONPATH`` for its runs. Each pair runs three jobs back to back, in rotating order: this tree's
 DistributedOptimizer, the baseline's, and DDP (this tree's ``collectives.init``); the ratios are per pair
-(> 1: this tree's optimizer is faster), reported as median and quartiles.
+(> 1: this tree's optimizer is faster), reported as median and quartiles, and this tree's agreement rounds
+per step.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q1, median, q3
 
 
-def run_job(case: str, ranks: int, baseline: Path | None, worker_args: Sequence[str]) -> float:
+def run_job(case: str, ranks: int, baseline: Path | None, worker_args: Sequence[str]) -> dict[str, float]:
     argv = [*distrun("-np", ranks), sys.executable, str(WORKERS / "synthetic.py"), *worker_args]
     if case == "DDP":
         argv.append("--ddp")
@@ -44,7 +45,8 @@ def run_job(case: str, ranks: int, baseline: Path | None, worker_args: Sequence[
     for line in out.splitlines():
         _, _, text = line.partition("] ")
         if text.startswith("{"):
-            return float(json.loads(text)["img_s"])
+            result: dict[str, float] = json.loads(text)
+            return result
     raise RuntimeError(f"no result from {case}: {out}")
 
 
@@ -59,10 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker_args = args.worker_args.split()
     for ranks in args.world_sizes:
         samples: dict[str, list[float]] = {c: [] for c in cases}
+        rounds: list[float] = []
         for pair in range(args.pairs):
             order = cases[pair % len(cases) :] + cases[: pair % len(cases)]
             for case in order:
-                samples[case].append(run_job(case, ranks, args.baseline, worker_args))
+                result = run_job(case, ranks, args.baseline, worker_args)
+                samples[case].append(result["img_s"])
+                if case == "this tree" and "rounds_per_step" in result:
+                    rounds.append(result["rounds_per_step"])
             print(
                 f"{ranks} ranks, pair {pair + 1}: "
                 + ", ".join(f"{c} {samples[c][-1]:.1f}" for c in cases)
@@ -78,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             ratios = [a / b for a, b in zip(mine, samples[other], strict=True)]
             q1, median, q3 = quartiles(ratios)
             print(f"  DistributedOptimizer / {other}: {median:.3f} ({q1:.3f}-{q3:.3f})")
+        if rounds:
+            q1, median, q3 = quartiles(rounds)
+            print(f"  this tree's agreement rounds per step (rank 0): {median:.2f} ({q1:.2f}-{q3:.2f})")
         print(flush=True)
     return 0
 

@@ -1,6 +1,7 @@
 """Horovod's ``examples/pytorch/pytorch_synthetic_benchmark.py`` with its one import changed (``import
 collectives as hvd``), a small stand-in net for torchvision's models, and ``--ddp`` for torch's DDP on the
-same loop. Rank 0 prints one JSON line: {"img_s": total images per second, median of the iterations}.
+same loop. Rank 0 prints one JSON line: {"img_s": total images per second, median of the iterations,
+"rounds_per_step": the engine's agreement rounds per timed step on rank 0, where its engine counts them}.
 
 Run by ``benchmarks/synthetic.py`` under distrun, with whichever tree's ``collectives`` comes first on
 ``PYTHONPATH``.
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import collectives as hvd
+from collectives import engines
 
 
 def stand_in(classes: int = 1000) -> nn.Module:
@@ -36,6 +38,14 @@ def stand_in(classes: int = 1000) -> nn.Module:
         nn.ReLU(),
         nn.Linear(256, classes),
     )
+
+
+def rounds() -> int | None:
+    """The agreement rounds this rank's engines have run, where they count them (not an earlier tree's)."""
+    counts = [getattr(engine, "rounds", None) for engine in engines._engines.values()]
+    if not counts or None in counts:
+        return None
+    return sum(c for c in counts if c is not None)
 
 
 def main() -> None:
@@ -75,14 +85,19 @@ def main() -> None:
         optimizer.step()
 
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
+    rounds_before = rounds()
     img_secs = []
     for _ in range(args.num_iters):
         seconds = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
         img_secs.append(args.batch_size * args.num_batches_per_iter / seconds)
     if dist.is_initialized():
         dist.barrier()
+    out: dict[str, float] = {"img_s": hvd.size() * statistics.median(img_secs)}
+    rounds_after = rounds()
+    if rounds_before is not None and rounds_after is not None:
+        out["rounds_per_step"] = (rounds_after - rounds_before) / (args.num_iters * args.num_batches_per_iter)
     if hvd.rank() == 0:
-        print(json.dumps({"img_s": hvd.size() * statistics.median(img_secs)}), flush=True)
+        print(json.dumps(out), flush=True)
     hvd.shutdown()
 
 
