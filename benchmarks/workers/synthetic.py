@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import collectives as hvd
-from collectives import engines
 
 
 def stand_in(classes: int = 1000) -> nn.Module:
@@ -42,6 +41,10 @@ def stand_in(classes: int = 1000) -> nn.Module:
 
 def rounds() -> int | None:
     """The agreement rounds this rank's engines have run, where they count them (not an earlier tree's)."""
+    try:
+        from collectives import engines  # a tree before the engine has none
+    except ImportError:
+        return None
     counts = [getattr(engine, "rounds", None) for engine in engines._engines.values()]
     if not counts or None in counts:
         return None
