@@ -9,8 +9,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_COUNT = re.compile(rb"(\d+)/(\d+)")
-_RATE = re.compile(rb"(\d+(?:\.\d+)?)\s*(it/s|s/it)")
+# Each starts only where a run of digits does: tried inside a long run too, every try consumed the rest of
+# it, and a redraw of 20,000 digits took over a minute to read. A count is a whole run of at most 18 digits
+# (int() refuses more than 4,300).
+_COUNT = re.compile(rb"(?<!\d)(\d{1,18})/(\d{1,18})(?!\d)")
+_RATE = re.compile(rb"(?<!\d)(\d+(?:\.\d+)?)\s*(it/s|s/it)")
 SLOW_BELOW = 0.75  # of the median rate
 
 

@@ -230,3 +230,20 @@ def test_a_reused_output_dir_names_an_earlier_runs_ranks(tmp_path: Path) -> None
     ) in result.stderr.decode()
     assert (tmp_path / "rank.1" / "stdout").read_bytes() == b"second\n"
     assert (tmp_path / "rank.3" / "stdout").read_bytes() == b"first\n", "an earlier run's logs are kept"
+
+
+def test_a_redraw_of_a_huge_count_is_output_not_a_crash(tmp_path: Path) -> None:
+    """distrun reads every redraw for its progress (top, the report, stragglers): a count of 5,000 digits,
+    more than int() takes, ended distrun with a traceback; 200,000 digits held it for minutes."""
+    script = tmp_path / "digits.py"
+    script.write_text(
+        "import sys\n"
+        "for n in (5000, 200_000):\n"
+        "    sys.stderr.write('\\r' + '1' * n + '/10 [00:01<00:01, 2.00it/s]\\n')\n"
+        "print('done', flush=True)\n"
+    )
+    result = run_distrun("-np", "2", "--straggler-after", "1", script, timeout=120)
+    err = result.stderr.decode()
+    assert result.returncode == 0, err[-2000:]
+    assert "Traceback" not in err
+    assert result.stdout.decode().count("done") == 2

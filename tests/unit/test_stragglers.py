@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from launcher.diagnose.stragglers import StragglerWatch, last_redraw, parse_progress, slow_ranks
@@ -83,3 +85,20 @@ def test_a_silent_rank_is_a_stall_not_a_straggler() -> None:
             watch.seen(r, b"\r%d/99 [4.0it/s]" % second, float(second))
         named += watch.check(float(second))
     assert named == []
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        (b"7" * 200_000, None),
+        (b"1/2 " + b"3" * 200_000, (1, 2, None)),
+        (b"1/2 1." + b"5" * 200_000, (1, 2, None)),
+        (b"3" * 200_000 + b"/4 5it/s", None),
+        (b"x 12/" + b"4" * 30 + b" 5it/s", None),
+    ],
+)
+def test_a_redraw_of_a_long_run_of_digits_is_read_once(text: bytes, parsed: object) -> None:
+    """Tried from every digit, a redraw of 20,000 digits took over a minute (the relay reads every redraw)."""
+    start = time.monotonic()
+    assert parse_progress(text) == parsed
+    assert time.monotonic() - start < 10
