@@ -294,6 +294,9 @@ def test_parse_rank_filter_without_world_size() -> None:
         ("3-1", "the range '3-1' runs backwards"),
         ("0,4", "rank 4 does not exist \\(ranks are 0..3\\)"),
         ("2-9", "rank 9 does not exist"),
+        # More digits than int() takes (4,300) ended distrun with a traceback.
+        ("1" * 5000, "is not a rank or a range"),
+        ("0-" + "1" * 10, "is not a rank or a range"),
     ],
 )
 def test_parse_rank_filter_errors(spec: str, message: str) -> None:

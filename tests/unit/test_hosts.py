@@ -114,6 +114,8 @@ def test_hostfile_max_slots_alone_keeps_one_slot(tmp_path: Path) -> None:
         ("a:2 slots=4\n", ":1: slots is given twice"),
         ("a max_slots=4 max-slots=4\n", ":1: max_slots is given twice"),
         ("a slots=x  # why\n", ":1: slots must be a positive integer, got 'x' in 'a slots=x  # why'"),
+        # More digits than int() takes (4,300): the same line, not int()'s own words.
+        ("a slots=" + "1" * 5000 + "\n", ":1: slots must be a positive integer, got '111"),
         ("::1 slots=2\n", ":1: an IPv6 address must be written in brackets"),
     ],
 )
