@@ -81,7 +81,7 @@ def next_waits(busy: bool, idle_wait: float, cycle: float) -> tuple[float, float
     doubles, up to ``_MAX_IDLE_WAIT_S``, and stays there: new work wakes the thread at once, and since rounds
     pair up across ranks by their count, every idle round of one rank is a round the others run too. (Set
     back to a cycle after each busy round, the idle wait made an optimizer's step agreement cost four rounds
-    on every rank instead of about two, a fifth of a small model's step on two cores.)
+    on every rank instead of one at two ranks, a fifth of a small model's step on two cores.)
     """
     if busy:
         return cycle, idle_wait
