@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from collectives.engine_cache import capacity_from_env
+from collectives.engine_pace import burst_deadline, next_waits
 from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
 from collectives.engine_rounds import Announcement, Table, announce, exchange, first_words, name_key
 from collectives.engine_tickets import Ticket, Turn
@@ -63,30 +64,11 @@ from collectives.registry import _Groups
 __all__ = ["Engine", "Ticket", "Turn"]
 
 
-_MAX_IDLE_WAIT_S = 0.02
-# How many cycles a burst of submissions may keep the engine thread's round waiting for more of it.
-_BURST_CYCLES = 8
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
 
 
 _Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
-
-
-def next_waits(busy: bool, idle_wait: float, cycle: float) -> tuple[float, float]:
-    """The engine thread's wait before its next round and its idle wait, after a round (``busy``: work is
-    left that only its rounds move on) or a skipped one (``busy`` False).
-
-    Busy, the next round comes a cycle later and the idle wait stays where it was; otherwise the idle wait
-    doubles, up to ``_MAX_IDLE_WAIT_S``, and stays there: new work wakes the thread at once, and since rounds
-    pair up across ranks by their count, every idle round of one rank is a round the others run too. (Set
-    back to a cycle after each busy round, the idle wait made an optimizer's step agreement cost four rounds
-    on every rank instead of one at two ranks, a fifth of a small model's step on two cores.)
-    """
-    if busy:
-        return cycle, idle_wait
-    idle_wait = min(idle_wait * 2, _MAX_IDLE_WAIT_S)
-    return idle_wait, idle_wait
 
 
 @dataclasses.dataclass(slots=True)
@@ -294,7 +276,7 @@ class Engine:
                     # An entry that fuses with nothing (a gradient bucket, an agreement) gains nothing from
                     # the wait: its round starts at once.
                     while self._undriven and not self._urgent and not self._stopping and not self._abandoned:
-                        deadline = min(self._first_new_at + _BURST_CYCLES * cycle, self._last_new_at + cycle)
+                        deadline = burst_deadline(self._first_new_at, self._last_new_at, cycle)
                         delay = deadline - time.monotonic()
                         if delay <= 0:
                             break
@@ -390,11 +372,9 @@ class Engine:
         if self.stand_in is not None:
             self._stand_in_for_named()
         self._execute()
-        # Work that only the engine thread's rounds move on, left once this round's is issued: entries nobody
-        # drives (async submissions the other ranks have not made yet) and agreed operations behind a turn.
-        # Drivers run their own rounds, and a round of the engine thread beside them costs the next driven
-        # call a round of its own. Counted after the issue: a round that moved everything on is followed
-        # by an idle wait, not by another round a cycle later (see next_waits).
+        # Work left that only the engine thread's rounds move on (collectives.engine_pace): entries nobody
+        # drives (async submissions not all ranks have made) and agreed operations behind a turn. Drivers run
+        # their own rounds, and a round of the engine thread beside them costs the next driven call a round.
         with self._mutex:
             busy = bool(self._queue) or len(self._local) > self._driven_local
         now = time.monotonic()

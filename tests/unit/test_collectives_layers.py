@@ -23,6 +23,7 @@ LAYERS: list[list[str]] = [
         "collectives.registry",
         "collectives.engine_values",
         "collectives.engine_cache",
+        "collectives.engine_pace",
         "collectives.engine_tickets",
         "collectives.progress",
         "collectives.elastic.failures",

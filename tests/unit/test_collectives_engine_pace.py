@@ -1,11 +1,11 @@
-"""The engine thread's waits between rounds (collectives.engine.next_waits): a cycle while work is left, an
+"""The engine thread's waits between rounds (collectives.engine_pace): a cycle while work is left, an
 idle wait that only grows otherwise."""
 
 from __future__ import annotations
 
 import pytest
 
-from collectives.engine import _MAX_IDLE_WAIT_S, next_waits
+from collectives.engine_pace import BURST_CYCLES, MAX_IDLE_WAIT_S, burst_deadline, next_waits
 
 CYCLE = 0.001
 
@@ -15,10 +15,10 @@ CYCLE = 0.001
     [
         (True, CYCLE, (CYCLE, CYCLE)),
         # Busy after a long idle spell: the next round a cycle later, the idle wait kept.
-        (True, _MAX_IDLE_WAIT_S, (CYCLE, _MAX_IDLE_WAIT_S)),
+        (True, MAX_IDLE_WAIT_S, (CYCLE, MAX_IDLE_WAIT_S)),
         (False, CYCLE, (2 * CYCLE, 2 * CYCLE)),
-        (False, 0.016, (_MAX_IDLE_WAIT_S, _MAX_IDLE_WAIT_S)),
-        (False, _MAX_IDLE_WAIT_S, (_MAX_IDLE_WAIT_S, _MAX_IDLE_WAIT_S)),
+        (False, 0.016, (MAX_IDLE_WAIT_S, MAX_IDLE_WAIT_S)),
+        (False, MAX_IDLE_WAIT_S, (MAX_IDLE_WAIT_S, MAX_IDLE_WAIT_S)),
     ],
 )
 def test_the_next_wait_after_a_round(busy: bool, idle_wait: float, expected: tuple[float, float]) -> None:
@@ -35,5 +35,10 @@ def test_a_step_a_round_keeps_the_thread_at_its_idle_wait() -> None:
         assert wait == CYCLE
         wait, idle = next_waits(False, idle, CYCLE)
         idle_waits.append(wait)
-    assert idle_waits[-1] == _MAX_IDLE_WAIT_S
+    assert idle_waits[-1] == MAX_IDLE_WAIT_S
     assert idle_waits == sorted(idle_waits)
+
+
+def test_a_burst_starts_its_round_a_cycle_after_its_last_submission_or_at_its_cap() -> None:
+    assert burst_deadline(10.0, 10.002, CYCLE) == pytest.approx(10.003)
+    assert burst_deadline(10.0, 10.5, CYCLE) == pytest.approx(10.0 + BURST_CYCLES * CYCLE)
