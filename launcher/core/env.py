@@ -89,8 +89,8 @@ _URL_PASSWORD_RE = re.compile(
 )
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# Nine digits at most: int() refuses a number of over 4,300, and no job has a billion ranks.
-_RANK_RE = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9}))?\Z")
+# 18 digits at most: int() refuses a number of over 4,300 (a rank past the world is refused later, by name).
+_RANK_RE = re.compile(r"([0-9]{1,18})(?:-([0-9]{1,18}))?\Z")
 
 
 def is_owned(name: str) -> bool:

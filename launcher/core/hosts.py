@@ -32,8 +32,9 @@ class Host:
 
 # A leading '-' is refused because ssh would read such a name as an option.
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*\Z")
-# Nine digits at most: int() refuses a number of over 4,300 digits, and no host has a billion slots.
-_COUNT_RE = re.compile(r"[0-9]{1,9}\Z")
+# 18 digits at most: int() refuses a number of over 4,300 digits (an absurd count of fewer is refused later,
+# naming the processes it asks for).
+_COUNT_RE = re.compile(r"[0-9]{1,18}\Z")
 # OpenMPI accepts both spellings of max_slots; both mean the same field here.
 _HOSTFILE_KEYS = {"slots": "slots", "max_slots": "max_slots", "max-slots": "max_slots"}
 # OpenMPI also accepts `slots = 4`; squeezing the blanks keeps one field per key.

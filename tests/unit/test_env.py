@@ -296,7 +296,8 @@ def test_parse_rank_filter_without_world_size() -> None:
         ("2-9", "rank 9 does not exist"),
         # More digits than int() takes (4,300) ended distrun with a traceback.
         ("1" * 5000, "is not a rank or a range"),
-        ("0-" + "1" * 10, "is not a rank or a range"),
+        ("0-" + "1" * 19, "is not a rank or a range"),
+        ("0-" + "1" * 18, "rank 1{18} does not exist"),
     ],
 )
 def test_parse_rank_filter_errors(spec: str, message: str) -> None:
