@@ -225,3 +225,10 @@ def test_grouping_is_the_same_in_any_order(ranks: list[Any], random: Any) -> Non
     twice = stacks + [RankStacks(r.rank + len(stacks), r.host, threads=r.threads) for r in stacks]
     groups = StackDump.of("request", 0.0, len(twice), twice).groups
     assert all(len(g.ranks) % 2 == 0 for g in groups)
+
+
+def test_a_whole_dump_line_led_by_a_non_ascii_digit_is_not_a_frame() -> None:
+    """A function name's newline can leave "³" first on a line: isdigit() holds for it, int() refuses it (the
+    example hypothesis found)."""
+    dump = "thread\t1\tMainThread\n³\t/job/a\tb.py\n12\tf\t/job/x.py\n"
+    assert parse_whole(dump) == [{"name": "MainThread", "main": True, "frames": [["f", "/job/x.py", 12]]}]
