@@ -273,8 +273,15 @@ def parse_whole(text: str) -> list[dict[str, Any]]:
         fields = line.split("\t", 2)
         if fields[0] == "thread" and len(fields) == 3:
             threads.append({"name": fields[2], "main": fields[1] == "1", "frames": []})
-        elif len(fields) == 3 and threads and fields[0].isascii() and fields[0].isdigit():
-            # ASCII: isdigit() holds for "³" too, which int() refuses (a function name's newline put it first)
+        elif (
+            len(fields) == 3
+            and threads
+            and len(fields[0]) <= 18
+            and fields[0].isascii()
+            and fields[0].isdigit()
+        ):
+            # A function name's newline can put anything first: "³", for which isdigit() holds, or more digits
+            # than int() takes (4,300); our own line numbers are ASCII and short.
             threads[-1]["frames"].append([fields[1], fields[2], int(fields[0])])
     return sorted(threads, key=lambda t: bool(t["main"]))
 

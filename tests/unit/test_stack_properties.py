@@ -232,3 +232,9 @@ def test_a_whole_dump_line_led_by_a_non_ascii_digit_is_not_a_frame() -> None:
     example hypothesis found)."""
     dump = "thread\t1\tMainThread\n³\t/job/a\tb.py\n12\tf\t/job/x.py\n"
     assert parse_whole(dump) == [{"name": "MainThread", "main": True, "frames": [["f", "/job/x.py", 12]]}]
+
+
+def test_a_whole_dump_line_led_by_more_digits_than_int_takes_is_not_a_frame() -> None:
+    """The same newline can leave 5,000 digits first, past int()'s 4,300."""
+    dump = "thread\t1\tMainThread\n" + "7" * 5000 + "\t/job/a\tb.py\n12\tf\t/job/x.py\n"
+    assert parse_whole(dump) == [{"name": "MainThread", "main": True, "frames": [["f", "/job/x.py", 12]]}]
