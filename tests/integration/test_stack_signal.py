@@ -16,6 +16,9 @@ from launcher.agent.rankhook import STACK_SIGNAL
 from launcher.agent.stackdump import DumpDir, parse_faulthandler, signal_main_thread
 from tests.support import SCRIPTS, wait_for_files
 
+# "Pending in the main thread" is read from the main thread's own pending set (SigPnd), not sigpending(),
+# which adds the process's: a signal sent to the process waits there until the helper is scheduled to take
+# it, which under load came after the main thread looked.
 CHILD = """
 import signal, sys, threading, time
 signum = int(sys.argv[1])
@@ -23,10 +26,17 @@ handled = threading.Event()
 signal.signal(signum, lambda *_: handled.set())
 threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # unblocked: it was made before the mask
 signal.pthread_sigmask(signal.SIG_BLOCK, [signum])
+status = "/proc/self/task/%d/status" % threading.get_native_id()
+
+def pending_here():
+    with open(status) as f:
+        line = next(line for line in f if line.startswith("SigPnd:"))
+    return int(line.split()[1], 16) >> (signum - 1) & 1
+
 print("ready", flush=True)
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
-    if signum in signal.sigpending():
+    if pending_here():
         print("pending in the main thread", flush=True)
         break
     if handled.is_set():
