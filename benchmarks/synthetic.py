@@ -7,7 +7,7 @@ DIR is a ``git archive`` of an earlier tree (the tree before the engine: b0ead4b
 ``PYTHONPATH`` for its runs. Each pair runs three jobs back to back, in rotating order: this tree's
 DistributedOptimizer, the baseline's, and DDP (this tree's ``collectives.init``); the ratios are per pair
 (> 1: this tree's optimizer is faster), reported as median and quartiles, and this tree's agreement rounds
-per step.
+per step and share of steps that went out unagreed.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for ranks in args.world_sizes:
         samples: dict[str, list[float]] = {c: [] for c in cases}
         rounds: list[float] = []
+        unagreed: list[float] = []
         for pair in range(args.pairs):
             order = cases[pair % len(cases) :] + cases[: pair % len(cases)]
             for case in order:
@@ -69,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 samples[case].append(result["img_s"])
                 if case == "this tree" and "rounds_per_step" in result:
                     rounds.append(result["rounds_per_step"])
+                if case == "this tree" and "unagreed_per_step" in result:
+                    unagreed.append(result["unagreed_per_step"])
             print(
                 f"{ranks} ranks, pair {pair + 1}: "
                 + ", ".join(f"{c} {samples[c][-1]:.1f}" for c in cases)
@@ -87,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rounds:
             q1, median, q3 = quartiles(rounds)
             print(f"  this tree's agreement rounds per step (rank 0): {median:.2f} ({q1:.2f}-{q3:.2f})")
+        if unagreed:
+            q1, median, q3 = quartiles(unagreed)
+            print(f"  this tree's steps that went out unagreed: {median:.2f} ({q1:.2f}-{q3:.2f})")
         print(flush=True)
     return 0
 

@@ -31,6 +31,10 @@ class _JoinableStep(Protocol):
     def _join_step(self) -> None: ...
 
 
+# Called by join() before its rounds, with the set: each takes part, at once, in what the other ranks may be
+# doing without an agreement round (an optimizer's cached steps), and returns the works to wait for.
+before_join: list[Callable[[_Groups], list[Any]]] = []
+
 # Layout digest -> the DistributedOptimizer with that gradient layout in this process, so that a joined
 # rank can take part in the other ranks' optimizer steps.
 joinable_optimizers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
@@ -85,11 +89,16 @@ def join(device: int = -1) -> int:
         return context.topology.rank
     zeros_device = _zeros_device(context, device)
     engine = engine_for(groups)
+    posted = [work for hook in before_join for work in hook(groups)]
     engine.stand_in = _stand_in(context, zeros_device)
     try:
-        return _join_rounds(groups, context, zeros_device)
+        last = _join_rounds(groups, context, zeros_device)
     finally:
         engine.stand_in = None
+    # Every other rank has taken part in these by now: in a step, or in its own join().
+    for work in posted:
+        work.wait()
+    return last
 
 
 def _stand_in(

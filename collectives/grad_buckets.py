@@ -52,7 +52,10 @@ class _Bucket:
         # A compressor of the user's own (Horovod's interface) is applied to the whole buffer at launch.
         self.custom = None if isinstance(compression, Compressor) else compression
         dtype = compression.wire_dtype_for(params[0].dtype) if self.custom is None else params[0].dtype
-        self.buffer = torch.empty(numel, dtype=dtype, device=params[0].device)
+        # One element past the gradients: the count of joined ranks in a step that went out unagreed (see
+        # collectives.optimizer). It travels in every step, so the buffer's size is the same in all of them.
+        self.buffer = torch.zeros(numel + 1, dtype=dtype, device=params[0].device)
+        self.joined = self.buffer[numel:]
         # Gradients can live in the buffer itself when it travels in their own dtype.
         self.views = self.custom is None and dtype == params[0].dtype
         self.slots: list[torch.Tensor] = []
@@ -100,6 +103,14 @@ class _Bucket:
             slot.copy_(grad)
         self.filled[position] = True
         self.missing -= 1
+
+    def joined_count(self) -> int:
+        """How many ranks took part as joined in the last reduction (their buckets marked ``joined``);
+        the mark is cleared for the next one."""
+        count = int(self.joined.item())
+        if count:
+            self.joined.zero_()
+        return count
 
     def reset(self) -> None:
         self.filled = [False] * len(self.params)

@@ -15,10 +15,12 @@ submitted to the set's engine under its own name, as Horovod's hooks submit each
 
 Without compression the gradients become views of the bucket buffers after the first step (DDP's
 ``gradient_as_bucket_view``): the reduced bucket is the gradient, with no copy back, and a backward pass into
-an existing gradient accumulates straight into its slot. Once per step the ranks agree, in the engine's
+an existing gradient accumulates straight into its slot. The ranks agree, in the engine's
 ordered sequence and before the first bucket moves, that they are all stepping an optimizer of the same
 layout, so a rank that does something else makes both raise instead of hang; a rank that has called
-``join()`` takes part with zeros.
+``join()`` takes part with zeros. They agree at every step on the GPU; on the CPU only where the last step
+on the channel was not this optimizer's, agreed with nobody joined (Horovod's response cache for a whole
+step; see ``collectives.step_agreement``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from collectives.optimizer_args import fixed_groups, parameter_names
 from collectives.process_sets import ProcessSet, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 from collectives.registry import _Groups
+from collectives.step_agreement import StepAgreement
 
 __all__ = ["DistributedOptimizer"]
 
@@ -182,17 +185,16 @@ class DistributedOptimizer:
         self._densified: set[int] = set()
         # Whether the ranks have agreed, this step, that they are all stepping this layout; the exchange
         # in flight meanwhile.
-        self._verified = False
-        self._check: Ticket | None = None
-        self._direct = False  # this step's buckets go on the gradient channel (decided by its agreement)
         # The engine's tickets of this step's launched buckets, in bucket order.
         self._launches: list[Ticket] = []
-        self._digest = self._digest_of(set_groups.ranks)
         # Names this optimizer's buckets on every rank: ranks build their optimizers in the same order.
-        _instances[self._digest] = self._instance = _instances.get(self._digest, 0) + 1
+        layout = self._digest_of(set_groups.ranks, 0)
+        _instances[layout] = self._instance = _instances.get(layout, 0) + 1
+        self._digest = self._digest_of(set_groups.ranks, self._instance)
         coordination.joinable_optimizers[self._digest] = self
         self._retire_previous_owners(params)
         self._ref = weakref.ref(self)
+        self._agreement = StepAgreement(self._ref)
         for p in params:
             _OWNERS[p] = self._ref
         hook = _grad_hook(self._ref)
@@ -221,10 +223,12 @@ class DistributedOptimizer:
             id(p): (bucket, position) for bucket in self._buckets for position, p in enumerate(bucket.params)
         }
 
-    def _digest_of(self, ranks: Sequence[int]) -> int:
+    def _digest_of(self, ranks: Sequence[int], instance: int) -> int:
+        """The layout's digest, and with ``instance`` this optimizer's own: two optimizers of one layout
+        (say two equal heads) are told apart by the order in which they were built."""
         # The device type too: whether the buckets may take the gradient channel depends on it (see _launch).
         shapes = [(str(p.dtype), p.device.type, tuple(p.shape)) for p in self._params]
-        return zlib.crc32(repr((list(ranks), self._passes, self._op.name, shapes)).encode())
+        return zlib.crc32(repr((list(ranks), self._passes, self._op.name, shapes, instance)).encode())
 
     def _rejoin(self) -> None:
         """After an elastic reset (collectives.elastic): the divisor, the agreement's digest and the learned
@@ -236,8 +240,9 @@ class DistributedOptimizer:
         self._divisor = groups.size if self._op is ReduceOp.AVERAGE else 1
         # The buckets' names keep their instance number: a newcomer's optimizer, made in the new world, has
         # the same place in its script's order as a survivor's.
-        self._digest = self._digest_of(groups.ranks)
+        self._digest = self._digest_of(groups.ranks, self._instance)
         coordination.joinable_optimizers[self._digest] = self
+        self._agreement.forget()
         if self._ready_order is None and self._fixed is None:
             self._lay_out(self._params[::-1])
             self._ready_order = []
@@ -299,11 +304,11 @@ class DistributedOptimizer:
                 self._ready_order.append(self._index_of[key])
             bucket, position = self._slot_of[key]
             self._fill(bucket, position)
-            if not self._verified and self._check is None:
+            if not self._agreement.started:
                 # The step's agreement starts with its first gradient, so it is in by the time a bucket is
                 # full; every later gradient looks whether it has come.
                 self._verified_now(block=False)
-            if not bucket.missing or not self._verified:
+            if not bucket.missing or not self._agreement.verified:
                 self._launch_in_order()
 
     def _fill(self, bucket: _Bucket, position: int) -> None:
@@ -324,34 +329,11 @@ class DistributedOptimizer:
     _local = False
 
     def _verified_now(self, block: bool) -> bool:
-        """Whether the ranks have agreed, this step, that all of them step an optimizer of this layout.
+        return self._agreement.verified_now(self._groups, self._digest, self._buckets, block)
 
-        The agreement is an ordered entry of the set's engine, started with the step's first gradient; it
-        holds nothing, so a blocking collective between ``backward()`` and ``step()`` is agreed after it
-        and issued whatever buckets are still to come. Buckets are submitted only after the verdict, so a
-        mismatch raises on every rank with no allreduce left in flight.
-        """
-        if self._verified:
-            return True
-        if self._check is None:
-            if self._groups.size == 1:
-                self._verified = True
-                return True
-            self._check = engine_for(self._groups).agree(Call(Kind.OPTIMIZER_STEP, digest=self._digest))
-        if not block and not self._check.done():
-            return False
-        try:
-            agreement = self._check.result()
-        except BaseException:
-            self._reset()
-            raise
-        self._verified = True
-        # Agreed by every rank on this layout, with nobody joined: the step's buckets are the same on every
-        # rank and go out in bucket order, so each may be issued as soon as it is full, with no agreement of
-        # its own (Horovod's response cache, for a step's worth of gradients at once).
-        channel = self._groups.control
-        self._direct = not agreement.joined and channel is not None and not self._buckets[0].buffer.is_cuda
-        return True
+    def _post_joined_step(self, groups: _Groups) -> list[Any]:
+        """For ``join()`` (see ``StepAgreement.join_now``)."""
+        return self._agreement.join_now(groups, self._buckets)
 
     def _launch_in_order(self, block: bool = False) -> None:
         while self._next_launch < len(self._buckets) and not self._buckets[self._next_launch].missing:
@@ -371,7 +353,8 @@ class DistributedOptimizer:
             bucket.launch(groups.data, local)
             ticket._settle(None, None)
             return ticket
-        if self._direct:  # the channel carries only agreed steps' buckets, in bucket order on every rank
+        if self._agreement.direct:
+            # The channel carries only these steps' buckets, in bucket order on every rank.
             bucket.launch(groups.control, local)
             return _LAUNCHED
         call = Call(
@@ -429,8 +412,10 @@ class DistributedOptimizer:
             self._verified_now(block=True)
             self._complete_buckets()
         except BaseException:
+            self._agreement.forget()
             self._reset()
             raise
+        self._agreement.done(self._buckets)
         for bucket in self._buckets:
             result = bucket.result()
             if bucket.views:
@@ -487,14 +472,13 @@ class DistributedOptimizer:
             self._pass_counts[key] = 0
         self._next_launch = 0
         self._launches = []
-        self._verified = False
-        self._direct = False
-        self._check = None
+        self._agreement.reset()
 
     def _join_step(self) -> None:
         """Take part, with zeros, in the step of the ranks that have not joined (see ``collectives.join``)."""
         # join() has exchanged this step's round already.
-        self._verified = True
+        self._agreement.verified = True
+        self._agreement.forget()
         try:
             for bucket in self._buckets:
                 for position, filled in enumerate(bucket.filled):

@@ -1,7 +1,9 @@
 """Horovod's ``examples/pytorch/pytorch_synthetic_benchmark.py`` with its one import changed (``import
 collectives as hvd``), a small stand-in net for torchvision's models, and ``--ddp`` for torch's DDP on the
 same loop. Rank 0 prints one JSON line: {"img_s": total images per second, median of the iterations,
-"rounds_per_step": the engine's agreement rounds per timed step on rank 0, where its engine counts them}.
+"rounds_per_step": the engine's agreement rounds per timed step on rank 0, where its engine counts them
+(idle rounds included), "unagreed_per_step": the share of timed steps that went out with no agreement, where
+the optimizer counts them}.
 
 Run by ``benchmarks/synthetic.py`` under distrun, with whichever tree's ``collectives`` comes first on
 ``PYTHONPATH``.
@@ -13,6 +15,7 @@ import argparse
 import json
 import statistics
 import timeit
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +40,12 @@ def stand_in(classes: int = 1000) -> nn.Module:
         nn.ReLU(),
         nn.Linear(256, classes),
     )
+
+
+def unagreed_steps(optimizer: Any) -> int | None:
+    """The optimizer's steps that went out with no agreement, where it counts them (not an earlier tree's)."""
+    agreement = getattr(optimizer, "_agreement", None)
+    return None if agreement is None else int(agreement.steps_unagreed)
 
 
 def rounds() -> int | None:
@@ -89,6 +98,7 @@ def main() -> None:
 
     timeit.timeit(benchmark_step, number=args.num_warmup_batches)
     rounds_before = rounds()
+    unagreed_before = unagreed_steps(optimizer)
     img_secs = []
     for _ in range(args.num_iters):
         seconds = timeit.timeit(benchmark_step, number=args.num_batches_per_iter)
@@ -99,6 +109,9 @@ def main() -> None:
     rounds_after = rounds()
     if rounds_before is not None and rounds_after is not None:
         out["rounds_per_step"] = (rounds_after - rounds_before) / (args.num_iters * args.num_batches_per_iter)
+    if unagreed_before is not None:
+        unagreed = (unagreed_steps(optimizer) or 0) - unagreed_before
+        out["unagreed_per_step"] = unagreed / (args.num_iters * args.num_batches_per_iter)
     if hvd.rank() == 0:
         print(json.dumps(out), flush=True)
     hvd.shutdown()

@@ -82,7 +82,7 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
     assert results[0]["stall_thread"]
 
 
-@pytest.mark.parametrize("during", ["op", "barrier", "step", "issued"])
+@pytest.mark.parametrize("during", ["op", "barrier", "step", "cached_step", "issued"])
 def test_a_killed_peer_fails_the_survivors_pending_operations(during: str, tmp_path: Path) -> None:
     procs = start_two_ranks(WORKER, "kill", during)
     try:

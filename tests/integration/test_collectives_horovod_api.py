@@ -174,6 +174,25 @@ def test_distributed_optimizer_steps_with_a_joined_rank(job: Job) -> None:
         torch.testing.assert_close(grads[0], torch.full((1, 2), everyone))
         for grad in grads[1:]:
             torch.testing.assert_close(grad, torch.full((1, 2), without_rank0))
+        # The second step went out unagreed (rank 0 took part in it from join()); the third was agreed.
+        assert res["optimizer_join"]["unagreed"] == (0 if rank == 0 else 1)
+
+
+def test_a_rank_joins_while_an_optimizer_steps_unagreed_and_the_others_step_another(job: Job) -> None:
+    size, results = job
+    assert len({res["optimizer_join_two"]["last"] for res in results}) == 1
+    everyone = torch.full((1, 2), sum(r + 1 for r in range(size)) / size)
+    without_rank0 = torch.full((1, 2), sum(r + 1 for r in range(1, size)) / size)
+    for rank, res in enumerate(results):
+        seen = res["optimizer_join_two"]
+        for grad in seen["before"] + seen["after"]:
+            torch.testing.assert_close(grad, everyone)
+        assert len(seen["alone"]) == (0 if rank == 0 else 2)
+        for grad in seen["alone"]:
+            torch.testing.assert_close(grad, without_rank0)
+        # The second step of each pair went out unagreed; the gradient channel stayed in step.
+        assert seen["unagreed"] == 2
+        torch.testing.assert_close(seen["in_step"], torch.tensor([float(size)]))
 
 
 def test_an_optimizer_step_against_another_collective_raises_everywhere(job: Job) -> None:

@@ -300,13 +300,14 @@ def test_buckets_start_during_backward_as_soon_as_they_fill(events: list[str]) -
     events.append("backward done")
     local = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     opt.step()
+    # Each bucket carries one element past its gradients (a joined rank's mark: collectives.step_agreement).
     assert events == [
-        "allreduce 2",
-        "allreduce 32",
-        "allreduce 16",
-        "allreduce 256",
+        "allreduce 3",
+        "allreduce 33",
+        "allreduce 17",
+        "allreduce 257",
         "first layer ready",
-        "allreduce 64",
+        "allreduce 65",
         "backward done",
     ]
     # A world of one: the average is the local gradient, written back into every .grad.
@@ -340,11 +341,11 @@ def test_buckets_follow_the_gradient_order_from_the_second_step(events: list[str
         opt.step()
         per_step.append(list(events))
     # First step: the body's weight, registered last, is the first bucket, ready last: nothing overlaps.
-    assert per_step[0] == ["body ready", "allreduce 64", "allreduce 2", "allreduce 32"]
+    assert per_step[0] == ["body ready", "allreduce 65", "allreduce 3", "allreduce 33"]
     # Rebuilt in the order the gradients came: the head's buckets start while the body is still computing.
     assert per_step[1] == per_step[2]
-    assert sorted(per_step[1][:2]) == ["allreduce 2", "allreduce 32"]
-    assert per_step[1][2:] == ["body ready", "allreduce 64"]
+    assert sorted(per_step[1][:2]) == ["allreduce 3", "allreduce 33"]
+    assert per_step[1][2:] == ["body ready", "allreduce 65"]
 
 
 def test_duplicate_parameter_names_are_refused_before_init_is_needed() -> None:

@@ -56,7 +56,12 @@ LAYERS: list[list[str]] = [
         "collectives.ops._grouped_allreduce",
         "collectives.ops._alltoall",
     ],
-    ["collectives.checkpoint", "collectives.ops._allgather", "collectives.ops._broadcast"],
+    [
+        "collectives.checkpoint",
+        "collectives.ops._allgather",
+        "collectives.ops._broadcast",
+        "collectives.step_agreement",
+    ],
     ["collectives.ops._reducescatter", "collectives.ops._sparse"],
     ["collectives.ops"],
     ["collectives.optimizer", "collectives.metrics"],

@@ -129,11 +129,16 @@ def between_backward_and_step(rank: int) -> dict[str, Any]:
 
 def kill(rank: int, size: int, during: str) -> dict[str, Any]:
     """The last rank dies; the others are inside ``during``: a pending async op ("op"), a barrier (an
-    ordered turn), or an optimizer step (its agreement and buckets)."""
+    ordered turn), an optimizer step (its agreement and buckets) or a second one ("cached_step": its buckets,
+    unagreed)."""
     device = hvd.device()  # the same worker runs on NCCL in tests/gpu
     model = torch.nn.Linear(4, 4).to(device)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     hvd.allreduce(torch.ones(1, device=device))
+    if during == "cached_step":
+        # A first step together: the survivor's next one goes out unagreed, straight to the dead peer.
+        model(torch.ones(2, 4, device=device)).sum().backward()
+        opt.step()
     big = torch.ones(BIG if during == "issued" else 1, device=device)
     if rank == size - 1:
         if during == "issued":
@@ -151,7 +156,7 @@ def kill(rank: int, size: int, during: str) -> dict[str, Any]:
             hvd.allreduce(torch.ones(1, device=device))
         elif during == "barrier":
             hvd.barrier()
-        elif during == "step":
+        elif during in ("step", "cached_step"):
             model(torch.ones(2, 4, device=device)).sum().backward()
             opt.step()
         else:

@@ -150,7 +150,39 @@ def optimizer_join(rank: int, size: int) -> dict[str, Any]:
         assert model.weight.grad is not None
         grads.append(model.weight.grad.clone())
     last = hvd.join()
-    return {"grads": grads, "last": last}
+    return {"grads": grads, "last": last, "unagreed": opt._agreement.steps_unagreed}
+
+
+def optimizer_join_two_optimizers(rank: int, size: int) -> dict[str, Any]:
+    """Rank 0 joins while its optimizer's next step was to go out unagreed; the others step another
+    optimizer first, then that one, then join; then everyone steps again, as in a next epoch."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(2, 1, bias=False), torch.nn.Linear(2, 1, bias=False)
+    opts = [
+        hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.0), m.named_parameters(prefix=p))
+        for m, p in ((first, "first"), (second, "second"))
+    ]
+
+    def step(which: int) -> torch.Tensor:
+        model = (first, second)[which]
+        opts[which].zero_grad()
+        model(torch.full((1, 2), float(rank + 1))).sum().backward()
+        opts[which].step()
+        assert model.weight.grad is not None
+        return model.weight.grad.clone()
+
+    before = [step(0), step(0)]
+    alone = [step(1), step(0)] if rank != 0 else []
+    last = hvd.join()
+    after = [step(0), step(0)]
+    return {
+        "before": before,
+        "alone": alone,
+        "after": after,
+        "last": last,
+        "unagreed": opts[0]._agreement.steps_unagreed,
+        "in_step": hvd.allreduce(torch.ones(1), op=hvd.Sum),
+    }
 
 
 def optimizer_mismatch(rank: int, size: int) -> dict[str, Any]:
@@ -196,6 +228,7 @@ def main() -> None:
         "process_sets": process_sets(rank, size),
         "join": join(rank, size),
         "optimizer_join": optimizer_join(rank, size),
+        "optimizer_join_two": optimizer_join_two_optimizers(rank, size),
         "optimizer_mismatch": optimizer_mismatch(rank, size),
         "optimizer_state": optimizer_state(rank, size),
     }
