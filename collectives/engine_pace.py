@@ -8,7 +8,10 @@ from __future__ import annotations
 
 __all__ = ["BURST_CYCLES", "MAX_IDLE_WAIT_S", "burst_deadline", "next_waits"]
 
-MAX_IDLE_WAIT_S = 0.02
+# An idle round is a gather on every rank's engine thread at once: one per 20 ms, with 4 ranks on 2 cores,
+# cost DistributedOptimizer a sixth of its throughput once its steps went out unagreed (docs/performance.md).
+# A tenth of a second still sees a dead peer, and runs the stall check, well within a human's notice.
+MAX_IDLE_WAIT_S = 0.1
 # How many cycles a burst of submissions may keep the engine thread's round waiting for more of it.
 BURST_CYCLES = 8
 

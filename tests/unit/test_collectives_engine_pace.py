@@ -17,7 +17,7 @@ CYCLE = 0.001
         # Busy after a long idle spell: the next round a cycle later, the idle wait kept.
         (True, MAX_IDLE_WAIT_S, (CYCLE, MAX_IDLE_WAIT_S)),
         (False, CYCLE, (2 * CYCLE, 2 * CYCLE)),
-        (False, 0.016, (MAX_IDLE_WAIT_S, MAX_IDLE_WAIT_S)),
+        (False, 0.8 * MAX_IDLE_WAIT_S, (MAX_IDLE_WAIT_S, MAX_IDLE_WAIT_S)),
         (False, MAX_IDLE_WAIT_S, (MAX_IDLE_WAIT_S, MAX_IDLE_WAIT_S)),
     ],
 )
