@@ -53,7 +53,7 @@ class _Bucket:
         self.custom = None if isinstance(compression, Compressor) else compression
         dtype = compression.wire_dtype_for(params[0].dtype) if self.custom is None else params[0].dtype
         # One element past the gradients: the count of joined ranks in a step that went out unagreed (see
-        # collectives.optimizer). It travels in every step, so the buffer's size is the same in all of them.
+        # collectives.step_agreement). It travels in every step, so the buffer's size is the same in all.
         self.buffer = torch.zeros(numel + 1, dtype=dtype, device=params[0].device)
         self.joined = self.buffer[numel:]
         # Gradients can live in the buffer itself when it travels in their own dtype.

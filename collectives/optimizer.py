@@ -183,8 +183,6 @@ class DistributedOptimizer:
         # Parameters whose sparse gradients travel dense (sparse_as_dense): sparse again after the step's
         # reduction, for optimizers such as SparseAdam that take nothing else.
         self._densified: set[int] = set()
-        # Whether the ranks have agreed, this step, that they are all stepping this layout; the exchange
-        # in flight meanwhile.
         # The engine's tickets of this step's launched buckets, in bucket order.
         self._launches: list[Ticket] = []
         # Names this optimizer's buckets on every rank: ranks build their optimizers in the same order.
