@@ -1,19 +1,17 @@
 """How the ranks of a process set agree on a collective before it starts, so that mismatches raise everywhere.
 
 Horovod's coordinator compares every rank's request (operation, name, dtype, shape, op, root rank) before a
-tensor moves, and answers a mismatch with the same error on every rank. Here each rank contributes a fixed
-row of int64 to one all_gather on the set's gloo control group (``collectives.process_sets``); every rank
-then holds every row and reaches the same verdict. The row has an agreed part, which must be equal on all
-ranks, and a free part of per-rank facts (allgather's first dimension) that the collective needs anyway, so
-allgather pays no extra exchange for its sizes.
+tensor moves, and answers a mismatch with the same error on every rank. Here each rank announces a fixed
+row of int64 in its engine's agreement round (``collectives.engine_rounds``); every rank then holds every
+row and reaches the same verdict. The row has an agreed part, which must be equal on all ranks, and a free
+part of per-rank facts (allgather's first dimension) that the collective needs anyway, so allgather pays no
+extra exchange for its sizes.
 
 Rows are cached per request (Horovod caches its responses per tensor name): a training loop that reduces the
-same named tensors every step builds each row once. The exchange itself remains: it is one small gloo
-collective on the CPU, never a GPU synchronisation.
+same named tensors every step builds each row once.
 
-The control group's all_gather is also the cheapest correct barrier, and it is what ``join`` listens on:
-a joined rank answers every round with a JOIN row and takes part, with zeros, in the allreduces of the
-others (see :func:`join`).
+A joined rank answers every round with a JOIN row and takes part, with zeros, in the allreduces of the
+others (see ``collectives.coordination``).
 """
 
 from __future__ import annotations
@@ -26,13 +24,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from collectives.errors import CollectivesError, MismatchError
 from collectives.reduce_op import ReduceOp
 from collectives.registry import _Groups, _registered
 
-__all__ = ["Agreement", "Call", "Kind", "Pending", "dtype_code", "negotiate", "negotiate_async", "row_of"]
+__all__ = ["Agreement", "Call", "Kind", "dtype_code", "row_of"]
 
 ROW = 32
 _AGREED = 28  # fields [0, _AGREED) must be equal on every rank; the rest are per-rank facts
@@ -126,7 +123,6 @@ class Agreement:
         return self.rows[position][_AGREED:]
 
 
-_row_cache: dict[Call, torch.Tensor] = {}
 _row_lists: dict[Call, list[int]] = {}
 # Global ranks seen joined in the rounds since the last completed join(); join() needs them to name the last.
 _joined_seen: set[int] = set()
@@ -144,53 +140,6 @@ def row_of(call: Call) -> list[int]:
             cached.pop()
         _row_lists[call] = cached
     return cached
-
-
-def _row_tensor(call: Call) -> torch.Tensor:
-    cached = _row_cache.get(call)
-    if cached is None:
-        if len(_row_cache) >= _CACHE_LIMIT:
-            _row_cache.clear()
-        cached = _row_cache[call] = torch.tensor(call.row(), dtype=torch.int64)
-    return cached
-
-
-def _gather(out: torch.Tensor, row: torch.Tensor, group: Any, async_op: bool) -> Any:
-    # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(out, row, group=group, async_op=async_op)
-
-
-class Pending:
-    """An exchange in flight: the optimizer starts its per-step check and lets backward go on meanwhile."""
-
-    def __init__(self, call: Call, groups: _Groups) -> None:
-        self._call = call
-        self._groups = groups
-        self._out = torch.empty(groups.size * ROW, dtype=torch.int64)
-        self._work = _gather(self._out, _row_tensor(call), groups.control, async_op=True)
-
-    def is_completed(self) -> bool:
-        return bool(self._work.is_completed())
-
-    def wait(self) -> Agreement:
-        self._work.wait()
-        return _verdict(self._call, self._groups, self._out.view(self._groups.size, ROW).tolist())
-
-
-def negotiate_async(call: Call, groups: _Groups) -> Pending | None:
-    """Start the exchange for ``call``; None when the set has one rank (nothing to agree on)."""
-    return None if groups.size == 1 else Pending(call, groups)
-
-
-def negotiate(call: Call, groups: _Groups) -> Agreement:
-    """Exchange ``call`` with the set's other ranks; raise :class:`MismatchError` on every rank unless all
-    agree."""
-    if groups.size == 1:
-        return Agreement([call.row()], ())
-    out = torch.empty(groups.size * ROW, dtype=torch.int64)
-    _gather(out, _row_tensor(call), groups.control, async_op=False)
-    return _verdict(call, groups, out.view(groups.size, ROW).tolist())
 
 
 def _verdict(call: Call, groups: _Groups, rows: list[list[int]]) -> Agreement:

@@ -1,10 +1,12 @@
 """Horovod's process sets on torch.distributed subgroups.
 
 A process set is a subset of the ranks that runs collectives of its own (``process_set=`` on every
-collective). Each registered set owns two torch.distributed groups: the data group (the job's backend) that
-carries tensors, and a gloo control group that carries the small metadata rows with which its ranks agree on
-each collective before it starts (``collectives.negotiation``). Keeping control apart from data means a rank
-whose data collective is still in flight cannot be paired with another rank's metadata exchange.
+collective). Each registered set owns three torch.distributed groups: the data group (the job's backend)
+that carries tensors, a gloo group for ``DistributedOptimizer``'s gradient buckets on the CPU (the
+``control`` group, ``collectives.step_agreement``), and a gloo group for its engine's agreement rounds, in
+which the ranks agree on each collective before it starts (``collectives.negotiation``). Keeping the rounds
+apart from data means a rank whose data collective is still in flight cannot be paired with another rank's
+agreement.
 
 Creating and removing a set is collective over the whole job, as in Horovod: torch.distributed requires
 every rank to create every group, member or not. The ranks agree on it in the global set's ordered

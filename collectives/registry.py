@@ -41,8 +41,9 @@ class _Groups:
 
     @property
     def control(self) -> Any:
-        """The set's second gloo group: the gradient channel of ``DistributedOptimizer``'s agreed steps on
-        the CPU (``collectives.optimizer``), and the rows of ``collectives.negotiation``'s exchanges."""
+        """The set's second gloo group: the gradient channel of ``DistributedOptimizer``'s steps on the CPU
+        (``collectives.step_agreement``). It carries nothing else, so that every rank's next collective on it
+        is the same step's bucket."""
         return _process_groups.get(self.set_id, (None, None))[1]
 
     @property

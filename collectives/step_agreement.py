@@ -83,7 +83,6 @@ class StepAgreement:
             if self._unagreed_next(groups):
                 self.verified = self.direct = self.unagreed = True
                 return True
-            self._cached = False
             self._check = engine_for(groups).agree(Call(Kind.OPTIMIZER_STEP, digest=digest))
         if not block and not self._check.done():
             return False
