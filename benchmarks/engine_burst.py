@@ -1,12 +1,13 @@
 """The engine's costs per operation (``benchmarks/workers/engine_burst.py``), this tree against an earlier
 one, alternating jobs in one run.
 
-    python benchmarks/engine_burst.py --baseline DIR [--ranks 2] [--pairs 3] [--steps 0]
+    python benchmarks/engine_burst.py --baseline DIR [--ranks 2] [--pairs 3] [--run 1] [--steps 0]
 
 DIR is a ``git archive`` of an earlier tree, put first on ``PYTHONPATH`` for its jobs. For each tree it
 prints, over all of its jobs' rounds (each round's time the slowest rank's): the 64-op burst against one
 grouped call, and the grouped call against one raw ``all_reduce`` of all their bytes, as medians with
-quartiles (> 1: slower); Python calls per operation of the burst; with ``--steps N``, a step of
+quartiles (> 1: slower), each case timed alone after a barrier (``--run N``: N calls in a row, timed
+together); Python calls per operation of the burst; with ``--steps N``, a step of
 ``--step-count`` cached named operations: rounds per step and the agreement's CPU per operation (ns).
 """
 
@@ -52,13 +53,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=100, help="rounds of the burst per job (0: none)")
+    parser.add_argument("--run", type=int, default=1, help="calls of each case in a row, timed together")
     parser.add_argument("--steps", type=int, default=0, help="cached steps per job (0: none)")
     parser.add_argument("--step-count", type=int, default=1000)
     args = parser.parse_args(argv)
     trees: dict[str, Path | None] = {"this tree": None}
     if args.baseline is not None:
         trees["baseline"] = args.baseline
-    work = [f"--rounds={args.rounds}", f"--steps={args.steps}", f"--step-count={args.step_count}"]
+    work = [
+        f"--rounds={args.rounds}",
+        f"--run={args.run}",
+        f"--steps={args.steps}",
+        f"--step-count={args.step_count}",
+    ]
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     for pair in range(args.pairs):
         names = list(trees) if pair % 2 == 0 else list(trees)[::-1]
@@ -67,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.rounds and pair == 0:
                 results[name][-1].update(run_job(trees[name], args.ranks, [*work, "--count-calls"]))
         print(f"pair {pair + 1} done", flush=True)
-    print(f"\n{args.ranks} ranks, {args.pairs} jobs per tree")
+    print(f"\n{args.ranks} ranks, {args.pairs} jobs per tree, {args.run} call(s) of a case in a row")
     for name, jobs in results.items():
         print(f"{name}:")
         if args.rounds:

@@ -51,23 +51,34 @@ def assign_buckets(
 
 def fuse(tensors: Sequence[torch.Tensor]) -> list[tuple[list[torch.Tensor], torch.Tensor]]:
     """``tensors`` grouped by (dtype, device) in first-seen order, each group with a flat copy of it."""
-    # One call per buffer: a reshape per tensor from Python costs more than the copy for small tensors.
-    # (Of one tensor, flatten_dense_tensors gives a view: the buffer must be a copy.)
-    return [
-        (
-            members,
-            torch._C._nn.flatten_dense_tensors([t.detach() for t in members])
-            if len(members) > 1
-            else members[0].detach().reshape(-1).clone(),
-        )
-        for members in assign_buckets(tensors)
-    ]
+    # One torch call per buffer, outside autograd: a reshape or a detach per tensor from Python costs more
+    # than the copy for small tensors. (Of one tensor, flatten_dense_tensors gives a view: the buffer must
+    # be a copy.)
+    one_kind = len({(t.dtype, t.device) for t in tensors}) == 1  # the common case, without the byte counts
+    with torch.no_grad():
+        return [
+            (members, _flat_copy(members))
+            for members in ([list(tensors)] if one_kind else assign_buckets(tensors))
+        ]
+
+
+def _flat_copy(members: list[torch.Tensor]) -> torch.Tensor:
+    if len(members) == 1:
+        return members[0].reshape(-1).clone()
+    if all(t.dim() == 1 for t in members):
+        return torch.cat(members)  # a quarter of flatten_dense_tensors' time, which views every tensor
+    return torch._C._nn.flatten_dense_tensors(members)
 
 
 def unflatten_into(flat: torch.Tensor, members: Sequence[torch.Tensor]) -> None:
     """Copy consecutive slices of ``flat`` back into ``members`` (the inverse of the concatenation)."""
     if not members:
         return
-    # Two calls for the whole buffer rather than a slice, a view and a copy per tensor.
-    parts = torch._C._nn.unflatten_dense_tensors(flat, list(members))
-    torch._foreach_copy_(list(members), list(parts))
+    targets = list(members)
+    # Two calls for the whole buffer rather than a slice, a view and a copy per tensor; flat slices need no
+    # view (unflatten_dense_tensors makes one per tensor).
+    if all(t.dim() == 1 for t in targets):
+        parts = list(torch.split(flat, [t.numel() for t in targets]))
+    else:
+        parts = list(torch._C._nn.unflatten_dense_tensors(flat, targets))
+    torch._foreach_copy_(targets, parts)

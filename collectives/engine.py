@@ -52,7 +52,7 @@ import torch
 from collectives.engine_cache import capacity_from_env
 from collectives.engine_pace import burst_deadline, next_waits
 from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
-from collectives.engine_rounds import Announcement, Table, announce, exchange, first_words, name_key
+from collectives.engine_rounds import Announcement, Table, announce, exchange, name_key, ride_budget
 from collectives.engine_tickets import Ticket, Turn
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
@@ -123,7 +123,7 @@ class Engine:
         self._table = Table(groups.size, capacity_from_env())
         self._cached_agreements: dict[int, Agreement] = {}  # per response-cache slot, made once
         self._driven_local = 0  # entries in _local that their callers drive (the rest: the thread's work)
-        self._ride_bytes = first_words(groups.size) * 4  # payloads beyond go by the cache's bits
+        self._ride_bytes = ride_budget(groups.size)  # payloads beyond go by the cache's bits
         self._sequence = 0
         self._submitted = 0
         self.progress = progress_for(groups.set_id)  # the latest operation issued, agreed and done

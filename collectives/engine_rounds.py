@@ -13,11 +13,18 @@ An announcement may carry a payload: the bytes of a small tensor, which every ra
 is over (a small allreduce is reduced from them, with no collective of its own). Payloads ride in the first
 buffer only, behind the records, and only when every announcement of the round fits there with its payload:
 a burst too large for that goes without them, to be fused into one collective instead.
+
+The first buffer's length is the same on every rank (gloo aborts a process on a size mismatch), so it cannot
+follow one rank's wish within a round. It follows the rounds instead: each rank's header says how long a
+first buffer it would have needed, and every rank sets the next rounds' length from the longest of the
+recent rounds' wishes, the same figures everywhere. A loop that reduces 64 KB each step then pays one
+gather for it from its second step on, and the buffer shrinks back once such rounds stop.
 """
 
 from __future__ import annotations
 
 import array
+import collections
 import dataclasses
 import datetime
 import functools
@@ -42,21 +49,26 @@ __all__ = [
     "exchange",
     "name_key",
     "payload_fits",
+    "ride_budget",
 ]
 
 # (announcements in all, wants to stop, announcements in the first buffer, their records' words, the rest's
 # words: the length of the second buffer this rank needs, 0 for none; the response cache's bit vector's
-# words, which follow the header)
-_HEADER = 6
-# The first buffer's length in words. An all_gather of 8 KB costs what one of a few hundred bytes does here,
-# and holds a blocking call's announcement with a small payload, or some 80 announcements of a burst; it
-# shrinks as the set grows, since every rank receives every rank's buffer.
+# words, which follow the header; the first buffer's length this rank would have needed for all of it)
+_HEADER = 7
+# The first buffer's length in words, at rest. An all_gather of 8 KB costs what one of a few hundred bytes
+# does here, and holds a blocking call's announcement with a small payload, or some 80 announcements of a
+# burst; it shrinks as the set grows, since every rank receives every rank's buffer.
 _FIRST_WORDS = 1024
 _FIRST_BYTES_ALL_RANKS = 128 * 1024
 # How many cached operations a round may carry with their payloads rather than as bits.
 _RIDERS = 4
-# A payload rides in the round when every rank receiving it costs no more than a small all_gather.
-_PAYLOAD_BYTES_ALL_RANKS = 8 * 1024
+# A payload rides in the round when every rank receiving every rank's bytes costs no more than the
+# allreduce it replaces: here gloo's allreduce of 64 KB takes as long as two all_gathers of every rank's
+# 64 KB with 2 ranks, 1.7 with 4.
+_PAYLOAD_BYTES_ALL_RANKS = 512 * 1024
+# How many rounds a grown first buffer keeps its length after the last round that wanted it.
+_GROWN_ROUNDS = 16
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -68,6 +80,11 @@ def name_key(name: str) -> int:
 def payload_fits(nbytes: int, size: int) -> bool:
     """Whether a tensor of ``nbytes`` may ride in the round of a set of ``size`` ranks."""
     return nbytes * size <= _PAYLOAD_BYTES_ALL_RANKS
+
+
+def ride_budget(size: int) -> int:
+    """The bytes of payload one rank may put in a round of a set of ``size`` ranks."""
+    return _PAYLOAD_BYTES_ALL_RANKS // size
 
 
 class Announcement(NamedTuple):
@@ -154,6 +171,15 @@ class Table:
         self.first_seen: dict[int, float] = {}
         self.labels: dict[int, str] = {}
         self.payloads: dict[int, dict[int, torch.Tensor]] = {}
+        # The next round's first buffer length, the same on every rank: set from every rank's header alike.
+        self.words = self.rest_words = first_words(size)
+        self.most_words = self.rest_words + _PAYLOAD_BYTES_ALL_RANKS // (8 * size)
+        self._wanted: collections.deque[int] = collections.deque(maxlen=_GROWN_ROUNDS)
+
+    def resize(self, wanted: int) -> None:
+        """Set the next round's first buffer from the longest one any rank needed in this round."""
+        self._wanted.append(min(wanted, self.most_words))
+        self.words = max(self.rest_words, *self._wanted)
 
     def add(
         self,
@@ -268,6 +294,10 @@ def _fit(records: list[list[int]], words: int) -> tuple[int, int]:
     return count, used
 
 
+def _payload_words(mine: list[Announcement]) -> int:
+    return sum((a.payload.nbytes + 7) // 8 for a in mine if a.payload is not None)
+
+
 def _int64(values: list[int]) -> torch.Tensor:
     # Through an array: torch.tensor() of a list of a thousand ints costs a tenth of a round.
     return torch.frombuffer(array.array("q", values), dtype=torch.int64)
@@ -353,14 +383,16 @@ def exchange(
     cache = table.cache
     bit_words = cache.words
     records = _records(mine)
-    words = first_words(table.size)
+    words = table.words
     inline, inline_words = _fit(records, words - _HEADER - bit_words)
     rest: list[int] = []
     for record in records[inline:]:
         rest.extend(record)
-    header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words]
+    wanted = _HEADER + bit_words + inline_words + len(rest) + _payload_words(mine)
+    header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words, wanted]
     gathered = _gather(_pack_first(mine, records, header, words, bits), table.size, group, timeout)
     headers = gathered[:, :_HEADER].tolist()
+    table.resize(max(h[6] for h in headers))
     if any(h[5] != bit_words for h in headers):
         raise CollectivesError(
             "the ranks' response caches differ in size: set HOROVOD_CACHE_CAPACITY alike on every rank"

@@ -3,8 +3,9 @@ first on ``PYTHONPATH``). Rank 0 prints one JSON line.
 
 * ``burst``: ``--count`` ``allreduce_async_`` of ``--size`` bytes each, named, then ``synchronize`` on each;
   ``grouped``: one ``grouped_allreduce_`` of the same tensors; ``raw``: one ``torch.distributed.all_reduce``
-  of a tensor of all their bytes. The three take turns in every round; each round's time is the slowest
-  rank's, and the ratios are per round.
+  of a tensor of all their bytes. The three take turns in every round, each after a barrier of the ranks
+  and ``--run`` times in a row (a call's time is the run's over ``--run``: 1 for a call's latency alone, more
+  for calls back to back); each round's time is the slowest rank's, and the ratios are per round.
 * ``--count-calls``: Python function calls per operation of a burst, on every thread of rank 0.
 * ``step``: a step's worth of named operations (``--step-count`` ``allreduce_async_`` of ``--step-size``
   bytes, the same names every step, so they are cached after the first), repeated; per step, how many
@@ -108,9 +109,13 @@ def burst(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.rounds):
         shuffler.shuffle(order)
         for name in order:
+            # Every case starts with the ranks in step: its time is its own, not the last case's skew.
+            dist.barrier()
+            case = cases[name]
             start = time.perf_counter()
-            cases[name]()
-            times[name].append(time.perf_counter() - start)
+            for _ in range(args.run):
+                case()
+            times[name].append((time.perf_counter() - start) / args.run)
     return {name: slowest(values) for name, values in times.items()}
 
 
@@ -175,6 +180,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=64)
     parser.add_argument("--size", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--run", type=int, default=1, help="calls of a case in a row, timed together")
     parser.add_argument("--step-count", type=int, default=1000)
     parser.add_argument("--step-size", type=int, default=64)
     parser.add_argument("--steps", type=int, default=0, help="steps of --step-count operations (0: none)")

@@ -13,7 +13,7 @@ from collectives.compression import Compression, Compressor
 from collectives.engine_rounds import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, row_of
-from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled
+from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled, reduce_payloads
 from collectives.ops._handle import Handle, _Part, _Ready, _submit, _wait_work
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
@@ -69,7 +69,7 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         row_of(call),
         (dtype, device, op, prescale, postscale),
         issue_fused,
-        _reduce_payloads(op, postscale) if rides else None,
+        _reduce_in_round(op, postscale) if rides else None,
         nbytes,
     )
 
@@ -112,29 +112,10 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     return _submit(plan.call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, row=plan.row)
 
 
-_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
-    ReduceOp.SUM: torch.add,
-    ReduceOp.AVERAGE: torch.add,
-    ReduceOp.MIN: torch.minimum,
-    ReduceOp.MAX: torch.maximum,
-    ReduceOp.PRODUCT: torch.mul,
-}
-
-
-def _reduce_payloads(op: ReduceOp, postscale: float) -> _Reduce:
-    """Reduce every rank's bytes of a tensor into it, in set order: the same bits on every rank."""
-    combine = _COMBINE[op]
-
-    def reduce(tensor: torch.Tensor, payloads: list[torch.Tensor]) -> _Part[torch.Tensor]:
-        dtype, shape = tensor.dtype, tensor.shape
-        parts = [p.view(dtype).view(shape) for p in payloads]
-        combine(parts[0], parts[1], out=tensor)
-        for part in parts[2:]:
-            combine(tensor, part, out=tensor)
-        # Done here, on the thread that settles it: the handle then only hands the tensor back.
-        return _Ready(_postscaled(tensor, len(parts) if op is ReduceOp.AVERAGE else 1, postscale))
-
-    return reduce
+def _reduce_in_round(op: ReduceOp, postscale: float) -> _Reduce:
+    reduce = reduce_payloads(op, postscale)
+    # Done here, on the thread that settles it: the handle then only hands the tensor back.
+    return lambda tensor, payloads: _Ready(reduce(tensor, payloads))
 
 
 class _Fused:

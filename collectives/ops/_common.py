@@ -3,7 +3,7 @@ which the data-moving collectives carry tensors of any type."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -114,3 +114,30 @@ def _from_rows(rows: torch.Tensor, dtype: torch.dtype, trailing: Sequence[int]) 
     """The inverse of :func:`_rows_of` for ``rows`` rows of ``trailing``-shaped items of ``dtype``."""
     typed = rows if rows.dtype == dtype else rows.view(dtype)
     return typed.reshape(rows.shape[0], *trailing)
+
+
+_COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
+    ReduceOp.SUM: torch.add,
+    ReduceOp.AVERAGE: torch.add,
+    ReduceOp.MIN: torch.minimum,
+    ReduceOp.MAX: torch.maximum,
+    ReduceOp.PRODUCT: torch.mul,
+}
+
+
+def reduce_payloads(
+    op: ReduceOp, postscale: float
+) -> Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]:
+    """Reduce every rank's bytes of a tensor (uint8, in set order, carried by its agreement round) into it:
+    the same bits on every rank."""
+    combine = _COMBINE[op]
+
+    def reduce(tensor: torch.Tensor, payloads: list[torch.Tensor]) -> torch.Tensor:
+        dtype, shape = tensor.dtype, tensor.shape
+        parts = [p.view(dtype).view(shape) for p in payloads]
+        combine(parts[0], parts[1], out=tensor)
+        for part in parts[2:]:
+            combine(tensor, part, out=tensor)
+        return _postscaled(tensor, len(parts) if op is ReduceOp.AVERAGE else 1, postscale)
+
+    return reduce

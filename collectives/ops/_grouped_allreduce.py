@@ -10,9 +10,11 @@ import torch.distributed as dist
 
 from collectives.buckets import fuse, unflatten_into
 from collectives.compression import Compression, Compressor
+from collectives.engine_rounds import payload_fits
+from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, dtype_code, shape_digest
-from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled
-from collectives.ops._handle import Handle, _submit
+from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled, reduce_payloads
+from collectives.ops._handle import Handle, _Part, _Ready, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 
@@ -31,6 +33,29 @@ def fused_buffers_shape(buffers: Sequence[torch.Tensor]) -> tuple[int, ...]:
     return tuple(v for flat in buffers for v in (dtype_code(flat.dtype), flat.numel()))
 
 
+def _fuses_with_nothing(tensors: list[torch.Tensor]) -> list[Any]:
+    raise AssertionError("a grouped allreduce's fusion key is its own: it fuses with nothing")
+
+
+def _riding(
+    flat: torch.Tensor,
+    members: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    op: ReduceOp,
+    postscale: float,
+) -> Fusion:
+    """A grouped call of one small CPU buffer rides in its agreement round, as a small allreduce does:
+    reduced from every rank's bytes, with no collective of its own."""
+    reduce_flat = reduce_payloads(op, postscale)
+
+    def reduce(tensor: torch.Tensor, payloads: list[torch.Tensor]) -> _Part[list[torch.Tensor]]:
+        reduce_flat(tensor, payloads)
+        unflatten_into(tensor, members)
+        return _Ready(targets)
+
+    return Fusion(object(), flat, _fuses_with_nothing, flat.nbytes, reduce)
+
+
 def _grouped_allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     tensors: Sequence[torch.Tensor],
     op: ReduceOp,
@@ -39,8 +64,10 @@ def _grouped_allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     postscale: float,
     process_set: ProcessSet,
     what: str,
+    blocking: bool = False,
 ) -> Handle[list[torch.Tensor]]:
-    """Reduce ``tensors`` in place, fused into one flat buffer per dtype and device."""
+    """Reduce ``tensors`` in place, fused into one flat buffer per dtype and device; ``blocking``: matched in
+    order rather than by name, its rounds run by the caller (as a blocking allreduce's)."""
     context, groups = context_and_groups(process_set, what)
     targets = list(tensors)
     fused = fuse(targets) if targets else []
@@ -69,7 +96,14 @@ def _grouped_allreduce_start(  # noqa: PLR0917 (Horovod's signature)
 
         return Handle(works, result)
 
-    return _submit(call, groups, issue, claim=True, tensor=targets[0] if targets else None)
+    fusion = None
+    if len(fused) == 1 and groups.size > 1 and prescale == 1.0 and device == "cpu":
+        members, flat = fused[0]
+        if flat.dtype in _CARRIED and payload_fits(flat.nbytes, groups.size):
+            fusion = _riding(flat, members, targets, op, postscale)
+    return _submit(
+        call, groups, issue, claim=not blocking, fusion=fusion, tensor=targets[0] if targets else None
+    )
 
 
 def grouped_allreduce_async_(  # noqa: PLR0917 (Horovod's signature)
@@ -124,8 +158,15 @@ def grouped_allreduce_(  # noqa: PLR0917 (Horovod's signature)
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce every tensor of ``tensors`` in place (fused per dtype and device) and return them."""
-    return grouped_allreduce_async_(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set
+    return _grouped_allreduce_start(
+        tensors,
+        _op_from(average, op),
+        name,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        "grouped_allreduce_",
+        blocking=True,
     ).wait()
 
 
@@ -144,7 +185,7 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
         copies = [t.detach().clone() for t in tensors]
         return tuple(
             _grouped_allreduce_start(
-                copies, op, name, prescale, postscale, process_set, "grouped_allreduce"
+                copies, op, name, prescale, postscale, process_set, "grouped_allreduce", blocking=True
             ).wait()
         )
 
@@ -153,7 +194,7 @@ class _GroupedAllreduceFunction(torch.autograd.Function):
         op, prescale, postscale, process_set = ctx.args
         copies = [g.detach().clone() for g in grads]
         reduced = _grouped_allreduce_start(
-            copies, op, None, prescale, postscale, process_set, "grouped_allreduce"
+            copies, op, None, prescale, postscale, process_set, "grouped_allreduce", blocking=True
         ).wait()
         return (None, None, None, None, None, *reduced)
 
@@ -187,5 +228,6 @@ def grouped_allreduce(  # noqa: PLR0917 (Horovod's signature)
             postscale_factor,
             process_set,
             "grouped_allreduce",
+            blocking=True,
         ).wait()
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(results, compressed, strict=True)]

@@ -68,6 +68,13 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
             "issued": 0,
             "large": [float(size)] * 2,
             "large_issued": 1,
+            "grouped": [
+                [True, True, [float(sum(ranks))], [float(sum(ranks))]],
+                [True, True, [float(sum(ranks))], [float(sum(ranks))]],
+                [True, True, [sum(ranks) / size], [sum(ranks) / size]],
+            ],
+            "grouped_issued": 1,
+            "grouped_in_round": 2,
         }
         assert r["in_round"]["Product"] == [
             _prod(ranks),

@@ -79,20 +79,29 @@ def test_a_round_that_fails_after_a_peer_left_cleanly_says_so() -> None:
     )
 
 
-def _round(monkeypatch: pytest.MonkeyPatch, mine: list[Announcement]) -> tuple[Table, list[int], int]:
+def _round(
+    monkeypatch: pytest.MonkeyPatch,
+    mine: list[Announcement],
+    table: Table | None = None,
+    other_wants: int = 0,
+) -> tuple[Table, list[int], list[int]]:
     """One round of two ranks that announce the same operations (each gather gives this rank's buffer
-    twice); the table, the ready keys and how many all_gathers the round took."""
+    twice; ``other_wants``: the other rank's header asks for that first buffer length); the table, the ready
+    keys and the length of each all_gather's buffer."""
     gathers: list[int] = []
 
     def gather(buffer: torch.Tensor, size: int, group: object, timeout: object) -> torch.Tensor:
         gathers.append(buffer.numel())
-        return buffer.repeat(size).view(size, -1)
+        out = buffer.repeat(size).view(size, -1)
+        if other_wants and len(gathers) == 1:
+            out[1, engine_rounds._HEADER - 1] = other_wants
+        return out
 
     monkeypatch.setattr(engine_rounds, "_gather", gather)
-    table = Table(2)
+    table = Table(2) if table is None else table
     timeout = datetime.timedelta(seconds=5)
     result = engine_rounds.exchange(table, mine, stop=False, group=None, timeout=timeout, width=1 + ROW)
-    return table, result.ready, len(gathers)
+    return table, result.ready, gathers
 
 
 def _announce(i: int, tensor: torch.Tensor) -> Announcement:
@@ -104,7 +113,7 @@ def test_a_small_payload_rides_in_the_round_and_rows_come_back_whole(monkeypatch
     tensor = torch.arange(6, dtype=torch.float64).view(2, 3)
     table, ready, gathers = _round(monkeypatch, [_announce(0, tensor)])
     key = name_key("t.0")
-    assert ready == [key] and gathers == 1
+    assert ready == [key] and len(gathers) == 1
     payloads = table.take_payloads(key)
     assert payloads is not None and len(payloads) == 2
     assert all(torch.equal(p.view(torch.float64).view(2, 3), tensor) for p in payloads)
@@ -115,13 +124,50 @@ def test_a_small_payload_rides_in_the_round_and_rows_come_back_whole(monkeypatch
 def test_a_burst_too_large_to_carry_goes_without_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
     mine = [_announce(i, torch.zeros(256)) for i in range(64)]
     table, ready, gathers = _round(monkeypatch, mine)
-    assert ready == [a.key for a in mine] and gathers == 1
+    assert ready == [a.key for a in mine] and len(gathers) == 1
     assert all(table.take_payloads(a.key) is None for a in mine)
 
 
 def test_what_the_first_buffer_cannot_hold_takes_a_second_gather(monkeypatch: pytest.MonkeyPatch) -> None:
     mine = [_announce(i, torch.zeros(2)) for i in range(200)]
     table, ready, gathers = _round(monkeypatch, mine)
-    assert ready == [a.key for a in mine] and gathers == 2
+    assert ready == [a.key for a in mine] and len(gathers) == 2
     last = Call(Kind.ALLREDUCE, "t.199", torch.float32, "cpu", ReduceOp.SUM, shape=(2,)).row()
     assert table.take(mine[-1].key) == [last, last]
+
+
+def test_a_payload_too_long_for_the_first_buffer_rides_from_the_next_round_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tensor = torch.arange(
+        16384, dtype=torch.float32
+    )  # 64 KB: over the first buffer at rest, within the limit
+    rest = engine_rounds.first_words(2)
+    table, ready, gathers = _round(monkeypatch, [_announce(0, tensor)])
+    assert ready and table.take_payloads(ready[0]) is None and gathers == [rest]
+    table.take(ready[0])
+    assert table.words > 16384 // 2  # the payload in words, and its record
+    grown = table.words
+    table, ready, gathers = _round(monkeypatch, [_announce(0, tensor)], table)
+    payloads = table.take_payloads(ready[0])
+    assert gathers == [grown] and payloads is not None
+    assert all(torch.equal(p.view(torch.float32), tensor) for p in payloads)
+    table.take(ready[0])
+    # Rounds with nothing to carry: the buffer keeps its length a while, then is back at rest.
+    lengths = []
+    for _ in range(engine_rounds._GROWN_ROUNDS):
+        table, _, gathers = _round(monkeypatch, [], table)
+        lengths.append(gathers[0])
+    assert lengths[0] == grown and table.words == rest
+
+
+def test_the_first_buffer_follows_the_longest_any_rank_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    table, _, _ = _round(monkeypatch, [], other_wants=5000)
+    assert table.words == 5000
+    table, _, _ = _round(monkeypatch, [], table, other_wants=10**9)
+    assert table.words == table.most_words  # capped: every rank receives every rank's buffer
+
+
+def test_a_payload_beyond_the_limit_never_rides() -> None:
+    assert engine_rounds.payload_fits(64 * 1024, 4)
+    assert not engine_rounds.payload_fits(1 << 20, 2)

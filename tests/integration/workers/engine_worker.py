@@ -100,9 +100,28 @@ def in_round(rank: int, size: int) -> dict[str, Any]:
     out["2-d"] = hvd.allreduce(torch.ones(2, 3, dtype=torch.float64), op=hvd.Sum).tolist()
     out["in_round"] = engine.reduced_in_round - reduced
     out["issued"] = engine.collectives_issued - issued
-    out["large"] = hvd.allreduce(torch.ones(1 << 16), op=hvd.Sum)[:2].tolist()
+    out["large"] = hvd.allreduce(torch.ones(1 << 18), op=hvd.Sum)[:2].tolist()
     out["large_issued"] = engine.collectives_issued - issued
+    out.update(grouped_in_round(rank, engine))
     return out
+
+
+def grouped_in_round(rank: int, engine: Any) -> dict[str, Any]:
+    """A grouped allreduce of 64 KB: over the round's first buffer at rest, so its first call takes the data
+    group; the rounds then lengthen that buffer, and the calls after it ride in their round."""
+    issued, reduced = engine.collectives_issued, engine.reduced_in_round
+    results = []
+    for op in (hvd.Sum, hvd.Sum, hvd.Average):
+        tensors = [torch.full((64, 16), rank + 1.0), torch.full((16384 - 1024,), rank + 1.0)]
+        returned = hvd.grouped_allreduce_(tensors, op=op)
+        results.append(
+            [returned[0] is tensors[0], tensors[0].shape == (64, 16)] + [t.unique().tolist() for t in tensors]
+        )
+    return {
+        "grouped": results,
+        "grouped_issued": engine.collectives_issued - issued,
+        "grouped_in_round": engine.reduced_in_round - reduced,
+    }
 
 
 def between_backward_and_step(rank: int) -> dict[str, Any]:
