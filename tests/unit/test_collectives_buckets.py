@@ -60,3 +60,18 @@ def test_without_a_cap_each_dtype_and_device_is_one_bucket_in_first_seen_order()
     assert torch.equal(a, torch.tensor([0.0, 1.0]))
     assert torch.equal(c, torch.tensor([[2.0, 3.0], [4.0, 5.0]]))
     assert torch.equal(d, torch.tensor([6.0]))
+
+
+def test_tensors_of_one_kind_fuse_into_one_copy_outside_autograd_and_come_back() -> None:
+    weights = [torch.full((3,), float(i), requires_grad=True) for i in range(3)]
+    ((members, flat),) = fuse(weights)
+    assert members == weights and flat.tolist() == [0.0] * 3 + [1.0] * 3 + [2.0] * 3
+    assert not flat.requires_grad  # a copy for the wire, not a node of the graph
+    flat.add_(1.0)
+    assert weights[0].tolist() == [0.0] * 3  # a copy, not a view
+    with torch.no_grad():
+        unflatten_into(flat, members)
+    assert [w.tolist() for w in weights] == [[1.0] * 3, [2.0] * 3, [3.0] * 3]
+    (single,) = fuse([torch.ones(2, 2)])
+    assert single[1].shape == (4,) and single[1].data_ptr() != single[0][0].data_ptr()
+    assert fuse([]) == []
