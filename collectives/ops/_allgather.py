@@ -6,23 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from collectives.negotiation import Agreement, Call, Kind
 from collectives.ops._allreduce import allreduce
-from collectives.ops._common import _from_rows, _needs_grad, _rows_of
+from collectives.ops._common import _from_rows, _needs_grad, _rows_of, all_gather_into
 from collectives.ops._handle import Handle, _combined, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set, groups_of
 from collectives.reduce_op import ReduceOp
 from collectives.registry import _Groups
 
 __all__ = ["allgather", "allgather_async", "grouped_allgather", "grouped_allgather_async"]
-
-
-def _all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async_op: bool) -> Any:
-    # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(output, local, group=group, async_op=async_op)
 
 
 def _allgather_start(
@@ -66,7 +59,7 @@ def _issue_allgather(agreement: Agreement, local: torch.Tensor, groups: _Groups)
             pieces = [gathered[r * longest : r * longest + firsts[r]] for r in range(groups.size)]
             return _from_rows(torch.cat(pieces), local.dtype, trailing)
 
-    return Handle([_all_gather_into(gathered, send, groups.data, True)], finish)
+    return Handle([all_gather_into(gathered, send, groups.data, True)], finish)
 
 
 class _AllgatherFunction(torch.autograd.Function):

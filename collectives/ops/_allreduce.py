@@ -13,7 +13,15 @@ from collectives.compression import Compression, Compressor
 from collectives.engine_rounds import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, row_of
-from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled, reduce_payloads
+from collectives.ops._common import (
+    _CARRIED,
+    _needs_grad,
+    _op_from,
+    _postscaled,
+    _prescaled,
+    all_gather_into,
+    reduce_payloads,
+)
 from collectives.ops._handle import Handle, _Part, _Ready, _submit, _wait_work
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
@@ -22,6 +30,8 @@ __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
 
 
 _Reduce = Callable[[torch.Tensor, list[torch.Tensor]], _Part[torch.Tensor]]
+# Every rank's buffer gathered (rows in rank order), and how to reduce them into the fused buffer.
+_Rows = tuple[torch.Tensor, Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]]
 
 
 # What a reduction needs beyond its tensor, built once per name, type, shape, op and scaling (Horovod caches
@@ -53,15 +63,22 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
     name, dtype, device_type, op, shape = facts
     call = Call(Kind.ALLREDUCE, name, dtype, device_type, op, shape=shape)
 
+    small = prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED
+    # Summed as rows by every rank in rank order (so the same bits everywhere) once gathered.
+    sum_rows = reduce_payloads(ReduceOp.SUM if op is ReduceOp.AVERAGE else op, 1.0) if small else None
+
     def issue_fused(tensors: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
         flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
         torch_op, divisor = _prescaled(flat, op, prescale, context, groups.size)
+        if sum_rows is not None and payload_fits(flat.numel() * flat.element_size(), groups.size):
+            # What may ride in a round is gathered faster than gloo reduces it (docs/performance.md).
+            rows = torch.empty((groups.size, flat.numel()), dtype=flat.dtype)
+            work = all_gather_into(rows.view(-1), flat, groups.data, True)
+            return _fused_parts(work, flat, tensors, divisor, postscale, (rows, sum_rows))
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
         return _fused_parts(work, flat, tensors, divisor, postscale)
 
-    rides = (
-        prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED and payload_fits(nbytes, groups.size)
-    )
+    rides = small and payload_fits(nbytes, groups.size)
     return _Plan(
         context,
         groups,
@@ -122,12 +139,19 @@ class _Fused:
     """One fused collective's buffer and its tensors: the first of its handles to be waited for waits for the
     collective and copies every tensor out of the buffer at once, so the others wait for nothing."""
 
-    __slots__ = ("divisor", "flat", "lock", "pending", "postscale", "tensors")
+    __slots__ = ("divisor", "flat", "gathered", "lock", "pending", "postscale", "tensors")
 
-    def __init__(
-        self, work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
+    def __init__(  # noqa: PLR0917 (one collective's facts)
+        self,
+        work: dist.Work,
+        flat: torch.Tensor,
+        tensors: list[torch.Tensor],
+        divisor: int,
+        postscale: float,
+        gathered: _Rows | None,
     ) -> None:
         self.pending: list[dist.Work] = [work]  # emptied once the collective has been waited for
+        self.gathered = gathered
         self.flat = flat
         self.tensors = tensors
         self.divisor = divisor
@@ -139,6 +163,9 @@ class _Fused:
             if self.pending:
                 for work in self.pending:
                     _wait_work(work)
+                if self.gathered is not None:
+                    rows, sum_rows = self.gathered
+                    sum_rows(self.flat, list(rows))
                 _postscaled(self.flat, self.divisor, self.postscale)
                 tensors = self.tensors
                 parts = torch.split(self.flat, [t.numel() for t in tensors])
@@ -168,11 +195,17 @@ class _FusedPart:
         return self.fused.completed()
 
 
-def _fused_parts(
-    work: dist.Work, flat: torch.Tensor, tensors: list[torch.Tensor], divisor: int, postscale: float
+def _fused_parts(  # noqa: PLR0917 (one collective's facts)
+    work: dist.Work,
+    flat: torch.Tensor,
+    tensors: list[torch.Tensor],
+    divisor: int,
+    postscale: float,
+    gathered: _Rows | None = None,
 ) -> list[_Part[torch.Tensor]]:
-    """One part per fused tensor, all of them on one :class:`_Fused`."""
-    fused = _Fused(work, flat, tensors, divisor, postscale)
+    """One part per fused tensor, all of them on one :class:`_Fused` (``gathered``: every rank's buffer, to be
+    summed into ``flat`` once the work is done, where the work is an all_gather)."""
+    fused = _Fused(work, flat, tensors, divisor, postscale, gathered)
     return [_FusedPart(fused, i) for i in range(len(tensors))]
 
 

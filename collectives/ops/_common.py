@@ -141,3 +141,10 @@ def reduce_payloads(
         return _postscaled(tensor, len(parts) if op is ReduceOp.AVERAGE else 1, postscale)
 
     return reduce
+
+
+def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async_op: bool) -> Any:
+    """Every rank's ``local`` into ``output``, one after another in rank order (a flat all_gather)."""
+    # all_gather_single replaces the deprecated all_gather_into_tensor in newer torch.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, local, group=group, async_op=async_op)

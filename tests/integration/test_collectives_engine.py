@@ -83,6 +83,13 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
         ]
         assert r["fused_collectives"] < 32
         assert r["fused_values"] == [float(total)]
+        values = [q * 3 + 1 for q in range(size)]
+        assert r["fused_ops"] == {
+            "Min": [1],
+            "Max": [values[-1]],
+            "Average": [sum(values) // size],
+            "Product": [_prod(values)],
+        }
         assert r["lonely"] == [1.0]
         assert r["between"] == {"loss_sum": True, "object": {"step": 1}, "grad_bias": [2.0] * 4}
     assert "rank 1 missing ['lonely']" in results[0]["stall"]
