@@ -63,9 +63,9 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
     name, dtype, device_type, op, shape = facts
     call = Call(Kind.ALLREDUCE, name, dtype, device_type, op, shape=shape)
 
-    small = prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED
+    carried = prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED  # by the round or a gather
     # Summed as rows by every rank in rank order (so the same bits everywhere) once gathered.
-    sum_rows = reduce_payloads(ReduceOp.SUM if op is ReduceOp.AVERAGE else op, 1.0) if small else None
+    sum_rows = reduce_payloads(ReduceOp.SUM if op is ReduceOp.AVERAGE else op, 1.0) if carried else None
 
     def issue_fused(tensors: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
         flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
@@ -78,7 +78,7 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
         return _fused_parts(work, flat, tensors, divisor, postscale)
 
-    rides = small and payload_fits(nbytes, groups.size)
+    rides = carried and payload_fits(nbytes, groups.size)
     return _Plan(
         context,
         groups,
