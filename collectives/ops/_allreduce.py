@@ -14,12 +14,12 @@ from collectives.engine_rounds import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, row_of
 from collectives.ops._common import (
-    _CARRIED,
     _needs_grad,
     _op_from,
     _postscaled,
     _prescaled,
     all_gather_into,
+    carried,
     reduce_payloads,
 )
 from collectives.ops._handle import Handle, _Part, _Ready, _submit, _wait_work
@@ -63,9 +63,9 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
     name, dtype, device_type, op, shape = facts
     call = Call(Kind.ALLREDUCE, name, dtype, device_type, op, shape=shape)
 
-    carried = prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED  # by the round or a gather
+    as_bytes = carried(prescale, device_type, dtype)
     # Summed as rows by every rank in rank order (so the same bits everywhere) once gathered.
-    sum_rows = reduce_payloads(ReduceOp.SUM if op is ReduceOp.AVERAGE else op, 1.0) if carried else None
+    sum_rows = reduce_payloads(ReduceOp.SUM if op is ReduceOp.AVERAGE else op, 1.0) if as_bytes else None
 
     def issue_fused(tensors: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
         flat = torch._C._nn.flatten_dense_tensors(tensors)  # one call, not a view and a copy per tensor
@@ -78,7 +78,7 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         work = dist.all_reduce(flat, op=torch_op, group=groups.data, async_op=True)
         return _fused_parts(work, flat, tensors, divisor, postscale)
 
-    rides = carried and payload_fits(nbytes, groups.size)
+    rides = as_bytes and payload_fits(nbytes, groups.size)
     return _Plan(
         context,
         groups,

@@ -116,6 +116,12 @@ def _from_rows(rows: torch.Tensor, dtype: torch.dtype, trailing: Sequence[int]) 
     return typed.reshape(rows.shape[0], *trailing)
 
 
+def carried(prescale: float, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether a reduction's bytes may travel as they are, in its round or a gather, for every rank to
+    reduce (a CPU tensor of a type gloo carries, with no prescale); within ``payload_fits``'s limit."""
+    return prescale == 1.0 and device_type == "cpu" and dtype in _CARRIED
+
+
 _COMBINE: dict[ReduceOp, Callable[..., torch.Tensor]] = {
     ReduceOp.SUM: torch.add,
     ReduceOp.AVERAGE: torch.add,

@@ -13,7 +13,7 @@ from collectives.compression import Compression, Compressor
 from collectives.engine_rounds import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, dtype_code, shape_digest
-from collectives.ops._common import _CARRIED, _needs_grad, _op_from, _postscaled, _prescaled, reduce_payloads
+from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled, carried, reduce_payloads
 from collectives.ops._handle import Handle, _Part, _Ready, _submit
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
@@ -97,9 +97,9 @@ def _grouped_allreduce_start(  # noqa: PLR0917 (Horovod's signature)
         return Handle(works, result)
 
     fusion = None
-    if len(fused) == 1 and groups.size > 1 and prescale == 1.0 and device == "cpu":
+    if len(fused) == 1 and groups.size > 1:
         members, flat = fused[0]
-        if flat.dtype in _CARRIED and payload_fits(flat.nbytes, groups.size):
+        if carried(prescale, device, flat.dtype) and payload_fits(flat.nbytes, groups.size):
             fusion = _riding(flat, members, targets, op, postscale)
     return _submit(
         call, groups, issue, claim=not blocking, fusion=fusion, tensor=targets[0] if targets else None
