@@ -8,9 +8,14 @@ nobody asks.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-__all__ = ["Progress", "progress_for", "snapshot"]
+__all__ = ["MOVING_WINDOW", "Progress", "progress_for", "snapshot"]
+
+# How long `snapshot` watches the records for a change: a job on its way starts or ends an operation far more
+# often (micro- to milliseconds apart), and the agent waits 0.5 s for the answers (launcher.agent.progress).
+MOVING_WINDOW = 0.05
 
 
 class Progress:
@@ -38,6 +43,9 @@ class Progress:
         self.done_kind: Any = None
         self.issued_name = self.negotiated_name = self.done_name = ""
 
+    def seqs(self) -> tuple[int, int, int]:
+        return self.issued_seq, self.negotiated_seq, self.done_seq
+
     def to_json(self) -> dict[str, Any]:
         return {
             "source": "collectives",
@@ -63,6 +71,17 @@ def progress_for(set_id: int) -> Progress:
     return record
 
 
-def snapshot() -> dict[str, Any]:
-    """What the agent reads: every engine's record ({"records": []} before any engine started)."""
-    return {"records": [p.to_json() for p in list(_progress.values())]}
+def snapshot(window: float = MOVING_WINDOW) -> dict[str, Any]:
+    """What the agent reads: every engine's record ({"records": []} before any engine started), each with
+    `moving`: whether it changed within `window` seconds. Each rank is read at its own moment, so a busy job's
+    records always disagree a little; a set whose records move is on its way, not stalled, and the verdict
+    accuses nobody of holding it up (launcher.diagnose.collective_verdict)."""
+    records = list(_progress.values())
+    before = [p.seqs() for p in records]
+    if records and window > 0:
+        time.sleep(window)  # on the answering thread, never the rank's own: the rank runs on meanwhile
+    return {
+        "records": [
+            {**p.to_json(), "moving": p.seqs() != seen} for p, seen in zip(records, before, strict=True)
+        ]
+    }

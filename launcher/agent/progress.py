@@ -200,4 +200,6 @@ def summary(records: list[dict[str, Any]] | None) -> dict[str, Any]:
     out["collective_done"] = int(done.get("seq", 0) or 0)
     if issued.get("name"):
         out["collective_name"] = str(issued["name"])
+    if record.get("moving") is True:
+        out["collective_moving"] = True
     return out

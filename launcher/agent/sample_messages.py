@@ -25,10 +25,12 @@ class RankSample:
     stopped: bool = False
     processes: int = 0
     # Its global set's latest collectives (launcher.agent.progress): sequence numbers of the last issued and
-    # the last done, and the last issued one's name; None where the rank keeps no record.
+    # the last done, and the last issued one's name; None where the rank keeps no record. `moving`: they
+    # changed while the rank was read (a busy job's ranks, read at moments apart, always differ a little).
     collective_issued: int | None = None
     collective_done: int | None = None
     collective_name: str | None = None
+    collective_moving: bool = False
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ class Op:
 @dataclass(frozen=True)
 class RankProgress:
     """One rank's record of one process set: `source` "collectives" or "torch"; `note` says why a rank has no
-    columns (torch's backend keeps no trace)."""
+    columns (torch's backend keeps no trace); `moving`: the record changed while the rank was read (its
+    collectives are on their way)."""
 
     rank: int
     process_set: int = 0
@@ -51,6 +52,7 @@ class RankProgress:
     issued: Op | None = None
     done: Op | None = None
     note: str = ""
+    moving: bool = False
 
     @property
     def pending(self) -> bool:
@@ -76,6 +78,7 @@ def records_of(rank: int, data: Any) -> tuple[RankProgress, ...]:
                 Op.from_json(item.get("issued")),
                 Op.from_json(item.get("done")),
                 str(item.get("note") or ""),
+                item.get("moving") is True,
             )
         )
     return tuple(out)
@@ -94,6 +97,7 @@ def record_json(record: RankProgress) -> dict[str, Any]:
         "issued": op(record.issued),
         "done": op(record.done),
         "note": record.note or None,
+        "moving": record.moving,
     }
 
 
@@ -105,6 +109,7 @@ def progress_line(records: Sequence[RankProgress]) -> str:
             parts.append(r.note)
             continue
         where = f"process set {r.process_set}" + (f", {r.source}" if r.source != "collectives" else "")
+        where += ", moving" if r.moving else ""
         issued = r.issued.text() if r.issued else "none since init()"
         done = f"#{r.done.seq}" if r.done else "none"
         parts.append(f"last issued {issued}, last completed {done} ({where})")
@@ -142,6 +147,10 @@ def _set_verdict(
         for r in records
         if r.process_set == process_set and not r.note
     }
+    if any(r.moving for r in mine.values()):
+        # Every rank is read at its own moment, so a busy set's records never quite agree: one whose records
+        # moved while they were read is on its way, and naming a rank "behind" in it would be false.
+        return None
     waiting: dict[tuple[int, str, str], list[int]] = {}
     for rank, r in sorted(mine.items()):
         if r.pending and r.issued is not None:

@@ -174,6 +174,7 @@ class LiveView:
                     "collective_issued": sample.collective_issued if running else None,
                     "collective_done": sample.collective_done if running else None,
                     "collective_name": sample.collective_name if running else None,
+                    "collective_moving": sample.collective_moving if running else None,
                 }
             )
         return mark_behind(rows)
@@ -203,9 +204,11 @@ def host_lines(rows: Sequence[Mapping[str, object]]) -> list[str]:
 
 def mark_behind(rows: list[dict[str, object]]) -> list[dict[str, object]]:
     """Each row's `collectives_behind`: how many collectives the others issued past this rank's last one,
-    where it has nothing pending itself (it is outside any collective while the others wait); else None."""
+    where it has nothing pending itself (it is outside any collective while the others wait); else None.
+    None for every row while any rank's collectives move: the job is on its way, and the ranks, sampled at
+    moments apart, differ by an operation or a burst."""
     issued = [v for r in rows if isinstance(v := r.get("collective_issued"), int)]
-    top = max(issued, default=0)
+    top = 0 if any(r.get("collective_moving") for r in rows) else max(issued, default=0)
     for row in rows:
         mine, done = row.get("collective_issued"), row.get("collective_done")
         idle = isinstance(mine, int) and mine == done

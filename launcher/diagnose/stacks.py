@@ -384,7 +384,13 @@ class StackDump:
 
     @property
     def verdict(self) -> str:
-        return self.collective_verdict() or verdict(self.groups, self.world_size)
+        found = self.collective_verdict() or verdict(self.groups, self.world_size)
+        moving = sorted({r.process_set for r in self.collectives if r.moving})
+        if moving:
+            # A busy job's ranks are read at moments apart, so where they are differs: say it is not a stall.
+            sets = ", ".join(map(str, moving))
+            found += f"; collectives moving (process set {sets}): on their way, not stalled"
+        return found
 
     def collective_verdict(self) -> str | None:
         """The verdict from the ranks' collectives (collective_verdict), None where they tell nothing."""

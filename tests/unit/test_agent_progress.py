@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from launcher.agent.progress import (
     ANSWER_MODULE,
     ANSWER_SOURCE,
@@ -71,6 +73,7 @@ def test_a_samples_fields_come_from_the_global_sets_record() -> None:
         {"process_set": 0, "issued": {"seq": 5, "kind": "allreduce", "name": "g"}, "done": {"seq": 4}},
     ]
     assert summary(records) == {"collective_issued": 5, "collective_done": 4, "collective_name": "g"}
+    assert summary([{**records[1], "moving": True}])["collective_moving"] is True
     assert summary([{"process_set": 0, "issued": None, "done": None}]) == {
         "collective_issued": 0,
         "collective_done": 0,
@@ -106,6 +109,7 @@ def test_the_hook_answers_through_its_fifo_only_when_asked(tmp_path: Path) -> No
         records: list[dict[str, Any]] = answered or []
         assert records[0]["issued"] == {"seq": 3, "kind": "allreduce", "name": "grad.w"}
         assert records[0]["done"]["seq"] == 2
+        assert records[0]["moving"] is False, "a rank whose record stays put is not on its way"
         assert not (tmp_path / f"{proc.pid}.progress.tmp").exists()
         # Asked again, it answers again (the file replaced whole, never half-written).
         os.unlink(tmp_path / f"{proc.pid}.progress")
@@ -117,3 +121,24 @@ def test_the_hook_answers_through_its_fifo_only_when_asked(tmp_path: Path) -> No
         proc.wait()
     assert not ask(str(tmp_path), proc.pid), "a gone rank has no reader: the ask fails at once"
     assert not ask(str(tmp_path), 1), "a process without the hook: no FIFO"
+
+
+def test_a_record_that_changes_while_it_is_read_is_moving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy set's records change between one rank's reading and another's: `snapshot` says which moved
+    within its window, so that the verdict accuses nobody there (launcher.diagnose.collective_verdict)."""
+    from collectives import progress
+
+    still, busy = progress.progress_for(98), progress.progress_for(99)
+    still.done_seq = still.issued_seq = busy.issued_seq = 5
+
+    def the_rank_runs_on(seconds: float) -> None:
+        assert seconds == progress.MOVING_WINDOW
+        busy.done_seq = 5  # its operation completes while the records are watched
+
+    monkeypatch.setattr(progress.time, "sleep", the_rank_runs_on)
+    try:
+        moving = {r["process_set"]: r["moving"] for r in progress.snapshot()["records"]}
+        assert moving[98] is False and moving[99] is True
+        assert not any(r["moving"] for r in progress.snapshot(window=0)["records"])
+    finally:
+        del progress._progress[98], progress._progress[99]

@@ -106,6 +106,9 @@ def test_the_collective_column_shows_the_last_done_and_what_is_pending_and_marks
         + [{"rank": 4, "host": "h1", "state": "running", "collective_issued": None, "collective_done": None}]
     )
     assert [r["collectives_behind"] for r in rows] == [None, None, None, 1, None]
+    # Sampled while rank 0's collectives moved: a job on its way, nobody behind.
+    moving = mark_behind([{**row, "collective_moving": row["rank"] == 0} for row in rows])
+    assert [r["collectives_behind"] for r in moving] == [None] * 5
     lines = table(rows)
     assert lines[1].split()[-2:] == ["42", "+1"]
     assert lines[4].split()[-3:] == ["42", "1", "behind"]
