@@ -142,10 +142,11 @@ def announce(
                 continue
         mine.append(e.announcement())
     if riders:
+        # Lists, not generators: a generator is a Python call per item.
         if riding <= ride_bytes:
-            mine.extend(e.announcement() for e, _ in riders)
+            mine.extend([e.announcement() for e, _ in riders])
         else:
-            slots.extend(slot for _, slot in riders)
+            slots.extend([slot for _, slot in riders])
     return mine, mask_of(slots, cache.words)
 
 

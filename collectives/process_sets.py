@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
+from collectives import context as _context_module
 from collectives import links
 from collectives.context import _Context, _require
 from collectives.engines import engine_for, stop_engine
@@ -42,10 +43,12 @@ __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_proces
 def context_and_groups(process_set: ProcessSet, what: str) -> tuple[_Context, _Groups]:
     """The initialised context and the registered groups of ``process_set``; this rank must be a member.
 
-    Both at once because every collective starts with both: one call on the hot path, not two.
+    Both at once because every collective starts with both: one call on the hot path, not three (the context's
+    and the set's own lookups are read here directly).
     """
-    context = _require(what)
-    groups = process_set._groups()
+    context = _context_module._context or _require(what)  # _require raises: not initialised
+    set_id = process_set.process_set_id
+    groups = None if set_id is None else _registered.get(set_id)
     if groups is None:
         raise CollectivesError(
             f"{what}: {process_set!r} is not registered; call collectives.add_process_set() first"

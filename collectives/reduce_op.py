@@ -21,6 +21,10 @@ class ReduceOp(enum.Enum):
     # Named so that Horovod scripts import; every collective refuses it (see collectives.features).
     ADASUM = "adasum"
 
+    # Members are singletons compared by identity: hashed by it too, in C, where Enum's own __hash__ is a
+    # Python call for every collective that looks up its cached plan by its op.
+    __hash__ = object.__hash__
+
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM

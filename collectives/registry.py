@@ -29,10 +29,11 @@ class _Groups:
     ranks: tuple[int, ...]
     # This rank's index in ``ranks``; None when it is not a member.
     index: int | None
+    # len(ranks), as a field: every collective reads it, a property would cost each a Python call.
+    size: int = dataclasses.field(init=False, compare=False)
 
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.ranks))
 
     @property
     def data(self) -> Any:

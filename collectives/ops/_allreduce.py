@@ -170,7 +170,8 @@ class _Fused:
                 tensors = self.tensors
                 parts = torch.split(self.flat, [t.numel() for t in tensors])
                 # Fused tensors are contiguous (or they would not fuse): flat views of them take the parts.
-                targets = tensors if all(t.dim() == 1 for t in tensors) else [t.view(-1) for t in tensors]
+                # A set, not all() over a generator: a generator is a Python call per tensor.
+                targets = tensors if {t.dim() for t in tensors} == {1} else [t.view(-1) for t in tensors]
                 torch._foreach_copy_(targets, list(parts))
                 self.pending.clear()
 
