@@ -102,6 +102,7 @@ class Announcing(Protocol):
 
     key: int
     fusion: Fusion | None
+    row: list[int] | None  # the row, once made (announced_row makes it)
 
     def announced_row(self) -> list[int]: ...
 
@@ -126,7 +127,7 @@ def announce(
     for e in new:
         slot = slot_of.get(e.key)
         if slot is not None:
-            row = e.announced_row()
+            row = e.row or e.announced_row()  # at hand for every operation that brought its plan's row
             cached = rows[slot]
             if cached is not row and cached == row:
                 # The same row: keep the submitter's list, so the next step compares identities.

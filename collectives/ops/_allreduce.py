@@ -189,8 +189,10 @@ class _FusedPart:
         self.index = index
 
     def wait(self) -> torch.Tensor:
-        self.fused.finish()
-        return self.fused.tensors[self.index]
+        fused = self.fused
+        if fused.pending:  # the first part waited for finishes them all (and empties `pending` last)
+            fused.finish()
+        return fused.tensors[self.index]
 
     def is_completed(self) -> bool:
         return self.fused.completed()

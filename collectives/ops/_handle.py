@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from collectives.engine import Ticket
 from collectives.engine_values import Fusion
-from collectives.engines import engine_for
+from collectives.engines import _engines, engine_for
 from collectives.errors import ArgumentError, CollectivesError, HorovodInternalError
 from collectives.negotiation import Agreement, Call
 from collectives.registry import _Groups
@@ -191,7 +191,10 @@ def _submit(
             ticket._settle(None, error)
     else:
         # A blocking call runs the rounds on its own thread; an _async one leaves them to the engine thread.
-        ticket = engine_for(groups).submit(
+        engine = _engines.get(groups.set_id)  # engine_for's own first look, inline: a call fewer
+        if engine is None or engine.groups is not groups:
+            engine = engine_for(groups)
+        ticket = engine.submit(
             call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim, row=row
         )
     return Handle([], _unreachable, call.name if claim else None, ticket)

@@ -37,6 +37,7 @@ class _Entry:
         self.call = Call(Kind.ALLREDUCE, name, torch.float32, "cpu", ReduceOp.SUM, shape=shape)
         self.key = name_key(name)
         self.fusion: Fusion | None = None
+        self.row: list[int] | None = None
 
     def announced_row(self) -> list[int]:
         return row_of(self.call)
