@@ -33,9 +33,7 @@ def _passes(out: Path) -> list[int]:
 
 
 def test_stacks_and_top_while_the_engine_is_busy_then_ctrl_c(tmp_path: Path, where: Where) -> None:
-    runtime = tmp_path / "xdg"
-    runtime.mkdir(mode=0o700)
-    env = where.env(XDG_RUNTIME_DIR=str(runtime))
+    env = where.env_with_own_runtime(tmp_path)
     out = tmp_path / "out"
     out.mkdir()
     job = start_distrun(*where.either(("-np", "2"), ("-H", "h1:1,h2:1")), SCRIPT, out, env=env)

@@ -37,12 +37,6 @@ IDLE_TIMEOUTS = (20, 60, 150)
 RESET_TIMEOUTS = (40, 90, 150)
 
 
-def _own_runtime(tmp_path: Path, where: Where) -> dict[str, str]:
-    runtime = tmp_path / "xdg"
-    runtime.mkdir(mode=0o700)
-    return where.env(XDG_RUNTIME_DIR=str(runtime))
-
-
 def _asked_three_times(job: subprocess.Popen[bytes], verdict: str, env: dict[str, str]) -> str:
     """`distrun stacks` until it shows `verdict`, then twice more: the same verdict each time, the job
     running on."""
@@ -66,7 +60,7 @@ def _released(job: subprocess.Popen[bytes], out: Path) -> str:
 
 
 def test_two_threads_stacks_while_it_runs_then_exit_0(tmp_path: Path, where: Where) -> None:
-    env = _own_runtime(tmp_path, where)
+    env = where.env_with_own_runtime(tmp_path)
     hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
     job = start_distrun(*hosts, SCRIPT, tmp_path, "threads", env=env)
     with never_left_running(job):
@@ -86,7 +80,7 @@ def test_a_rank_waiting_in_native_code_shows_its_main_thread_and_says_the_others
     """Read with the standard library (no py-spy), a rank whose main thread waits in native code while its
     threads run Python (scripts/native_wait.py): its main thread's stack, and a line saying that the other
     threads were not read and why; the job runs on, then exits 0."""
-    env = _own_runtime(tmp_path, Where(None))
+    env = Where(None).env_with_own_runtime(tmp_path)
     job = start_distrun("-np", "1", "--stack-tool", "python", SCRIPTS / "native_wait.py", tmp_path, env=env)
     with never_left_running(job):
         wait_for_files(tmp_path, "*.pid", 1)
@@ -100,7 +94,7 @@ def test_a_rank_waiting_in_native_code_shows_its_main_thread_and_says_the_others
 
 
 def test_two_threads_at_the_timeout_exit_124_with_stacks_and_a_verdict(tmp_path: Path, where: Where) -> None:
-    env = _own_runtime(tmp_path, where)
+    env = where.env_with_own_runtime(tmp_path)
     hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
     for tool in ("auto", "python"):
 
@@ -125,7 +119,7 @@ def test_two_threads_at_the_timeout_exit_124_with_stacks_and_a_verdict(tmp_path:
 
 
 def test_elastic_ranks_stacks_while_they_run_then_exit_0(tmp_path: Path, where: Where) -> None:
-    env = _own_runtime(tmp_path, where)
+    env = where.env_with_own_runtime(tmp_path)
     hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
     job = start_distrun(*hosts, SCRIPT, tmp_path, "elastic", env=env)
     with never_left_running(job):
@@ -139,7 +133,7 @@ def test_elastic_ranks_stacks_while_they_run_then_exit_0(tmp_path: Path, where: 
 def test_elastic_ranks_at_the_timeout_exit_124_with_stacks_and_a_verdict(
     tmp_path: Path, where: Where
 ) -> None:
-    env = _own_runtime(tmp_path, where)
+    env = where.env_with_own_runtime(tmp_path)
     hosts = where.either(("-np", "2"), ("-H", "h1:1,h2:1"))
 
     def attempt(limit: Limit) -> str:
@@ -178,7 +172,7 @@ def test_elastic_ranks_after_a_reset_in_place(tmp_path: Path, where: Where, end:
     """Rank 2 of 3 dies at batch 1; the survivors reset in place and idle: their stacks while they run (the
     rank that left is not named), then the job's end (exit 0 once released; 124 with the stacks at the
     timeout). On SSH hosts rank 2 is h2's one rank."""
-    env = _own_runtime(tmp_path, where)
+    env = where.env_with_own_runtime(tmp_path)
     hosts = where.either(("-H", "localhost:3"), ("-H", "h1:2,h2:1"))
 
     def start(out: Path, *timeout: str) -> subprocess.Popen[bytes]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -62,6 +63,13 @@ class Where:
         if self.cluster is None:
             return clean_env(**extra)
         return self.cluster.env(**({"PYTHONPATH": str(REPO)} if pythonpath else {}), **extra)
+
+    def env_with_own_runtime(self, tmp_path: Path) -> dict[str, str]:
+        """`env` with a runtime directory of the test's own (`tmp_path/xdg`), where distrun keeps its jobs'
+        control sockets: `distrun stacks` and `top` then find this test's job alone."""
+        runtime = tmp_path / "xdg"
+        runtime.mkdir(mode=0o700)
+        return self.env(XDG_RUNTIME_DIR=str(runtime))
 
     def assert_clean(self, within: float = CLEAN_WITHIN) -> None:
         """On the cluster: every host is clean (`assert_clean`); here, nothing to check."""
