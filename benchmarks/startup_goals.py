@@ -7,9 +7,10 @@ side by side in one run.
 DIR is another checkout of distrun, e.g. `git archive main | tar -x -C DIR`. Rows, each interleaved (every
 round runs each case once, so the shared machine's noise hits them alike):
 
-  import   the launch path's import (`import launcher.cli.main, launcher.job.launch`), each in a fresh
-           interpreter: the process's wall time (median and quartiles of N), and the same less a bare
-           `python -c pass` (the interpreter's own start, `site` included) of the same round. Goal: <= 120 ms.
+  import   the launch path's import (`import launcher.cli.main, launcher.job.launch`, as the `distrun`
+           command makes it, with its warm caches), each in a fresh interpreter: the process's wall time
+           (median and quartiles of N), and the same less a bare `python -c pass` (the interpreter's own
+           start, `site` included) of the same round. Goal: <= 120 ms.
   agent    the shipped agent (what every SSH host and Slurm node runs: the bootstrap with the sources on
            stdin) from its start until its HELLO, with a warm code cache (a host's second launch on).
   no-op    a no-op 2-rank local job (`benchmarks/workers/noop.py`): distrun's wall time less the same two
@@ -77,10 +78,12 @@ def trees(baseline: Path | None) -> dict[str, Path | None]:
 
 
 def import_argv(tree: Path | None) -> list[str]:
-    """A fresh interpreter importing the launch path of `tree` (None: this checkout), from `/` so that no
-    working directory on sys.path picks another tree."""
+    """A fresh interpreter importing the launch path of `tree` (None: this checkout) as the `distrun`
+    command does (its argv[0] says so: what the package does first for the command, its caches included, is
+    part of it), from `/` so that no working directory on sys.path picks another tree."""
     root = str(tree if tree is not None else REPO)
-    return [sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r}); {IMPORT}"]
+    code = f"import sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'distrun'; {IMPORT}"
+    return [sys.executable, "-c", code]
 
 
 def import_row(repeat: int, baseline: Path | None) -> dict[str, list[float]]:

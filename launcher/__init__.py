@@ -47,5 +47,10 @@ def _started_as_distrun() -> bool:
 
 # Started as distrun, Ctrl-C is guarded from this first instruction on; imported as a library (tests, the
 # local agent) nothing changes. An ignored SIGINT (a background job of a script) stays ignored.
-if _started_as_distrun() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted)
+if _started_as_distrun():
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted)
+    # Before any record is made: their methods' code comes from the cache (launcher/dataclass_code.py).
+    from launcher import dataclass_code
+
+    dataclass_code.install()

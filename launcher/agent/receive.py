@@ -26,8 +26,9 @@ import time
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from launcher.agent.cache_root import default_root
 from launcher.agent.protocol import BLOB_HEADER, BLOB_ZLIB, SYNCED, WANT
-from launcher.agent.store import Store, StoreError, default_root, manifest_hash
+from launcher.agent.store import Store, StoreError, manifest_hash
 
 if TYPE_CHECKING:  # the --workdir frames' bodies load with the first SYNC (launcher.agent.protocol.ELSEWHERE)
     from launcher.agent.workdir_messages import FetchRequest, SyncRequest

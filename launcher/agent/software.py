@@ -21,7 +21,7 @@ import socket
 import subprocess
 from typing import Any
 
-from launcher.agent.store import default_root
+from launcher.agent.cache_root import default_root
 
 # Run by the host's interpreter for `distrun check`: torch's version and CUDA as that interpreter sees them.
 TORCH_PROBE = """

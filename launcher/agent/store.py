@@ -43,6 +43,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from launcher.agent.cache_root import default_root
+
 FILE, LINK = "f", "l"
 HEX = "0123456789abcdef"
 KEEP = 3  # copies kept per project when pruning
@@ -144,18 +146,6 @@ def _hash_path(path: str) -> str:
 
 # A file system without hard links (or a full link count) answers these: the copy then gets a copy.
 _NO_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
-
-
-CACHE_DIR_VAR = "DISTRUN_CACHE_DIR"
-
-
-def default_root() -> str:
-    """$DISTRUN_CACHE_DIR, else $XDG_CACHE_HOME/distrun, else ~/.cache/distrun: per user, per host."""
-    given = os.environ.get(CACHE_DIR_VAR)
-    if given:
-        return given
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "distrun")
 
 
 def has_copy(mhash: str, root: str | None = None) -> bool:

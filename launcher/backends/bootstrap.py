@@ -84,9 +84,9 @@ def bootstrap(entry: str = SERVER) -> str:
     name); every failure there falls back to compiling, and a directory someone else could write to is not
     used. Files unused for CODE_CACHE_DAYS go when a new one is written.
     """
-    # `d` is launcher.agent.store.default_root() + "/code", restated: the bootstrap runs before any shipped
+    # `d` is launcher.agent.cache_root.private_code_dir(), restated: the bootstrap runs before any shipped
     # module exists (tests/integration/test_agent_caches.py holds the two to the same directory).
-    from launcher.agent.store import CACHE_DIR_VAR  # not on a local job's path
+    from launcher.agent.cache_root import CACHE_DIR_VAR
 
     too_old = f"{TOO_OLD} {'.'.join(map(str, OLDEST_PYTHON))} or newer, not "
     return (

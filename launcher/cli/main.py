@@ -17,7 +17,7 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from launcher import release_start_guard, without_gc
+from launcher import dataclass_code, release_start_guard, without_gc
 from launcher.cli.backend_options import backends_of, named_launcher, with_backend
 from launcher.cli.config_file import bad_value_message, merge_config_file
 from launcher.cli.horovodrun import (
@@ -195,8 +195,8 @@ def unknown_settings(environ: Mapping[str, str], params: Sequence[click.Paramete
             # Only when there is a stray variable: these imports cost start-up time.
             import difflib
 
+            from launcher.agent.cache_root import CACHE_DIR_VAR
             from launcher.agent.rankhook import HOOK_VARIABLES
-            from launcher.agent.store import CACHE_DIR_VAR
 
             if name == CACHE_DIR_VAR:  # not an option: the workdir cache of every host (docs/workdir.md)
                 continue
@@ -227,6 +227,7 @@ def entry() -> NoReturn:
     """
     guard_std_fds()
     code = _run(sys.argv[1:])
+    dataclass_code.save()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed console: nothing left to say on it

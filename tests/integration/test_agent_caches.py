@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.agent.cache_root import default_root
 from launcher.agent.software import software_of
-from launcher.agent.store import default_root
 from launcher.backends.bootstrap import SHIPPED, bootstrap_args, shipped_sources
 
 

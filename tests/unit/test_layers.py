@@ -21,10 +21,12 @@ from tests.layering import (
 )
 
 # Bottom first. A unit is a package (`launcher.core`) or a top-level module (`launcher.errors`); `launcher` is
-# the package's own __init__ (the start guard, the version), which everything may use.
+# the package's own __init__ (the start guard, the version), which everything above it may use. The shipped
+# agent is below it: on a remote host that __init__ is not there.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("launcher",),
     ("launcher.agent",),
+    ("launcher.dataclass_code",),
+    ("launcher",),
     ("launcher.errors",),
     ("launcher.core",),
     ("launcher.signals",),

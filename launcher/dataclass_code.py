@@ -1,0 +1,116 @@
+"""The code of dataclasses' generated methods, compiled once and kept between runs.
+
+`dataclasses` writes each class's methods as source text (a frozen record gets six: `__init__`, `__repr__`,
+`__eq__`, `__hash__`, `__setattr__`, `__delattr__`) and compiles it when the class is made. The launch path
+makes ~64 records, and compiling their ~360 methods was ~40 % of its import time (70-90 ms here). The texts
+are the same on every run, so distrun keeps the code compiled from each, by its text, in one file per
+interpreter version (marshal, as a .pyc holds it) in the per-user code cache, the directory the shipped agent
+keeps its own compiled modules in. Nothing else changes: the classes are made by `dataclasses`, with exactly
+the code it would compile (same text, same file name, no inherited `__future__` flags).
+
+`dataclasses` runs its texts with the builtin `exec`; a module global of that name answers its calls alone.
+Every failure (no cache directory, an unreadable or foreign file) falls back to compiling, as without it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import dataclasses
+import logging
+import marshal
+import os
+import sys
+from types import CodeType
+from typing import Any
+
+from launcher.agent.cache_root import private_code_dir
+
+log = logging.getLogger(__name__)
+
+# Texts a file keeps at most: past it, a run keeps only the texts it used (the file only grows when the code,
+# or the classes something imported into distrun's process, change).
+KEEP = 2048
+
+
+class _Cache:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.codes: dict[str, CodeType] = _read(path) if path else {}
+        self.used: set[str] = set()
+        self.added = False
+        self.pid = os.getpid()
+
+    def exec(
+        self, source: Any, globals: dict[str, Any] | None = None, locals: Any = None, /, **kw: Any
+    ) -> None:
+        if type(source) is str:
+            code = self.codes.get(source)
+            if code is None:
+                code = self.codes[source] = compile(source, "<string>", "exec", dont_inherit=True)
+                self.added = True
+            self.used.add(source)
+            source = code
+        builtins.exec(source, globals, locals, **kw)
+
+    def save(self) -> None:
+        """Write the file if this run compiled anything new; a forked child (which shares the table) never
+        writes: its parent does."""
+        if not self.added or self.path is None or self.pid != os.getpid():
+            return
+        codes = self.codes if len(self.codes) <= KEEP else {t: self.codes[t] for t in self.used}
+        temp = f"{self.path}.{os.getpid()}"
+        try:
+            with open(temp, "wb") as f:
+                f.write(marshal.dumps(codes))
+            os.replace(temp, self.path)
+        except (OSError, ValueError) as err:
+            log.debug("dataclass code cache not written: %s", err)
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+        self.added = False
+
+
+def _read(path: str) -> dict[str, CodeType]:
+    try:
+        with open(path, "rb") as f:
+            table = marshal.loads(f.read())
+    except (OSError, EOFError, ValueError, TypeError):
+        return {}
+    if not isinstance(table, dict):
+        return {}
+    return {t: c for t, c in table.items() if type(t) is str and type(c) is CodeType}
+
+
+_cache: _Cache | None = None
+
+
+def file_name() -> str | None:
+    """One file per interpreter version, named as its .pyc files are: code objects do not cross versions."""
+    tag = sys.implementation.cache_tag
+    return f"dataclass-methods.{tag}" if tag else None
+
+
+def install(directory: str | None = None) -> None:
+    """From here on, dataclasses made in this process reuse kept code (`directory`: the code cache's)."""
+    global _cache
+    if _cache is not None:
+        return
+    folder = directory or private_code_dir()
+    name = file_name()
+    _cache = _Cache(os.path.join(folder, name) if folder and name else None)
+    vars(dataclasses)["exec"] = _cache.exec
+
+
+def save() -> None:
+    """Keep what this run compiled (the CLI calls it just before its exit, which skips `atexit`)."""
+    if _cache is not None:
+        _cache.save()
+
+
+def uninstall() -> None:
+    """Back to compiling every method (for tests)."""
+    global _cache
+    if _cache is not None and vars(dataclasses).get("exec") == _cache.exec:
+        del vars(dataclasses)["exec"]
+    _cache = None
