@@ -9,8 +9,9 @@ round runs each case once, so the shared machine's noise hits them alike):
 
   import   the launch path's import (`import launcher.cli.main, launcher.job.launch`, as the `distrun`
            command makes it, with its warm caches), each in a fresh interpreter: the process's wall time
-           (median and quartiles of N), and the same less a bare `python -c pass` (the interpreter's own
-           start, `site` included) of the same round. Goal: <= 120 ms.
+           (median and quartiles of N), and the same less a bare interpreter (its own start, `site`
+           included) of the same round; both end as distrun does, without the interpreter's teardown.
+           Goal: <= 120 ms.
   agent    the shipped agent (what every SSH host and Slurm node runs: the bootstrap with the sources on
            stdin) from its start until its HELLO, with a warm code cache (a host's second launch on).
   no-op    a no-op 2-rank local job (`benchmarks/workers/noop.py`): distrun's wall time less the same two
@@ -45,6 +46,9 @@ from common import REPO, WORKERS, distrun, env_with_repo, timed_run
 from startup import by_hand
 
 IMPORT = "import launcher.cli.main, launcher.job.launch"
+# How distrun ends (launcher.cli.main.entry): without the interpreter's teardown, which would free every
+# module imported, a cost of the exit that distrun never pays, not of the import.
+EXIT = "os._exit(0)"
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -82,13 +86,13 @@ def import_argv(tree: Path | None) -> list[str]:
     command does (its argv[0] says so: what the package does first for the command, its caches included, is
     part of it), from `/` so that no working directory on sys.path picks another tree."""
     root = str(tree if tree is not None else REPO)
-    code = f"import sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'distrun'; {IMPORT}"
+    code = f"import os, sys; sys.path.insert(0, {root!r}); sys.argv[0] = 'distrun'; {IMPORT}; {EXIT}"
     return [sys.executable, "-c", code]
 
 
 def import_row(repeat: int, baseline: Path | None) -> dict[str, list[float]]:
     cases: dict[str, Callable[[], float]] = {
-        "bare": lambda: timed_run([sys.executable, "-c", "pass"], cwd="/"),
+        "bare": lambda: timed_run([sys.executable, "-c", f"import os; {EXIT}"], cwd="/"),
     }
     for name, tree in trees(baseline).items():
         cases[name] = lambda tree=tree: timed_run(import_argv(tree), cwd="/")  # type: ignore[misc]

@@ -94,6 +94,8 @@ M = TypeVar("M")
 
 @dataclass(frozen=True)
 class Hello:
+    """The agent's first frame: the protocol version it speaks, and its pid."""
+
     version: int
     pid: int = 0
 

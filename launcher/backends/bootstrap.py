@@ -7,7 +7,6 @@ of stdin is then the frame stream.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shlex
 import sys
@@ -146,6 +145,8 @@ def shipped_sources() -> list[bytes]:
 
 def bootstrap_args(sources: Sequence[bytes], entry: str = SERVER) -> list[str]:
     """The interpreter's arguments (after its path) that run the shipped agent."""
+    import hashlib  # only for hosts that are not this machine: a local job never imports it
+
     return [
         "-S",
         "-u",

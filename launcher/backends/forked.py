@@ -68,16 +68,12 @@ class ForkedAgent:
                 self.returncode = os.waitstatus_to_exitcode(status)
             return self.returncode
         import subprocess
-        import time
 
-        deadline = time.monotonic() + timeout
-        delay = 0.0005
-        while (code := self.poll()) is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise subprocess.TimeoutExpired(["distrun agent"], timeout)
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 0.05)
+        if self.poll() is None:
+            _await_exit(self.pid, timeout)
+        code = self.poll()
+        if code is None:
+            raise subprocess.TimeoutExpired(["distrun agent"], timeout)
         return code
 
     def terminate(self) -> None:
@@ -87,6 +83,31 @@ class ForkedAgent:
     def kill(self) -> None:
         if self.returncode is None:
             os.kill(self.pid, signal.SIGKILL)
+
+
+def _await_exit(pid: int, timeout: float) -> None:
+    """Until our child `pid` has ended (not reaped) or `timeout` seconds have passed, woken by the exit itself
+    through a pidfd: the sleeps of a polling wait (`Popen.wait`'s, 0.5 ms doubling to 50 ms) were ~8 ms of
+    every local job's end. Without pidfds (Linux before 5.3) it polls as Popen does."""
+    import select
+    import time
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 0.05)
+        return
+    try:
+        select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
 
 
 def _child(in_r: int, out_w: int, err_w: int, mask: set[int | signal.Signals]) -> None:

@@ -27,6 +27,8 @@ UNITS = {"compute": "GFLOP/s", "gpu": "TFLOP/s", "intra-host": "B/s", "link": "B
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU of a host as `check --perf` measured it."""
+
     index: int
     name: str
     dtype: str

@@ -55,6 +55,8 @@ RULES: Mapping[str, Rule] = {
 
 @dataclass(frozen=True)
 class Spread:
+    """The middle of a set of figures and how far they scatter around it."""
+
     median: float
     mad: float  # of the logarithms
 

@@ -44,6 +44,8 @@ class Kind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
+    """One of horovodrun's flags, and what distrun does with it."""
+
     names: tuple[str, ...]
     kind: Kind
     target: str

@@ -99,6 +99,8 @@ class RedrawLines:
 
 @dataclass
 class _Status:
+    """One line of the status area, as last drawn."""
+
     label: bytes
     label_width: int
     text: bytes

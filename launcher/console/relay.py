@@ -189,6 +189,8 @@ def _listed(names: list[str], most: int = 4) -> str:
 
 @dataclass(frozen=True)
 class LogOptions:
+    """How the relay labels and keeps the ranks' output (the console's options of a launch)."""
+
     prefix: Literal["rank", "host", "none"] = "rank"
     timestamp: bool = False
     color: bool = False

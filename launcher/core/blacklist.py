@@ -20,6 +20,8 @@ COOLDOWN_CEILING = 3600.0
 
 @dataclass(frozen=True)
 class CooldownRange:
+    """The shortest and longest time a left-out host waits before it may rejoin."""
+
     low: float
     high: float
 
@@ -50,6 +52,8 @@ class Exclusion:
 
 @dataclass
 class Blacklist:
+    """The hosts left out of an elastic job, each until its cooldown ends, and how often each was."""
+
     cooldown: CooldownRange | None = None
     excluded: dict[str, Exclusion] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)

@@ -37,6 +37,8 @@ class RankState(enum.Enum):
 
 @dataclass(frozen=True)
 class Limits:
+    """An elastic job's bounds: its world size, and how many resets it may make."""
+
     min_np: int
     max_np: int
     reset_limit: int | None = None
@@ -44,6 +46,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class RoundRank:
+    """One rank's report in a round of an elastic reset."""
+
     rank_id: int
     host: str
     state: RankState

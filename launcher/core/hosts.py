@@ -48,6 +48,8 @@ def is_host_name(text: str) -> bool:
 
 @dataclass(frozen=True)
 class _Token:
+    """One host of a -H list or a hostfile line, as written."""
+
     user: str | None
     name: str
     slots: int | None

@@ -27,6 +27,8 @@ FAILURES_TO_EXCLUDE = 2
 
 @dataclass(frozen=True)
 class Restart:
+    """The job runs another attempt on `hosts`, with `num_proc` ranks."""
+
     hosts: tuple[Host, ...]
     num_proc: int
     reason: str

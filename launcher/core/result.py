@@ -11,6 +11,8 @@ from launcher.errors import EXIT_HOST, EXIT_OK, EXIT_TIMEOUT, signal_name
 
 @dataclass(frozen=True)
 class RankExit:
+    """How one rank's process ended."""
+
     rank: int
     host: str
     returncode: int
@@ -23,6 +25,8 @@ class RankExit:
 
 @dataclass(frozen=True)
 class Succeeded:
+    """Every rank exited 0."""
+
     name: ClassVar[str] = "succeeded"  # as the summary and --report (docs/report.schema.json) call it
     retryable: ClassVar[bool] = False
     exit_code: ClassVar[int] = EXIT_OK
@@ -81,6 +85,8 @@ class Signalled:
 
 @dataclass(frozen=True)
 class TimedOut:
+    """--timeout ran out; `stopped`: the ranks still running then."""
+
     timeout: float
     stopped: tuple[int, ...] = ()
     name: ClassVar[str] = "timed-out"

@@ -21,6 +21,8 @@ _FAN_OUT_PHASES = {"connecting": "connected", "starting agents": "agent"}
 
 @dataclass
 class HostTimes:
+    """When each start-up phase ended on one host, and when each of its ranks first wrote."""
+
     host: str
     marks: dict[str, float] = field(default_factory=dict)
     first_output: dict[int, float] = field(default_factory=dict)  # rank -> when it first wrote

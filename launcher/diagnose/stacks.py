@@ -39,6 +39,8 @@ OTHERS_UNREAD = (
 # Ordered: a rank's signature sorts its threads, and two threads may differ only in their frames.
 @dataclass(frozen=True, order=True)
 class Frame:
+    """One frame of a stack: Python's, or a native one py-spy saw."""
+
     func: str
     file: str
     line: int = 0  # 0: unknown (a native frame)
@@ -137,6 +139,8 @@ class RankStacks:
 
 @dataclass(frozen=True)
 class Group:
+    """Ranks whose Python stacks are the same, shown once."""
+
     ranks: tuple[int, ...]
     hosts: tuple[str, ...]
     sample: RankStacks  # every rank of the group has these Python stacks

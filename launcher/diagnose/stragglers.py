@@ -59,6 +59,8 @@ def last_redraw(data: bytes) -> bytes | None:
 
 @dataclass(frozen=True)
 class Straggler:
+    """A rank named slower than the others: how much, and for how long."""
+
     rank: int
     host: str
     ratio: float  # its rate / the median rate when it was named

@@ -53,6 +53,8 @@ def open_control() -> ControlServer | None:
 
 @dataclass(frozen=True)
 class WatchOptions:
+    """How the job is watched: the stack tool and its wait, stall and straggler limits, samples."""
+
     tool: str = "auto"  # --stack-tool: auto, py-spy, python
     wait: float = 15.0  # per rank, on its host (py-spy's native frames of a torch rank take seconds)
     stall_timeout: float | None = None
@@ -73,6 +75,8 @@ class WatchOptions:
 
 @dataclass
 class _Gathering:
+    """One request for the ranks' stacks while the hosts' answers come in."""
+
     request_id: int
     reason: str
     hosts: list[HostAttempt]

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -207,6 +206,8 @@ class Polling:
         self.limit = timeout
         self.end = time.monotonic() + timeout
         self.slots_per_host = slots_per_host
+        import tempfile  # only an elastic job with a discovery script uses it
+
         self._err_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by `close`, after the run
         try:
             self.proc = _start(script, stderr=self._err_file)

@@ -63,6 +63,8 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Failure:
+    """What the summary and the report say about one failure."""
+
     rank: int | None
     host: str | None
     detail: str

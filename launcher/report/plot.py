@@ -45,6 +45,8 @@ class Line:
 
 @dataclass(frozen=True)
 class Marker:
+    """A labelled moment on the picture's time axis."""
+
     t: float
     label: str
 

@@ -278,6 +278,8 @@ def answer(conn: socket.socket, text: str) -> None:
 
 @dataclass(frozen=True)
 class RunningJob:
+    """A running distrun found by its control socket."""
+
     pid: int
     command: str
 

@@ -54,6 +54,8 @@ class HostSetup:
 
 @dataclass(frozen=True)
 class Key:
+    """The key `ssh-setup` installs: its file, its public line, and whether it was made just now."""
+
     path: Path
     public: str  # `ssh-ed25519 AAAA... comment`
     created: bool
