@@ -4,7 +4,7 @@
 `__eq__`, `__hash__`, `__setattr__`, `__delattr__`) and compiles it when the class is made. The launch path
 makes ~64 records, and compiling their ~360 methods was ~40 % of its import time (70-90 ms here). The texts
 are the same on every run, so distrun keeps the code compiled from each, by its text, in one file per
-interpreter version (marshal, as a .pyc holds it) in the per-user code cache, the directory the shipped agent
+bytecode version (marshal, as a .pyc holds it) in the per-user code cache, the directory the shipped agent
 keeps its own compiled modules in. Nothing else changes: the classes are made by `dataclasses`, with exactly
 the code it would compile (same text, same file name, no inherited `__future__` flags).
 
@@ -86,9 +86,11 @@ _cache: _Cache | None = None
 
 
 def file_name() -> str | None:
-    """One file per interpreter version, named as its .pyc files are: code objects do not cross versions."""
-    tag = sys.implementation.cache_tag
-    return f"dataclass-methods.{tag}" if tag else None
+    """One file per bytecode version (as the shipped agent names its compiled modules): code objects do not
+    cross versions. None for an interpreter without CPython's importlib, which gets no cache."""
+    bootstrap = sys.modules.get("_frozen_importlib_external")
+    magic = getattr(bootstrap, "MAGIC_NUMBER", None)
+    return f"dataclass-methods-{magic.hex()}" if isinstance(magic, bytes) else None
 
 
 def install(directory: str | None = None) -> None:

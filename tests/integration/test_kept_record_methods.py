@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ NOOP = (sys.executable, "-c", "pass")
 
 def test_a_second_run_reads_the_code_the_first_compiled(tmp_path: Path) -> None:
     env = clean_env(DISTRUN_CACHE_DIR=str(tmp_path))
-    kept = tmp_path / "code" / f"dataclass-methods.{sys.implementation.cache_tag}"
+    kept = tmp_path / "code" / f"dataclass-methods-{importlib.util.MAGIC_NUMBER.hex()}"
     first = run_distrun("-np", "2", *NOOP, env=env)
     assert first.returncode == 0, first.stderr.decode()
     assert kept.is_file()
