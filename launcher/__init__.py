@@ -50,7 +50,8 @@ def _started_as_distrun() -> bool:
 if _started_as_distrun():
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted)
-    # Before any record is made: their methods' code comes from the cache (launcher/dataclass_code.py).
-    from launcher import dataclass_code
+    # Before any record is made: their methods' code comes from the cache (launcher/agent/dataclass_code.py).
+    from launcher.agent import dataclass_code
+    from launcher.agent.cache_root import private_code_dir
 
-    dataclass_code.install()
+    dataclass_code.install(private_code_dir(), "launcher")

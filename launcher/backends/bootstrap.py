@@ -134,7 +134,10 @@ def bootstrap(entry: str = SERVER) -> str:
         " def create_module(s):return None\n"
         " def exec_module(m):exec(k(m.__name__,*c.pop(m.__name__)),m.__dict__)\n"
         "sys.meta_path.insert(0,F)\n"
-        f"sys.exit(__import__({entry!r},fromlist=['main']).main())\n"
+        # The records' methods from the same directory (launcher.agent.dataclass_code), before any is made.
+        "h=__import__('launcher.agent.dataclass_code',fromlist=['install']);h.install(d,'agent')\n"
+        f"try:sys.exit(__import__({entry!r},fromlist=['main']).main())\n"
+        "finally:h.save()\n"
     )
 
 

@@ -17,7 +17,8 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from launcher import dataclass_code, release_start_guard, without_gc
+from launcher import release_start_guard, without_gc
+from launcher.agent import dataclass_code
 from launcher.cli.backend_options import backends_of, named_launcher, with_backend
 from launcher.cli.config_file import bad_value_message, merge_config_file
 from launcher.cli.horovodrun import (

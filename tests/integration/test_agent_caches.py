@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -100,7 +101,8 @@ def test_agent_code_is_compiled_once_per_source(tmp_path: Path) -> None:
     # Only what the agent ran is compiled and kept: the modules of features no job asked for yet stay source.
     ran = {m for m in modules if m.startswith("launcher.agent.")}
     assert "launcher.agent.protocol" in ran and "launcher.agent.elastic" not in ran
-    kept = sorted(p.name.split("-")[0] for p in (tmp_path / "code").iterdir())
+    methods = f"dataclass-methods-agent-{importlib.util.MAGIC_NUMBER.hex()}"  # the records' (below)
+    kept = sorted(p.name.split("-")[0] for p in (tmp_path / "code").iterdir() if p.name != methods)
     assert kept == sorted(name.removeprefix("launcher.") for name in ran)
     # A kept file is what runs: damage one and the host falls back to the source it was sent.
     agent_code = next((tmp_path / "code").glob("agent.server-*"))
@@ -141,3 +143,16 @@ def test_agent_code_lies_under_the_agents_cache_root(
     code = Path(default_root()) / "code"
     assert code.is_relative_to(tmp_path)
     assert len(list(code.glob("agent.server-*"))) == 1
+
+
+def test_the_agents_record_methods_are_compiled_once(tmp_path: Path) -> None:
+    """The protocol's records' methods (launcher.agent.dataclass_code) are kept beside the agent's code: a
+    second start on the host reads them, compiles nothing and so writes nothing."""
+    kept = tmp_path / "code" / f"dataclass-methods-agent-{importlib.util.MAGIC_NUMBER.hex()}"
+    first = run_bootstrap(tmp_path, shipped_sources())
+    assert first.returncode == 0, first.stderr.decode()
+    assert kept.is_file()
+    written = kept.stat().st_mtime_ns
+    second = run_bootstrap(tmp_path, shipped_sources())
+    assert second.returncode == 0, second.stderr.decode()
+    assert kept.stat().st_mtime_ns == written

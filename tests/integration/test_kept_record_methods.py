@@ -1,4 +1,5 @@
-"""The `distrun` command keeps its records' compiled methods between runs (launcher/dataclass_code.py)."""
+"""The `distrun` command keeps its records' compiled methods between runs
+(launcher/agent/dataclass_code.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ NOOP = (sys.executable, "-c", "pass")
 
 def test_a_second_run_reads_the_code_the_first_compiled(tmp_path: Path) -> None:
     env = clean_env(DISTRUN_CACHE_DIR=str(tmp_path))
-    kept = tmp_path / "code" / f"dataclass-methods-{importlib.util.MAGIC_NUMBER.hex()}"
+    kept = tmp_path / "code" / f"dataclass-methods-launcher-{importlib.util.MAGIC_NUMBER.hex()}"
     first = run_distrun("-np", "2", *NOOP, env=env)
     assert first.returncode == 0, first.stderr.decode()
     assert kept.is_file()

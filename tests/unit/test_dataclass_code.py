@@ -1,4 +1,4 @@
-"""The kept code of dataclasses' methods (launcher/dataclass_code.py): the classes made with it are the
+"""The kept code of dataclasses' methods (launcher/agent/dataclass_code.py): the classes made with it are the
 classes made without it, the code is read back instead of compiled, and every trouble falls back to
 compiling."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from launcher import dataclass_code
+from launcher.agent import dataclass_code
 from launcher.agent.cache_root import private_code_dir
 from tests.support import REPO
 
@@ -22,9 +22,9 @@ from tests.support import REPO
 def kept(tmp_path: Path) -> Iterator[Path]:
     """The cache installed in this process over `tmp_path`, and taken out again after the test."""
     dataclass_code.uninstall()
-    dataclass_code.install(str(tmp_path))
+    dataclass_code.install(str(tmp_path), "test")
     try:
-        yield tmp_path / str(dataclass_code.file_name())
+        yield tmp_path / str(dataclass_code.file_name("test"))
     finally:
         dataclass_code.uninstall()
 
@@ -83,7 +83,7 @@ def test_the_code_is_kept_and_read_back_instead_of_compiled(kept: Path) -> None:
     assert kept.is_file()
     size = kept.stat().st_size
     dataclass_code.uninstall()
-    dataclass_code.install(str(kept.parent))
+    dataclass_code.install(str(kept.parent), "test")
     cache = dataclass_code._cache
     assert cache is not None and cache.codes, "the file's code was not read"
     _behaviour(_make())
@@ -95,11 +95,11 @@ def test_the_code_is_kept_and_read_back_instead_of_compiled(kept: Path) -> None:
 def test_a_damaged_file_is_compiled_over(kept: Path) -> None:
     dataclass_code.uninstall()
     kept.write_bytes(b"\x00not marshal")
-    dataclass_code.install(str(kept.parent))
+    dataclass_code.install(str(kept.parent), "test")
     assert _behaviour(_make())["frozen"] is True
     dataclass_code.save()
     dataclass_code.uninstall()
-    dataclass_code.install(str(kept.parent))
+    dataclass_code.install(str(kept.parent), "test")
     assert dataclass_code._cache is not None and dataclass_code._cache.codes
 
 
@@ -121,7 +121,7 @@ def test_past_keep_a_run_keeps_only_what_it_used(kept: Path, monkeypatch: pytest
     used = set(cache.used)
     dataclass_code.save()
     dataclass_code.uninstall()
-    dataclass_code.install(str(kept.parent))
+    dataclass_code.install(str(kept.parent), "test")
     assert dataclass_code._cache is not None
     assert set(dataclass_code._cache.codes) == used
 
@@ -136,7 +136,7 @@ def test_a_cache_directory_others_can_write_to_is_not_used(
     assert private_code_dir() is None
     dataclass_code.uninstall()
     try:
-        dataclass_code.install()
+        dataclass_code.install(private_code_dir(), "test")
         _make()
         dataclass_code.save()
     finally:

@@ -25,7 +25,6 @@ from tests.layering import (
 # agent is below it: on a remote host that __init__ is not there.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("launcher.agent",),
-    ("launcher.dataclass_code",),
     ("launcher",),
     ("launcher.errors",),
     ("launcher.core",),

@@ -2,14 +2,16 @@
 
 `dataclasses` writes each class's methods as source text (a frozen record gets six: `__init__`, `__repr__`,
 `__eq__`, `__hash__`, `__setattr__`, `__delattr__`) and compiles it when the class is made. The launch path
-makes ~64 records, and compiling their ~360 methods was ~40 % of its import time (70-90 ms here). The texts
-are the same on every run, so distrun keeps the code compiled from each, by its text, in one file per
-bytecode version (marshal, as a .pyc holds it) in the per-user code cache, the directory the shipped agent
-keeps its own compiled modules in. Nothing else changes: the classes are made by `dataclasses`, with exactly
-the code it would compile (same text, same file name, no inherited `__future__` flags).
+makes ~64 records, and compiling their ~360 methods was ~40 % of its import time (70-90 ms here); the
+protocol's 8 were ~12 ms of every shipped agent's start. The texts are the same on every run, so distrun
+keeps the code compiled from each, by its text, in the per-user code cache beside the agent's compiled
+modules: one file per program (the launcher's, the agent's) and bytecode version, marshalled as a .pyc
+holds code. Nothing else changes: the classes are made by `dataclasses`, with exactly the code it would
+compile (same text, same file name, no inherited `__future__` flags).
 
 `dataclasses` runs its texts with the builtin `exec`; a module global of that name answers its calls alone.
 Every failure (no cache directory, an unreadable or foreign file) falls back to compiling, as without it.
+Shipped with the agent: stdlib only, Python 3.7.
 """
 
 from __future__ import annotations
@@ -17,19 +19,14 @@ from __future__ import annotations
 import builtins
 import contextlib
 import dataclasses
-import logging
 import marshal
 import os
 import sys
 from types import CodeType
 from typing import Any
 
-from launcher.agent.cache_root import private_code_dir
-
-log = logging.getLogger(__name__)
-
 # Texts a file keeps at most: past it, a run keeps only the texts it used (the file only grows when the code,
-# or the classes something imported into distrun's process, change).
+# or the classes something imported into the process, change).
 KEEP = 2048
 
 
@@ -41,9 +38,7 @@ class _Cache:
         self.added = False
         self.pid = os.getpid()
 
-    def exec(
-        self, source: Any, globals: dict[str, Any] | None = None, locals: Any = None, /, **kw: Any
-    ) -> None:
+    def exec(self, source: Any, globals: Any = None, locals: Any = None, **kw: Any) -> None:
         if type(source) is str:
             code = self.codes.get(source)
             if code is None:
@@ -64,8 +59,7 @@ class _Cache:
             with open(temp, "wb") as f:
                 f.write(marshal.dumps(codes))
             os.replace(temp, self.path)
-        except (OSError, ValueError) as err:
-            log.debug("dataclass code cache not written: %s", err)
+        except (OSError, ValueError):  # a cache: the next run compiles again
             with contextlib.suppress(OSError):
                 os.unlink(temp)
         self.added = False
@@ -85,27 +79,27 @@ def _read(path: str) -> dict[str, CodeType]:
 _cache: _Cache | None = None
 
 
-def file_name() -> str | None:
-    """One file per bytecode version (as the shipped agent names its compiled modules): code objects do not
-    cross versions. None for an interpreter without CPython's importlib, which gets no cache."""
+def file_name(program: str) -> str | None:
+    """`program`'s file for this bytecode version (named as the agent's compiled modules are): code objects
+    do not cross versions. None for an interpreter without CPython's importlib, which gets no cache."""
     bootstrap = sys.modules.get("_frozen_importlib_external")
     magic = getattr(bootstrap, "MAGIC_NUMBER", None)
-    return f"dataclass-methods-{magic.hex()}" if isinstance(magic, bytes) else None
+    return f"dataclass-methods-{program}-{magic.hex()}" if isinstance(magic, bytes) else None
 
 
-def install(directory: str | None = None) -> None:
-    """From here on, dataclasses made in this process reuse kept code (`directory`: the code cache's)."""
+def install(folder: str | None, program: str) -> None:
+    """From here on, dataclasses made in this process reuse the code kept in `folder` (the code cache,
+    launcher.agent.cache_root.private_code_dir(); None: kept in memory only) for `program`."""
     global _cache
     if _cache is not None:
         return
-    folder = directory or private_code_dir()
-    name = file_name()
+    name = file_name(program)
     _cache = _Cache(os.path.join(folder, name) if folder and name else None)
     vars(dataclasses)["exec"] = _cache.exec
 
 
 def save() -> None:
-    """Keep what this run compiled (the CLI calls it just before its exit, which skips `atexit`)."""
+    """Keep what this run compiled (distrun calls it just before its exit, which skips `atexit`)."""
     if _cache is not None:
         _cache.save()
 
