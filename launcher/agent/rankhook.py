@@ -63,7 +63,12 @@ def _install():
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
         fd = os.open(os.path.join(_where, "%d.stack" % os.getpid()), flags, 0o600)
         try:
-            import signal
+            try:
+                # The C module: `signal` itself builds its enums (importing `enum`), ~9 ms of every rank's
+                # start-up for a script that never imports either.
+                import _signal as signal
+            except ImportError:
+                import signal
 
             signal.signal(int(signum), _whole)
             chain = True
