@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from tests.support import REPO
+from tests.support import REPO, run_distrun
 
 
 def test_import_is_light() -> None:
@@ -93,3 +93,14 @@ def test_the_agent_s_start_imports_no_module_of_a_feature_the_job_may_not_use() 
         *(m for m in NOT_ON_THE_LAUNCH_PATH if m.startswith("launcher.agent.")),
     )
     assert loaded_by("import sys, launcher.agent.server\n" + PRINT, names=names) == "[]"
+
+
+def test_the_ranks_hooks_load_no_heavy_module_at_the_ranks_start() -> None:
+    """Every Python rank imports the stack and progress hooks at its start (PYTHONWARNINGS): they must not
+    bring `enum` (with `signal`) or `json` (with `re`) into a rank that does not use them. Without `site`
+    (-S) nothing else loads those here."""
+    names = ("enum", "json", "re", "signal", "distrun_rankhook", "distrun_progresshook")
+    code = f"import sys; print(sorted(set({names!r}) & sys.modules.keys()))"
+    ran = run_distrun("--prefix", "none", "-np", "1", sys.executable, "-S", "-c", code)
+    assert ran.returncode == 0, ran.stderr.decode()
+    assert ran.stdout.decode().split() == ["['distrun_progresshook',", "'distrun_rankhook']"]
