@@ -54,7 +54,8 @@ class _Cache:
         if not self.added or self.path is None or self.pid != os.getpid():
             return
         codes = self.codes if len(self.codes) <= KEEP else {t: self.codes[t] for t in self.used}
-        temp = f"{self.path}.{os.getpid()}"
+        # The host's name too: on a home shared over NFS, two hosts' writers may have the same pid.
+        temp = f"{self.path}.{os.uname().nodename}.{os.getpid()}"
         try:
             with open(temp, "wb") as f:
                 f.write(marshal.dumps(codes))

@@ -14,7 +14,6 @@ Stdlib-only and Python 3.7 compatible: it is shipped to remote hosts with the ag
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import socket
@@ -101,6 +100,8 @@ def _signature(path: str) -> list[int] | None:
 
 
 def _cache_file(python: str, root: str) -> str:
+    import hashlib  # only a job that asks for the software (it was ~5 ms of every agent's start)
+
     key = [socket.gethostname(), python, [os.environ.get(n) for n in _PATH_ENV]]
     name = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
     return os.path.join(root, "software", name + ".json")

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -41,9 +40,12 @@ import socket
 import stat
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.agent.cache_root import default_root
+
+if TYPE_CHECKING:
+    import hashlib
 
 FILE, LINK = "f", "l"
 HEX = "0123456789abcdef"
@@ -57,10 +59,18 @@ STAMP = 946684800
 OBJECT_MODE = 0o444
 
 
+def _sha256(data: bytes = b"") -> hashlib._Hash:
+    """hashlib loads at the first hash: a plain job's agent never hashes (it was ~5 ms of every agent's
+    start)."""
+    import hashlib
+
+    return hashlib.sha256(data)
+
+
 def manifest_hash(entries: list[list[Any]]) -> str:
     """The name of the copy these entries describe (their order does not matter)."""
     canonical = json.dumps(sorted(entries), separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return _sha256(canonical.encode()).hexdigest()
 
 
 def digests(entries: list[list[Any]]) -> dict[str, int]:
@@ -137,7 +147,7 @@ def _untouched(st: os.stat_result, size: int, mode: int) -> bool:
 
 
 def _hash_path(path: str) -> str:
-    h = hashlib.sha256()
+    h = _sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):
             h.update(chunk)
@@ -344,7 +354,7 @@ class Store:
 
     def put(self, digest: str, data: bytes) -> None:
         """Store one object, after checking that `data` hashes to `digest`."""
-        if hashlib.sha256(data).hexdigest() != digest:
+        if _sha256(data).hexdigest() != digest:
             raise StoreError(f"content of {digest[:12]}... arrived corrupted")
         if self._has_object(digest, len(data)):
             return  # copies link it: replacing it would store the content twice
