@@ -81,7 +81,8 @@ def bootstrap(entry: str = SERVER) -> str:
     them is a quarter of an agent's start, so each host keeps the compiled code per user, named by the
     source's digest and the interpreter's bytecode magic (a changed source or interpreter is simply another
     name); every failure there falls back to compiling, and a directory someone else could write to is not
-    used. Files unused for CODE_CACHE_DAYS go when a new one is written.
+    used. Files unused for CODE_CACHE_DAYS go when a new one is written. The same directory keeps the agent's
+    records' compiled methods (launcher.agent.dataclass_code, installed before any record is made).
     """
     # `d` is launcher.agent.cache_root.private_code_dir(), restated: the bootstrap runs before any shipped
     # module exists (tests/integration/test_agent_caches.py holds the two to the same directory).
