@@ -8,7 +8,8 @@ prints, over all of its jobs' rounds (each round's time the slowest rank's): the
 grouped call, and the grouped call against one raw ``all_reduce`` of all their bytes, as medians with
 quartiles (> 1: slower), each case timed alone after a barrier (``--run N``: N calls in a row, timed
 together); Python calls per operation of the burst; with ``--steps N``, a step of
-``--step-count`` cached named operations: rounds per step and the agreement's CPU per operation (ns).
+``--step-count`` cached named operations: the step's time (median and mean), the garbage collector's share,
+rounds per step, the agreement's CPU per operation and the submitting thread's (ns).
 """
 
 from __future__ import annotations
@@ -91,9 +92,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             seconds = [s * 1e3 for job in steps for s in job["seconds"]]
             rounds = [float(r) for job in steps for r in job["rounds"]]
             agreement = [a for job in steps for a in job["agreement_ns_per_op"]]
+            collecting = [c * 1e3 for job in steps for c in job.get("collector_seconds", [0.0])]
             print(f"  step of {args.step_count} cached operations, ms   {quartiles(seconds)}")
+            print(f"  the same, mean (with the collector's full passes)   {statistics.mean(seconds):.3f}")
+            print(f"  garbage collector per step (rank 0), ms, mean   {statistics.mean(collecting):.3f}")
             print(f"  agreement rounds per step               {quartiles(rounds)}")
             print(f"  agreement CPU per operation, ns         {quartiles(agreement)}")
+            print(f"  the same, mean                          {statistics.mean(agreement):.1f}")
+            submitting = [n for job in steps for n in job.get("submit_ns_per_op", [])]
+            if submitting:
+                print(f"  submitting thread's CPU per operation, ns   {quartiles(submitting)}")
     return 0
 
 

@@ -327,7 +327,9 @@ def init(
             context = _create_group(topology, _choose(backend, topology), _as_timedelta(timeout))
         context = dataclasses.replace(context, requested=backend, timeout=_as_timedelta(timeout))
     _context = context
-    from collectives import registry
+    from collectives import collector, registry
+
+    collector.freeze_long_lived(environ_)
 
     with links.owned():
         registry._setup(context.topology.rank, context.topology.size)

@@ -40,7 +40,6 @@ Two entry points for a failure and for the elastic reset:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import datetime
 import threading
 import time
@@ -49,14 +48,15 @@ from typing import Any
 
 import torch
 
-from collectives.engine_cache import capacity_from_env
+from collectives.engine_cache import Marks, capacity_from_env
+from collectives.engine_entries import Agreed, Entry, cached_items
 from collectives.engine_pace import burst_deadline, next_waits
 from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
-from collectives.engine_rounds import Announcement, Table, announce, exchange, name_key, ride_budget
+from collectives.engine_rounds import Table, announce, exchange, name_key, ride_budget
 from collectives.engine_tickets import Ticket, Turn
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
-from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict, row_of
+from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
 from collectives.peer_loss import abort_nccl
 from collectives.progress import progress_for
 from collectives.registry import _Groups
@@ -66,37 +66,6 @@ __all__ = ["Engine", "Ticket", "Turn"]
 
 # A round's wait when HOROVOD_GLOO_TIMEOUT_SECONDS is unset: collectives' default process-group timeout.
 DEFAULT_ROUND_TIMEOUT_S = 1800.0
-
-
-_Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
-
-
-@dataclasses.dataclass(slots=True)
-class _Entry:
-    key: int
-    call: Call
-    label: str
-    start: Callable[[Agreement], Any] | None
-    ticket: Ticket
-    fusion: Fusion | None = None
-    turn: Turn | None = None
-    cuda_event: Any = None
-    device: int | None = None
-    driven: bool = False
-    row: list[int] | None = None
-    seq: int = 0  # this rank's count of submissions to the engine (collectives.progress); 0: a stand-in's
-
-    def announced_row(self) -> list[int]:
-        row = self.row
-        if row is None:
-            row = self.row = row_of(self.call)
-        return row
-
-    def announcement(self) -> Announcement:
-        fusion = self.fusion
-        payload = fusion.tensor if fusion is not None and fusion.reduce is not None else None
-        row = self.row
-        return Announcement(self.key, row_of(self.call) if row is None else row, self.label, payload)
 
 
 class Engine:
@@ -111,17 +80,19 @@ class Engine:
         # Held directly where nothing waits or is notified: entering a Condition costs a Python call more.
         self._mutex = threading.RLock()
         self._cond = threading.Condition(self._mutex)
-        self._new: list[_Entry] = []
+        self._new: list[Entry] = []
         self._woken = False  # the engine thread was woken for what is in _new
         self._undriven = 0  # entries in _new that nobody drives: the engine thread's work
         # Something in _new that fuses with nothing (a gradient bucket, an agreement): no burst to wait for.
         self._urgent = False
-        self._local: dict[int, _Entry] = {}
+        self._local: dict[int, Entry] = {}
         # Agreed operations in issue order: key, every rank's row and payload (or None), and the agreement
         # where the response cache knows it already.
-        self._queue: collections.deque[_Agreed] = collections.deque()
+        self._queue: collections.deque[Agreed] = collections.deque()
         self._table = Table(groups.size, capacity_from_env())
-        self._cached_agreements: dict[int, Agreement] = {}  # per response-cache slot, made once
+        self._marks = Marks(self._table.cache)  # the cached slots of what is in _new
+        # Per response-cache slot (slots are numbered from 0), made once: its queue item, with no payloads.
+        self._cached_items: list[Agreed] = []
         self._driven_local = 0  # entries in _local that their callers drive (the rest: the thread's work)
         self._ride_bytes = ride_budget(groups.size)  # payloads beyond go by the cache's bits
         self._sequence = 0
@@ -229,10 +200,12 @@ class Engine:
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
             seq = self._submitted = self._submitted + 1
-            entry = _Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row, seq)
+            entry = Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row, seq)
             progress = self.progress
             progress.issued_seq, progress.issued_kind, progress.issued_name = seq, call.kind, label
             self._local[key] = entry
+            if row is not None and key > 0:
+                self._marks.mark(key, row)
             if not notify:
                 self._driven_local += 1
             now = time.monotonic()
@@ -340,11 +313,12 @@ class Engine:
         self.rounds += 1
         with self._mutex:
             new, self._new = self._new, []
+            marked = self._marks.take(len(new))
             self._undriven = 0
             self._urgent = False
             self._woken = False
             stop = self._stopping
-        mine, bits = announce(self._table.cache, new, self._ride_bytes)
+        mine, bits = announce(self._table.cache, new, self._ride_bytes, marked)
         timeout = self.settings.gloo_timeout_s
         table = self._table
         result = exchange(
@@ -362,13 +336,16 @@ class Engine:
         for key in result.ready:
             payloads = table.take_payloads(key)
             queue.append((key, table.take(key), payloads, None))
-        cache, agreements = table.cache, self._cached_agreements
-        take = table.take_payloads if table.payloads else None
-        for slot in result.cached:
-            key, agreement = cache.keys[slot], agreements.get(slot)
-            if agreement is None:
-                agreement = agreements[slot] = Agreement(cache.all_rows[slot], ())
-            queue.append((key, agreement.rows, take(key) if take else None, agreement))
+        if result.cached:
+            items = cached_items(self._cached_items, table.cache)
+            if table.payloads:
+                take = table.take_payloads
+                for slot in result.cached:
+                    key, rows, _, agreement = items[slot]
+                    queue.append((key, rows, take(key), agreement))
+            else:
+                # The same queue item every step, queued in C: no allocation or Python step per operation.
+                queue.extend(map(items.__getitem__, result.cached))
         if self.stand_in is not None:
             self._stand_in_for_named()
         self._execute()
@@ -402,7 +379,7 @@ class Engine:
                 if start is None:
                     continue
                 label = self._table.labels.get(key, f"key {key}")
-                entry = _Entry(key, Call(Kind.JOIN), label, start, Ticket())
+                entry = Entry(key, Call(Kind.JOIN), label, start, Ticket())
                 self._local[key] = entry
                 self._new.append(entry)
                 self._undriven += 1
@@ -469,22 +446,22 @@ class Engine:
                 self._issue(entry, agreement)
             self._done(fused[-1])
 
-    def _done(self, entry: _Entry) -> None:
+    def _done(self, entry: Entry) -> None:
         if entry.seq:
             progress = self.progress
             progress.done_seq, progress.done_kind = entry.seq, entry.call.kind
             progress.done_name = entry.label
 
-    def _forget(self, key: int) -> _Entry:
+    def _forget(self, key: int) -> Entry:
         entry = self._local.pop(key)  # the caller holds the mutex
         if entry.driven:
             self._driven_local -= 1
         return entry
 
-    def _fusable_after(self, first: _Entry) -> list[_Entry]:
+    def _fusable_after(self, first: Entry) -> list[Entry]:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
-        taken: list[_Entry] = []
+        taken: list[Entry] = []
         fusion_key = first.fusion.key
         total = first.fusion.nbytes
         threshold = self.settings.fusion_threshold
@@ -517,7 +494,7 @@ class Engine:
                 self._forget(entry.key)
         return taken
 
-    def _issue(self, entry: _Entry, agreement: Agreement) -> None:
+    def _issue(self, entry: Entry, agreement: Agreement) -> None:
         start = entry.start
         assert start is not None
         done, value = attempt(entry.ticket, entry.label, lambda: start(agreement))
@@ -525,7 +502,7 @@ class Engine:
             self.collectives_issued += 1
             entry.ticket._settle(value, None)
 
-    def _reduce_in_round(self, entry: _Entry, payloads: list[torch.Tensor]) -> None:
+    def _reduce_in_round(self, entry: Entry, payloads: list[torch.Tensor]) -> None:
         fusion = entry.fusion
         assert fusion is not None and fusion.reduce is not None
         reduce = fusion.reduce
@@ -534,7 +511,7 @@ class Engine:
             self.reduced_in_round += 1
             entry.ticket._settle(value, None)
 
-    def _issue_fused(self, entries: list[_Entry]) -> None:
+    def _issue_fused(self, entries: list[Entry]) -> None:
         first = entries[0].fusion
         assert first is not None
         try:
@@ -571,6 +548,7 @@ class Engine:
             self._local.clear()
             self._driven_local = 0
             self._new.clear()
+            self._marks.take(0)
             self._undriven = 0
             self._queue.clear()
             self._held = None

@@ -16,13 +16,16 @@ have been handed out, further names go by their rows.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Iterator
 
-__all__ = ["ResponseCache", "bits_of", "capacity_from_env", "mask_of"]
+__all__ = ["Marks", "ResponseCache", "bits_of", "capacity_from_env", "flags_mask", "mask_of"]
 
 DEFAULT_CAPACITY = 1024
+
+_DIGITS = bytes.maketrans(b"01", b"\x00\x01")
 
 
 def capacity_from_env() -> int:
@@ -35,7 +38,8 @@ def bits_of(mask: int) -> list[int]:
     # Through its binary digits: a shift or a mask of a 1024-bit int allocates one, per bit.
     digits = bin(mask)[:1:-1]
     if mask.bit_count() > 64:
-        return [at for at, digit in enumerate(digits) if digit == "1"]
+        # In C: the digits as 0/1 bytes select from the positions, with no Python step per bit.
+        return list(itertools.compress(range(len(digits)), digits.encode().translate(_DIGITS)))
     out: list[int] = []
     at = digits.find("1")
     while at >= 0:
@@ -46,11 +50,16 @@ def bits_of(mask: int) -> list[int]:
 
 def mask_of(slots: list[int], words: int) -> int:
     """The bit vector of ``slots``."""
+    if not slots:
+        return 0
     flags = bytearray(words * 64)
     for slot in slots:
         flags[slot] = 49  # "1"
-    if not slots:
-        return 0
+    return flags_mask(flags)
+
+
+def flags_mask(flags: bytearray) -> int:
+    """The bit vector of ``flags``: one byte a slot, 49 (``"1"``) where set, 0 elsewhere."""
     return int(flags.replace(b"\x00", b"0")[::-1], 2)
 
 
@@ -70,13 +79,23 @@ class ResponseCache:
         self.all_rows: list[list[list[int]]] = []
         # Per position in the set: the slots it has announced that are not ready yet.
         self.pending = [0] * size
-        self.first_seen: dict[int, float] = {}
+        # The slots some rank has announced and not every rank, and since when: (time, the slots that began
+        # to wait in that round), oldest first; a vector a round, not an entry a slot.
+        self.waiting_mask = 0
+        self._since: list[tuple[float, int]] = []
+        self.drops = 0  # slots dropped so far: a slot found before a drop may be gone
 
     def slot(self, key: int, row: list[int]) -> int | None:
         """The slot of ``key`` if it is cached with exactly ``row``."""
         slot = self.slot_of.get(key)
-        if slot is None or self.rows[slot] != row:
+        if slot is None:
             return None
+        cached = self.rows[slot]
+        if cached is not row:
+            if cached != row:
+                return None
+            # The same row: keep the submitter's list, so the next step compares identities.
+            self.rows[slot] = row
         return slot
 
     def admit(self, key: int, rows: list[list[int]], label: str) -> None:
@@ -90,16 +109,19 @@ class ResponseCache:
         announced = list(first)
         while announced and announced[-1] == -1:
             announced.pop()
-        self.slot_of[key] = len(self.keys)
+        slot = len(self.keys)
         self.keys.append(key)
         self.rows.append(announced)
         self.labels.append(label)
         self.all_rows.append([first] * self.size)
+        # Last: a submitter's thread may look the key up meanwhile (Marks), and finds the slot whole.
+        self.slot_of[key] = slot
 
     def drop(self, key: int) -> list[tuple[int, list[int]]]:
         """Forget ``key``'s slot (a rank announced another row for it); the (position, row) announcements
         its bits stood for, to be tabled as rows."""
         slot = self.slot_of.pop(key)
+        self.drops += 1
         bit = 1 << slot
         row = self.all_rows[slot][0]
         announced = []
@@ -107,7 +129,7 @@ class ResponseCache:
             if mask & bit:
                 announced.append((position, row))
                 self.pending[position] = mask & ~bit
-        self.first_seen.pop(slot, None)
+        self.waiting_mask &= ~bit
         return announced
 
     def take_ready(self, now: float) -> list[int]:
@@ -120,23 +142,28 @@ class ResponseCache:
             keep = ~ready
             for position in range(self.size):
                 pending[position] &= keep
-        slots = bits_of(ready) if ready else []
-        first_seen = self.first_seen
-        if first_seen:
-            for slot in slots:
-                first_seen.pop(slot, None)
         waiting = 0
         for mask in pending:
             waiting |= mask
-        if waiting:
-            for slot in bits_of(waiting):
-                if slot not in first_seen:
-                    first_seen[slot] = now
-        return slots
+        began = waiting & ~self.waiting_mask
+        if began:
+            self._since.append((now, began))
+        if self._since and waiting != self.waiting_mask | began:
+            self._since = [(since, mask) for since, mask in self._since if mask & waiting]
+        self.waiting_mask = waiting
+        return bits_of(ready) if ready else []
+
+    def _waiting_since(self) -> Iterator[tuple[float, int]]:
+        """(since, slot) of every slot some rank has announced and not every rank, oldest first."""
+        waiting = self.waiting_mask
+        for since, mask in self._since:
+            if mask & waiting:
+                for slot in bits_of(mask & waiting):
+                    yield since, slot
 
     def waiting(self) -> Iterator[tuple[int, int, str]]:
         """(slot, key, label) of every slot some rank has announced and not every rank."""
-        for slot in self.first_seen:
+        for _, slot in self._waiting_since():
             yield slot, self.keys[slot], self.labels[slot]
 
     def full_row(self, slot: int) -> list[int]:
@@ -149,6 +176,41 @@ class ResponseCache:
     def stalled(self, older_than_s: float) -> Iterator[tuple[int, str]]:
         """(slot, label) of slots waiting for some rank for more than ``older_than_s``."""
         now = time.monotonic()
-        for slot, since in self.first_seen.items():
+        for since, slot in self._waiting_since():
             if now - since >= older_than_s:
                 yield slot, self.labels[slot]
+
+
+class Marks:
+    """The response-cache slots of what was submitted since the last round, found as each is submitted.
+
+    The submitter's thread has the operation at hand; a round that walked a thousand entries made on
+    another thread would fetch each of them again. A round takes the marks only when every entry it
+    announces was marked and no slot was dropped since the last round (a slot found before a drop may be
+    gone); otherwise it looks at each entry itself, as it does for a round small enough to carry payloads.
+    """
+
+    def __init__(self, cache: ResponseCache) -> None:
+        self.cache = cache
+        self._flags = bytearray(cache.words * 64)
+        self._count = 0
+        self._drops = cache.drops
+
+    def mark(self, key: int, row: list[int]) -> None:
+        """Note a submission of ``key`` with ``row`` (the caller holds the engine's lock)."""
+        slot = self.cache.slot(key, row)
+        if slot is not None:
+            self._flags[slot] = 49  # "1"
+            self._count += 1
+
+    def take(self, entries: int) -> int | None:
+        """The bit vector of the marks if all ``entries`` submitted since the last take were marked and no
+        slot has been dropped since; None otherwise. Starts afresh."""
+        count, flags, drops = self._count, self._flags, self._drops
+        self._drops = self.cache.drops
+        if count:
+            self._flags = bytearray(len(flags))
+            self._count = 0
+        if count != entries or not count or drops != self._drops:
+            return None
+        return flags_mask(flags)

@@ -110,37 +110,34 @@ class Announcing(Protocol):
 
 
 def announce(
-    cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int
+    cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int, marked: int | None = None
 ) -> tuple[list[Announcement], int]:
     """A round's announcements of ``new``: rows for what the response cache does not hold (or what rides
-    with its payload, ``ride_bytes`` at most in all), and the bit vector of the cached rest."""
+    with its payload, ``ride_bytes`` at most in all), and the bit vector of the cached rest. ``marked``:
+    the bit vector of every entry of ``new``, found as they were submitted (``Marks.take``), if it is."""
     if not cache.slot_of:
         return [e.announcement() for e in new], 0
+    # A burst's cached operations go by their bits even where their payloads would fit: one fused allreduce
+    # costs less than a thousand rows packed, unpacked and tabled.
+    few = len(new) <= _RIDERS
+    if marked is not None and not few:
+        return [], marked
     mine: list[Announcement] = []
     riders: list[tuple[Announcing, int]] = []
     riding = 0
     slots: list[int] = []
-    slot_of, rows = cache.slot_of, cache.rows
-    # A burst's cached operations go by their bits even where their payloads would fit: one fused allreduce
-    # costs less than a thousand rows packed, unpacked and tabled.
-    few = len(new) <= _RIDERS
     for e in new:
-        slot = slot_of.get(e.key)
+        # The row is at hand for every operation that brought its plan's row.
+        slot = cache.slot(e.key, e.row or e.announced_row())
         if slot is not None:
-            row = e.row or e.announced_row()  # at hand for every operation that brought its plan's row
-            cached = rows[slot]
-            if cached is not row and cached == row:
-                # The same row: keep the submitter's list, so the next step compares identities.
-                cached = rows[slot] = row
-            if cached is row:
-                fusion = e.fusion
-                if few and fusion is not None and fusion.reduce is not None:
-                    # It may ride with its payload, if the round's payloads are few enough to.
-                    riders.append((e, slot))
-                    riding += fusion.nbytes
-                else:
-                    slots.append(slot)
-                continue
+            fusion = e.fusion
+            if few and fusion is not None and fusion.reduce is not None:
+                # It may ride with its payload, if the round's payloads are few enough to.
+                riders.append((e, slot))
+                riding += fusion.nbytes
+            else:
+                slots.append(slot)
+            continue
         mine.append(e.announcement())
     if riders:
         # Lists, not generators: a generator is a Python call per item.
@@ -332,8 +329,9 @@ def _pack_first(
         flat.frombytes(bits.to_bytes(bit_words * 8, "little"))
     for record in records[:count]:
         flat.extend(record)
-    buffer = torch.empty(words, dtype=torch.int64)
-    buffer[: len(flat)] = torch.frombuffer(flat, dtype=torch.int64)
+    # Padded in Python and handed to torch in one call (the tensor keeps the array alive).
+    flat.frombytes(bytes(8 * (words - len(flat))))
+    buffer = torch.frombuffer(flat, dtype=torch.int64)
     for _, offset, payload in placed:
         buffer[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
     return buffer
@@ -393,21 +391,26 @@ def exchange(
     wanted = _HEADER + bit_words + inline_words + len(rest) + _payload_words(mine)
     header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words, wanted]
     gathered = _gather(_pack_first(mine, records, header, words, bits), table.size, group, timeout)
-    headers = gathered[:, :_HEADER].tolist()
+    start = _HEADER + bit_words
+    # Every rank's header and bit vector in one read, and the records in one more only if any rank sent
+    # some: each tensor call costs a round tens of microseconds once its thread has slept in the gather.
+    fronts = gathered[:, :start].tolist()
+    headers = [front[:_HEADER] for front in fronts]
     table.resize(max(h[6] for h in headers))
     if any(h[5] != bit_words for h in headers):
         raise CollectivesError(
             "the ranks' response caches differ in size: set HOROVOD_CACHE_CAPACITY alike on every rank"
         )
-    start = _HEADER + bit_words
+    most = max(h[3] for h in headers)
+    records_of = gathered[:, start : start + most].tolist() if most else [[] for _ in headers]
     announced = [
-        _unpack(gathered, p, gathered[p, start : start + h[3]].tolist(), h[2], width)
+        _unpack(gathered, p, records_of[p][: h[3]], h[2], width) if h[2] else []
         for p, h in enumerate(headers)
     ]
     if bit_words:
-        vectors = gathered[:, _HEADER:start].tolist()
         pending = cache.pending
-        for p, vector in enumerate(vectors):
+        for p, front in enumerate(fronts):
+            vector = front[_HEADER:]
             if any(vector):
                 pending[p] |= int.from_bytes(array.array("q", vector).tobytes(), "little")
     longest = max(h[4] for h in headers)

@@ -25,14 +25,21 @@ class Lender(Protocol):
     def _release(self, turn: Turn) -> None: ...
 
 
+_LOCK = threading.RLock()
+
+
 class Ticket:
     """The engine's side of a handle: what starting the operation gave (or the error), once it has run.
 
     A driver settles its own ticket on its own thread, so the ticket holds no Event: one is made only for a
-    caller that has to wait while another thread settles it (created on first need, under the lock).
+    caller that has to wait while another thread settles it (created on first need, under the lock). The
+    lock is every ticket's: it is held for a few assignments, never across a call out, and a lock per ticket
+    was one more object per operation for the garbage collector (``collectives.collector``). It is
+    reentrant because an allocation under it may run the collector, and so a dropped handle's ``__del__``
+    (which registers a callback on its own ticket) on the same thread.
     """
 
-    __slots__ = ("_callbacks", "_done", "_engine", "_error", "_event", "_lock", "_value")
+    __slots__ = ("_callbacks", "_done", "_engine", "_error", "_event", "_value")
 
     def __init__(self, engine: Driver | None = None) -> None:
         self._engine = engine
@@ -41,7 +48,6 @@ class Ticket:
         self._value: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[], None]] | None = None
-        self._lock = threading.Lock()
 
     def done(self) -> bool:
         return self._done
@@ -53,7 +59,7 @@ class Ticket:
             if self._engine is not None:
                 self._engine.drive(self)
             if not self._done:
-                with self._lock:
+                with _LOCK:
                     if not self._done and self._event is None:
                         self._event = threading.Event()
                     event = self._event
@@ -70,7 +76,7 @@ class Ticket:
         return self._engine.broken if self._engine is not None else None
 
     def on_done(self, callback: Callable[[], None]) -> None:
-        with self._lock:
+        with _LOCK:
             if not self._done:
                 if self._callbacks is None:
                     self._callbacks = []
@@ -79,7 +85,7 @@ class Ticket:
         callback()
 
     def _settle(self, value: Any, error: BaseException | None) -> None:
-        with self._lock:
+        with _LOCK:
             if self._done:
                 return
             self._value, self._error = value, error

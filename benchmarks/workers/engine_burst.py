@@ -10,12 +10,15 @@ first on ``PYTHONPATH``). Rank 0 prints one JSON line.
 * ``step``: a step's worth of named operations (``--step-count`` ``allreduce_async_`` of ``--step-size``
   bytes, the same names every step, so they are cached after the first), repeated; per step, how many
   agreement rounds ran and the CPU they took beyond their gathers (``Engine._round_locked`` less
-  ``Engine._execute`` and the gathers' waits), per operation.
+  ``Engine._execute`` and the gathers' waits), per operation, the submitting thread's CPU per submission,
+  and the time the garbage collector took (on
+  any thread, wherever it fell: a full pass lands in one step of several).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -75,6 +78,23 @@ class Meter:
 
     def agreement_ns(self) -> int:
         return self.round_ns - self.execute_ns - self.gather_ns
+
+
+class CollectorClock:
+    """Wall time spent in the garbage collector's passes, on every thread."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+        self._started = 0
+
+    def install(self) -> None:
+        gc.callbacks.append(self._event)
+
+    def _event(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self.ns += time.perf_counter_ns() - self._started
 
 
 def slowest(values: list[float]) -> list[float]:
@@ -151,28 +171,39 @@ def python_calls(args: argparse.Namespace, counter: CallCounter) -> float:
     return counter.calls / 2 / args.count
 
 
-def steps(args: argparse.Namespace, meter: Meter) -> dict[str, Any]:
+def steps(args: argparse.Namespace, meter: Meter, collector: CollectorClock) -> dict[str, Any]:
     tensors = [torch.zeros(max(1, args.step_size // 4)) for _ in range(args.step_count)]
     names = [f"bench.step.{i}" for i in range(args.step_count)]
 
-    def step() -> None:
+    def step() -> int:
+        """Runs one step; the submitting thread's CPU for its submissions, ns."""
         pairs = zip(tensors, names, strict=True)
+        start = time.thread_time_ns()
         handles = [collectives.allreduce_async_(t, name=n, op=ReduceOp.SUM) for t, n in pairs]
+        submitted = time.thread_time_ns() - start
         for handle in handles:
             collectives.synchronize(handle)
+        return submitted
 
     for _ in range(3):
         step()
     collectives.barrier()
-    seconds, rounds, agreement = [], [], []
+    seconds, rounds, agreement, collecting, submitting = [], [], [], [], []
     for _ in range(args.steps):
-        r0, a0 = meter.rounds, meter.agreement_ns()
+        r0, a0, c0 = meter.rounds, meter.agreement_ns(), collector.ns
         start = time.perf_counter()
-        step()
+        submitting.append(step() / args.step_count)
         seconds.append(time.perf_counter() - start)
         rounds.append(meter.rounds - r0)
         agreement.append((meter.agreement_ns() - a0) / args.step_count)
-    return {"seconds": slowest(seconds), "rounds": rounds, "agreement_ns_per_op": agreement}
+        collecting.append((collector.ns - c0) / 1e9)
+    return {
+        "seconds": slowest(seconds),
+        "rounds": rounds,
+        "agreement_ns_per_op": agreement,
+        "collector_seconds": collecting,
+        "submit_ns_per_op": submitting,
+    }
 
 
 def main() -> None:
@@ -191,6 +222,8 @@ def main() -> None:
         counter.install()
     meter = Meter()
     meter.install()
+    collector = CollectorClock()
+    collector.install()
     collectives.init()
     out: dict[str, Any] = {"world": collectives.size()}
     if args.count_calls:
@@ -198,7 +231,7 @@ def main() -> None:
     elif args.rounds:
         out["burst"] = burst(args)
     if args.steps:
-        out["steps"] = steps(args, meter)
+        out["steps"] = steps(args, meter, collector)
     if collectives.rank() == 0:
         print(json.dumps(out), flush=True)
     collectives.shutdown()

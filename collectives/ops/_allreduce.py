@@ -114,19 +114,38 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
             facts, prescale, postscale, context, groups, tensor.numel() * tensor.element_size(), device
         )
 
-    def issue(agreement: Agreement) -> _Part[torch.Tensor]:
-        torch_op, divisor = _prescaled(tensor, op, prescale, context, groups.size)
+    # Made by tuple's own constructor: NamedTuple's and a class's __init__ are a Python call each.
+    # Any: mypy does not see a tuple subclass's __call__ as making it callable.
+    issue: Any = _new_tuple(_Issue, (tensor, op, prescale, postscale, plan, blocking))
+    fusion = None
+    if groups.size > 1 and tensor.is_contiguous():
+        fusion = _new_tuple(Fusion, (plan.fusion_key, tensor, plan.issue_fused, plan.nbytes, plan.reduce))
+    return _submit(plan.call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, row=plan.row)
+
+
+_new_tuple = tuple.__new__
+
+
+class _Issue(tuple[torch.Tensor, ReduceOp, float, float, _Plan, bool]):
+    """Starts one allreduce on its own, once agreed (when it fuses with nothing and does not ride): its
+    tensor, op, prescale and postscale factors, plan, and whether its caller blocks.
+
+    One object, not a closure: a closure over these facts is a function and seven cells, eight objects for
+    the garbage collector to track per operation (see ``collectives.collector``).
+    """
+
+    __slots__ = ()
+
+    def __call__(self, agreement: Agreement) -> _Part[torch.Tensor]:
+        tensor, op, prescale, postscale, plan, blocking = self
+        groups = plan.groups
+        torch_op, divisor = _prescaled(tensor, op, prescale, plan.context, groups.size)
         if blocking:
             # Its caller waits for it at once (and runs the rounds itself): no Work round trip through Python.
             dist.all_reduce(tensor, op=torch_op, group=groups.data)
             return Handle([], lambda: _postscaled(tensor, divisor, postscale))
         work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
-
-    fusion = None
-    if groups.size > 1 and tensor.is_contiguous():
-        fusion = Fusion(plan.fusion_key, tensor, plan.issue_fused, plan.nbytes, plan.reduce)
-    return _submit(plan.call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, row=plan.row)
 
 
 def _reduce_in_round(op: ReduceOp, postscale: float) -> _Reduce:

@@ -95,13 +95,17 @@ class Handle(Generic[T]):
         parts: Sequence[Handle[Any]] = (),
     ) -> None:
         # A list is kept as given: fused handles share one, emptied once its collective has been waited for.
-        self._works = works if isinstance(works, list) else list(works)
+        # An empty one is not kept: a submitted operation's handle has none, and each list is one more object
+        # per operation for the garbage collector (``collectives.collector``).
+        self._works: Sequence[dist.Work] = ()
+        if works:
+            self._works = works if isinstance(works, list) else list(works)
         self._finish = finish
         self._result: T | None = None
         self._done = False
         self._name = name
         self._ticket = ticket
-        self._parts = list(parts)
+        self._parts = tuple(parts)
 
     def is_completed(self) -> bool:
         """Whether the operation has finished (wait() will then not block on the network)."""
@@ -197,7 +201,7 @@ def _submit(
         ticket = engine.submit(
             call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim, row=row
         )
-    return Handle([], _unreachable, call.name if claim else None, ticket)
+    return Handle((), _unreachable, call.name if claim else None, ticket)
 
 
 def _unreachable() -> Any:

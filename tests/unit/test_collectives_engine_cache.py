@@ -7,12 +7,13 @@ from __future__ import annotations
 import datetime
 import random
 import threading
+import time
 
 import pytest
 import torch
 
 from collectives import engine_rounds
-from collectives.engine_cache import bits_of, mask_of
+from collectives.engine_cache import Marks, ResponseCache, bits_of, mask_of
 from collectives.engine_rounds import Announcement, RoundResult, Table, announce, name_key
 from collectives.engine_values import Fusion
 from collectives.negotiation import ROW, Call, Kind, row_of
@@ -134,3 +135,57 @@ def test_a_cached_operation_one_rank_has_not_announced_shows_in_the_stall_report
     results = _rounds(tables, [[], [_Entry("grad.b", (2,))]], monkeypatch)
     assert [r.cached for r in results] == [[0], [0]]
     assert all(table.stalled(0.0, (7, 8)) == {} for table in tables)
+
+
+def _cached(names: list[str]) -> tuple[ResponseCache, list[_Entry]]:
+    """A cache holding ``names`` (one row each, the same on both ranks) and an entry of each."""
+    cache = ResponseCache(2, 64)
+    entries = [_Entry(name, (4,)) for name in names]
+    for entry in entries:
+        row = entry.announced_row()
+        cache.admit(entry.key, [row, row], entry.call.name or "")
+    return cache, entries
+
+
+def test_marks_made_at_submission_stand_for_a_round_that_walks_every_entry() -> None:
+    cache, entries = _cached([f"grad.{i}" for i in range(8)])
+    marks = Marks(cache)
+    for entry in entries:
+        marks.mark(entry.key, entry.announced_row())
+    marked = marks.take(len(entries))
+    assert marked is not None and bits_of(marked) == list(range(8))
+    assert announce(cache, entries, 0, marked) == announce(cache, entries, 0) == ([], marked)
+    assert marks.take(0) is None  # taken: the next round starts afresh
+
+
+def test_marks_are_not_used_when_an_entry_was_not_marked_or_a_slot_was_dropped_since() -> None:
+    cache, entries = _cached([f"grad.{i}" for i in range(8)])
+    marks = Marks(cache)
+    for entry in entries[:-1]:
+        marks.mark(entry.key, entry.announced_row())
+    assert marks.take(len(entries)) is None  # one entry the round must look at itself
+    marks.mark(entries[0].key, [1, 2, 3])  # another row: no slot
+    assert marks.take(1) is None
+    for entry in entries[1:]:
+        marks.mark(entry.key, entry.announced_row())
+    cache.drop(entries[0].key)
+    assert marks.take(len(entries) - 1) is None  # a slot found before the drop may be the dropped one
+    marks.mark(entries[1].key, entries[1].announced_row())
+    assert marks.take(1) == 1 << 1
+
+
+def test_a_slot_waits_from_the_round_in_which_the_first_rank_announced_it() -> None:
+    cache, _ = _cached(["a", "b", "c"])
+    now = time.monotonic()
+    cache.pending = [0b011, 0]
+    assert cache.take_ready(now - 100) == []
+    cache.pending[0] |= 0b100
+    assert cache.take_ready(now) == []
+    assert list(cache.stalled(50)) == [(0, "a"), (1, "b")]
+    assert [slot for slot, _, _ in cache.waiting()] == [0, 1, 2]
+    cache.pending[1] = 0b001
+    assert cache.take_ready(now) == [0]
+    assert list(cache.stalled(50)) == [(1, "b")] and cache.announced_by(0, 1) and not cache.announced_by(1, 1)
+    cache.pending[1] = 0b110
+    assert cache.take_ready(now) == [1, 2]
+    assert list(cache.waiting()) == [] and cache.pending == [0, 0]

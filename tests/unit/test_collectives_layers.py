@@ -17,6 +17,7 @@ LAYERS: list[list[str]] = [
         "collectives.errors",
         "collectives.reduce_op",
         "collectives.leaving",
+        "collectives.collector",
         "collectives.compression",
         "collectives.buckets",
         "collectives.features",
@@ -39,7 +40,8 @@ LAYERS: list[list[str]] = [
         "collectives.optimizer_args",
         "collectives.peer_loss",
     ],
-    ["collectives.context", "collectives.engine", "collectives.elastic.channel"],
+    ["collectives.context", "collectives.engine_entries", "collectives.elastic.channel"],
+    ["collectives.engine"],
     ["collectives.engines"],
     [
         "collectives.process_sets",

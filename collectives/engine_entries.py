@@ -1,0 +1,65 @@
+"""What a process set's engine (``collectives.engine``) holds per operation: the :class:`Entry` a submission
+makes, kept until the operation is issued, and an agreed operation's item in the issue queue
+(:data:`Agreed`), made once per response-cache slot for operations agreed by their bit (:func:`cached_items`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from collectives.engine_cache import ResponseCache
+from collectives.engine_rounds import Announcement
+from collectives.engine_tickets import Ticket, Turn
+from collectives.engine_values import Fusion
+from collectives.negotiation import Agreement, Call, row_of
+
+__all__ = ["Agreed", "Entry", "cached_items"]
+
+# An agreed operation, in issue order: its key, every rank's row, every rank's payload (or None), and the
+# agreement where the response cache knows it already (None: the verdict is made from the rows).
+Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
+
+
+@dataclasses.dataclass(slots=True)
+class Entry:
+    """One submitted operation: its key and call, how to start it once agreed, the ticket its handle waits
+    on, and what the round and the issue need of it (fusion, turn, CUDA event, row)."""
+
+    key: int
+    call: Call
+    label: str
+    start: Callable[[Agreement], Any] | None
+    ticket: Ticket
+    fusion: Fusion | None = None
+    turn: Turn | None = None
+    cuda_event: Any = None
+    device: int | None = None
+    driven: bool = False
+    row: list[int] | None = None
+    seq: int = 0  # this rank's count of submissions to the engine (collectives.progress); 0: a stand-in's
+
+    def announced_row(self) -> list[int]:
+        row = self.row
+        if row is None:
+            row = self.row = row_of(self.call)
+        return row
+
+    def announcement(self) -> Announcement:
+        fusion = self.fusion
+        payload = fusion.tensor if fusion is not None and fusion.reduce is not None else None
+        row = self.row
+        return Announcement(self.key, row_of(self.call) if row is None else row, self.label, payload)
+
+
+def cached_items(items: list[Agreed], cache: ResponseCache) -> list[Agreed]:
+    """``items`` (the queue item of each slot of ``cache``, by slot), grown by the slots admitted since the
+    last call. An operation agreed by its bit is queued as its slot's item: the same tuple every step, so a
+    step of cached operations allocates nothing per operation for the garbage collector to track."""
+    for slot in range(len(items), len(cache.keys)):
+        agreement = Agreement(cache.all_rows[slot], ())
+        items.append((cache.keys[slot], agreement.rows, None, agreement))
+    return items
