@@ -1,6 +1,6 @@
 """The cyclic garbage collector and a training process's long-lived objects.
 
-Python's full collection walks every object the collector tracks; with torch imported that is some 200,000
+Python's full collection walks every object the collector tracks; with torch imported that is some 170,000
 objects and 100-150 ms on a small machine. A step's collective calls allocate tracked objects (handles, the
 engine's entries) that live until the step ends, so they outlive the young collections and count toward
 the next full one: 1,000 named allreduces a step brought a full pass every five steps, a third of the step

@@ -402,7 +402,7 @@ def exchange(
             "the ranks' response caches differ in size: set HOROVOD_CACHE_CAPACITY alike on every rank"
         )
     most = max(h[3] for h in headers)
-    records_of = gathered[:, start : start + most].tolist() if most else [[] for _ in headers]
+    records_of = gathered[:, start : start + most].tolist() if most else []  # read only where h[2] > 0
     announced = [
         _unpack(gathered, p, records_of[p][: h[3]], h[2], width) if h[2] else []
         for p, h in enumerate(headers)

@@ -11,8 +11,8 @@ first on ``PYTHONPATH``). Rank 0 prints one JSON line.
   bytes, the same names every step, so they are cached after the first), repeated; per step, how many
   agreement rounds ran and the CPU they took beyond their gathers (``Engine._round_locked`` less
   ``Engine._execute`` and the gathers' waits), per operation, the submitting thread's CPU per submission,
-  and the time the garbage collector took (on
-  any thread, wherever it fell: a full pass lands in one step of several).
+  and the time the garbage collector took (on any thread, wherever it fell: a full pass lands in one step
+  of several).
 """
 
 from __future__ import annotations
