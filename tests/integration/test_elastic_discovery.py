@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support import SCRIPTS, assert_all_gone, clean_env, run_distrun
 
 SCRIPT = SCRIPTS / "elastic_train.py"
@@ -57,13 +59,21 @@ def test_a_slot_the_script_adds_gets_a_newcomer_at_the_next_commit(tmp_path: Pat
     assert_all_gone(list(pids.values()))
 
 
-def test_a_slot_the_script_removes_lets_its_rank_exit_0_and_the_others_go_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("late", [False, True], ids=["together", "rank-0-late"])
+def test_a_slot_the_script_removes_lets_its_rank_exit_0_and_the_others_go_on(
+    tmp_path: Path, late: bool
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     script = _script(tmp_path, f"[ -f {out}/opted.2 ] && echo localhost:2 || echo localhost:3\n")
+    # rank-0-late: the update reaches rank 0 last, mid-run, so the others' commits consume theirs while
+    # rank 0's view (which decides) has none: every rank must still raise at the same later commit.
+    env = (
+        clean_env(ELASTIC_WAIT_FOR_HOSTS="1", ELASTIC_LATE_UPDATE="0", ELASTIC_SLOW_S="0.5") if late else WAIT
+    )
     done = run_distrun(
         "-np", "3", "--min-np", "1", "--host-discovery-script", script, SCRIPT, out, "-1", "3", "8",
-        env=WAIT, timeout=300,
+        env=env, timeout=300,
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 0, err

@@ -18,6 +18,8 @@ ELASTIC_TOP_LEVEL_BROADCAST set: the script broadcasts the model and optimizer a
 example (a non-elastic script) does.
 ELASTIC_RAISE_AT_END=<start rank>: that rank raises once it wrote its result (an uncaught exception after the
 reset formed its group again).
+ELASTIC_LATE_UPDATE=<start rank>: host updates reach that rank's state 2 seconds late, so that the others
+consume theirs at commits where rank 0's view (which decides) has none yet.
 With ELASTIC_FAIL_ALL_AT set to a batch, every rank
 raises there (again after each reset), start rank r ELASTIC_FAIL_SPACING_S x r seconds after reaching it:
 Horovod's all-ranks-failure scenario, its failures spaced apart.
@@ -27,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,14 +96,27 @@ def train(state):
         state.batch += 1
         state.commit()
         if state.batch == kill_at and os.environ.get("ELASTIC_WAIT_FOR_HOSTS") and not sizes and not newcomer:
-            # The first world holds until the host update arrives (unless an earlier commit saw it, and a
-            # world after it may reach KILL_AT again); the commit raises. A newcomer's callbacks have not
-            # run, so `sizes` alone would let it hold while the others go on.
-            state._host_messages.put(state._host_messages.get())
+            # The first world holds until the host update reached this rank (unless an earlier commit saw
+            # it, and a world after it may reach KILL_AT again); the commit raises. A newcomer's callbacks
+            # have not run, so `sizes` alone would let it hold while the others go on. An earlier commit may
+            # have consumed this rank's update while rank 0 had none yet: the hold waits for its arrival,
+            # not for a message still queued.
+            updated.wait()
             state.commit()
 
 
-state = hvd.elastic.TorchState(model, optimizer, batch=0)
+updated = threading.Event()
+
+
+class _State(hvd.elastic.TorchState):
+    def on_hosts_updated(self, timestamp: float, update: int) -> None:
+        if os.environ.get("ELASTIC_LATE_UPDATE") == str(start_rank):
+            time.sleep(2)
+        super().on_hosts_updated(timestamp, update)
+        updated.set()
+
+
+state = _State(model, optimizer, batch=0)
 state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
 if os.environ.get("ELASTIC_HOLD_RESET"):
     state.register_reset_callbacks([held])
