@@ -84,7 +84,8 @@ def run_bootstrap(
         "m=__import__('launcher.agent.server',fromlist=['main']);"
         "print(m.__name__, m.main.__code__.co_filename, getattr(m, 'CHANGED', 0), *sorted(sys.modules))"
     )
-    args[3] = args[3].replace("sys.exit(__import__('launcher.agent.server',fromlist=['main']).main())", shown)
+    assert "sys.exit(m.main())" in args[3]
+    args[3] = args[3].replace("sys.exit(m.main())", shown)
     if env is None:
         env = {**os.environ, "DISTRUN_CACHE_DIR": str(cache)}
     return subprocess.run(

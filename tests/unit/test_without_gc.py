@@ -1,0 +1,46 @@
+"""``launcher.without_gc``: distrun's imports run without the garbage collector, and what they made is left
+out of its later passes."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+
+import pytest
+
+from launcher import without_gc
+
+
+@pytest.fixture(autouse=True)
+def _collector_as_it_was() -> Iterator[None]:
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
+
+
+def test_no_pass_runs_inside_and_what_was_made_is_frozen_after() -> None:
+    passes: list[str] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(phase)
+
+    gc.enable()
+    gc.unfreeze()
+    gc.callbacks.append(count)
+    try:
+        with without_gc():
+            assert not gc.isenabled()
+            made = [[index] for index in range(50_000)]  # would bring dozens of young passes
+            inside = len(passes)
+        assert gc.isenabled()
+    finally:
+        gc.callbacks.remove(count)
+    assert inside == 0
+    assert gc.get_freeze_count() >= len(made)
+    walked = {id(obj) for obj in gc.get_objects()}  # what the collector's passes walk, every generation
+    assert id(made) not in walked and id(made[0]) not in walked
