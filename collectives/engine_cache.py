@@ -35,6 +35,13 @@ def capacity_from_env() -> int:
 
 def bits_of(mask: int) -> list[int]:
     """The set bits of ``mask``, lowest first."""
+    if not mask:
+        return []
+    low = (mask & -mask).bit_length() - 1
+    run = mask >> low
+    if run & (run + 1) == 0:
+        # One run of set bits (a step's cached operations, agreed together): no digit to read.
+        return list(range(low, low + run.bit_length()))
     # Through its binary digits: a shift or a mask of a 1024-bit int allocates one, per bit.
     digits = bin(mask)[:1:-1]
     if mask.bit_count() > 64:

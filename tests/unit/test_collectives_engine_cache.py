@@ -29,6 +29,9 @@ def test_bit_vectors_round_trip() -> None:
         mask = mask_of(slots, 16)
         assert mask == sum(1 << slot for slot in slots)
         assert bits_of(mask) == slots
+    for low, count in ((0, 1), (0, 1000), (3, 1), (5, 70), (1023, 1)):  # one run of set bits
+        slots = list(range(low, low + count))
+        assert bits_of(mask_of(slots, 16)) == slots
 
 
 class _Entry:
