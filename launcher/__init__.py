@@ -16,14 +16,16 @@ EXIT_SIGINT = 130  # launcher.errors.EXIT_SIGINT, not imported: nothing runs bef
 @contextlib.contextmanager
 def without_gc() -> Iterator[None]:
     """For distrun's own imports: they allocate tens of thousands of objects and free almost none, and the
-    collector's passes over them were ~5% of a no-op job's start-up. What they made is then frozen out of
-    every later pass (``gc.freeze``): merely re-enabled, the collector's next pass walked all of it, 25-30 ms
-    on 2 cores, and each full pass of a long job walked it again."""
+    collector's passes over them were ~5% of a no-op job's start-up. In the `distrun` command, what they
+    made is then frozen out of every later pass (``gc.freeze``): merely re-enabled, the collector's next pass
+    walked all of it, 25-30 ms on 2 cores, and each full pass of a long job walked it again. A program that
+    runs the CLI in-process (tests) keeps its own objects within the collector's reach."""
     gc.disable()
     try:
         yield
     finally:
-        gc.freeze()
+        if _started_as_distrun():
+            gc.freeze()
         gc.enable()
 
 

@@ -4,6 +4,7 @@ out of its later passes."""
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -22,7 +23,8 @@ def _collector_as_it_was() -> Iterator[None]:
         gc.disable()
 
 
-def test_no_pass_runs_inside_and_what_was_made_is_frozen_after() -> None:
+def test_no_pass_runs_inside_and_what_was_made_is_frozen_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/distrun", "-np", "2", "train.py"])
     passes: list[str] = []
 
     def count(phase: str, info: dict[str, int]) -> None:
@@ -44,3 +46,13 @@ def test_no_pass_runs_inside_and_what_was_made_is_frozen_after() -> None:
     assert gc.get_freeze_count() >= len(made)
     walked = {id(obj) for obj in gc.get_objects()}  # what the collector's passes walk, every generation
     assert id(made) not in walked and id(made[0]) not in walked
+
+
+def test_a_program_running_the_cli_in_process_keeps_its_objects_collectable() -> None:
+    gc.enable()
+    gc.unfreeze()
+    with without_gc():
+        made = [[index] for index in range(1000)]
+    assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    assert any(obj is made for obj in gc.get_objects())
