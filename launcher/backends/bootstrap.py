@@ -24,10 +24,10 @@ CODE_CACHE_DAYS = 30
 # The module whose main() an agent process runs: one that talks on its stdin/stdout, or one that dials home
 # over TCP (an srun step's agents).
 SERVER = "launcher.agent.server"
+HOMING = "launcher.agent.homing"
 # An agent imports its modules without the garbage collector (its passes over them were ~10 ms of every
 # agent's start), then leaves what they made out of every later pass, as distrun does (launcher.without_gc).
 _COLLECTOR_ON = "gc.freeze();gc.enable()"
-HOMING = "launcher.agent.homing"
 _TOP_IMPORT = re.compile(rb"^from launcher\.agent\.(\w+) import", re.MULTILINE)
 
 
