@@ -9,6 +9,7 @@ simulated clusters) start under the same conditions as the tests.
 from __future__ import annotations
 
 import compileall
+import gc
 import os
 import signal
 import subprocess
@@ -49,6 +50,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The tests that run alone go last, together: in an xdist run each one stops every other worker at the
     # gate until their tests end, so that spread among the others the workers would idle once per such test.
     items.sort(key=lambda item: item.get_closest_marker("alone") is not None)
+
+
+@pytest.fixture
+def collector_as_it_was() -> Iterator[None]:
+    """For a test that enables, disables or freezes this process's garbage collector: enabled or not as
+    before once it ends, and nothing left frozen."""
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
+    else:
+        gc.disable()
 
 
 @pytest.fixture(autouse=True)

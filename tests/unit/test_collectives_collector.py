@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Iterator
 
 import pytest
 
 from collectives.collector import FREEZE_VAR, freeze_long_lived
 
-
-@pytest.fixture(autouse=True)
-def _collector_as_it_was() -> Iterator[None]:
-    enabled = gc.isenabled()
-    yield
-    gc.unfreeze()
-    if enabled:
-        gc.enable()
+pytestmark = pytest.mark.usefixtures("collector_as_it_was")
 
 
 def test_it_collects_then_freezes_what_exists() -> None:

@@ -5,22 +5,12 @@ from __future__ import annotations
 
 import gc
 import sys
-from collections.abc import Iterator
 
 import pytest
 
 from launcher import without_gc
 
-
-@pytest.fixture(autouse=True)
-def _collector_as_it_was() -> Iterator[None]:
-    enabled = gc.isenabled()
-    yield
-    gc.unfreeze()
-    if enabled:
-        gc.enable()
-    else:
-        gc.disable()
+pytestmark = pytest.mark.usefixtures("collector_as_it_was")
 
 
 def test_no_pass_runs_inside_and_what_was_made_is_frozen_after(monkeypatch: pytest.MonkeyPatch) -> None:
