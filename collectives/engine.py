@@ -99,7 +99,7 @@ class Engine:
         self._submitted = 0
         self.progress = progress_for(groups.set_id)  # the latest operation issued, agreed and done
         self._peers_stopping: set[int] = set()  # positions whose engine announced its stop (a clean leave)
-        self._held: Turn | None = None
+        self._held: Entry | None = None  # the agreed turn that has the data group
         self._stopping = False
         self._abandoned = False
         self.broken: HorovodInternalError | None = None  # what ended it, if anything (a peer is gone)
@@ -141,48 +141,34 @@ class Engine:
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
         ``row``: ``row_of(call)``, when the caller keeps it at hand.
         """
-        ticket = Ticket(self)
-        self._enqueue(
-            call,
-            start,
-            ticket,
-            named=named,
-            fusion=fusion,
-            cuda_tensor=cuda_tensor,
-            notify=not drive,
-            row=row,
+        entry = self._enqueue(
+            call, start, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive, row=row
         )
         if drive:
-            self.drive(ticket)
-        return ticket
+            self.drive(entry)
+        return entry
 
     def agree(self, call: Call) -> Ticket:
         """An ordered entry that issues nothing: its ticket gives the agreement once every rank has reached it
         (the optimizer's check that every rank steps the same layout)."""
-        ticket = Ticket(self)
-        self._enqueue(call, None, ticket, named=False)
-        return ticket
+        return self._enqueue(call, None, named=False)
 
     def turn(self, call: Call) -> Turn:
         """An ordered entry that lends the data group to the caller once agreed (see :class:`Turn`)."""
-        ticket = Ticket(self)
-        turn = Turn(ticket, self)
-        self._enqueue(call, None, ticket, named=False, turn=turn, notify=False)
-        return turn
+        return Turn(self._enqueue(call, None, named=False, lends=True, notify=False), self)
 
     def _enqueue(
         self,
         call: Call,
         start: Callable[[Agreement], Any] | None,
-        ticket: Ticket,
         *,
         named: bool,
         fusion: Fusion | None = None,
-        turn: Turn | None = None,
+        lends: bool = False,
         cuda_tensor: torch.Tensor | None = None,
         notify: bool = True,
         row: list[int] | None = None,
-    ) -> None:
+    ) -> Entry:
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
             # The engine thread issues on its own current stream: it must wait for the producer's kernels.
@@ -190,8 +176,9 @@ class Engine:
             event.record(torch.cuda.current_stream(cuda_tensor.device))
         with self._mutex:
             if self.broken is not None:
-                ticket._settle(None, self.broken)
-                return
+                failed = Entry(self, 0, call, call.name or "", None)
+                failed._settle(None, self.broken)
+                return failed
             if named and call.name is not None:
                 key, label = name_key(call.name), call.name
             else:
@@ -200,7 +187,7 @@ class Engine:
                 label = call.name or f"{call.kind.name.lower()}.noname.{self._sequence}"
             device = cuda_tensor.device.index if event is not None and cuda_tensor is not None else None
             seq = self._submitted = self._submitted + 1
-            entry = Entry(key, call, label, start, ticket, fusion, turn, event, device, not notify, row, seq)
+            entry = Entry(self, key, call, label, start, fusion, lends, event, device, not notify, row, seq)
             progress = self.progress
             progress.issued_seq, progress.issued_kind, progress.issued_name = seq, call.kind, label
             self._local[key] = entry
@@ -222,10 +209,11 @@ class Engine:
                 # a wake-up per submission would only hand the interpreter back and forth.
                 self._woken = True
                 self._cond.notify_all()
+        return entry
 
     def _release(self, turn: Turn) -> None:
         with self._mutex:
-            if self._held is turn:
+            if self._held is turn._ticket:
                 self._held = None
             self._cond.notify_all()
 
@@ -379,7 +367,7 @@ class Engine:
                 if start is None:
                     continue
                 label = self._table.labels.get(key, f"key {key}")
-                entry = Entry(key, Call(Kind.JOIN), label, start, Ticket())
+                entry = Entry(None, key, Call(Kind.JOIN), label, start)
                 self._local[key] = entry
                 self._new.append(entry)
                 self._undriven += 1
@@ -413,7 +401,7 @@ class Engine:
                 try:
                     agreement = _verdict(entry.call, self.groups, rows)
                 except CollectivesError as error:
-                    entry.ticket._settle(None, error)
+                    entry._settle(None, error)
                     continue
             if entry.cuda_event is not None:
                 if not self._device_set and threading.current_thread() is self._thread:
@@ -423,15 +411,15 @@ class Engine:
                     )
                     self._device_set = True
                 torch.cuda.current_stream().wait_event(entry.cuda_event)
-            if entry.turn is not None:
+            if entry.lends:
                 with self._mutex:
-                    self._held = entry.turn
+                    self._held = entry
                 self._done(entry)
-                entry.ticket._settle(agreement, None)
+                entry._settle(agreement, None)
                 continue
             if entry.start is None:
                 self._done(entry)
-                entry.ticket._settle(agreement, None)
+                entry._settle(agreement, None)
                 continue
             if payloads is not None and entry.fusion is not None and not agreement.joined:
                 self._reduce_in_round(entry, payloads)
@@ -497,19 +485,19 @@ class Engine:
     def _issue(self, entry: Entry, agreement: Agreement) -> None:
         start = entry.start
         assert start is not None
-        done, value = attempt(entry.ticket, entry.label, lambda: start(agreement))
+        done, value = attempt(entry, entry.label, lambda: start(agreement))
         if done:
             self.collectives_issued += 1
-            entry.ticket._settle(value, None)
+            entry._settle(value, None)
 
     def _reduce_in_round(self, entry: Entry, payloads: list[torch.Tensor]) -> None:
         fusion = entry.fusion
         assert fusion is not None and fusion.reduce is not None
         reduce = fusion.reduce
-        done, value = attempt(entry.ticket, entry.label, lambda: reduce(fusion.tensor, payloads))
+        done, value = attempt(entry, entry.label, lambda: reduce(fusion.tensor, payloads))
         if done:
             self.reduced_in_round += 1
-            entry.ticket._settle(value, None)
+            entry._settle(value, None)
 
     def _issue_fused(self, entries: list[Entry]) -> None:
         first = entries[0].fusion
@@ -519,11 +507,11 @@ class Engine:
         except Exception as error:
             failure = HorovodInternalError(f"fused allreduce: {type(error).__name__}: {error}")
             for entry in entries:
-                entry.ticket._settle(None, failure)
+                entry._settle(None, failure)
             return
         self.collectives_issued += 1
         for entry, value in zip(entries, values, strict=True):
-            entry.ticket._settle(value, None)
+            entry._settle(value, None)
 
     def _check_stalls(self) -> None:
         groups = self.groups
@@ -554,7 +542,7 @@ class Engine:
             self._held = None
             self._cond.notify_all()
         for entry in entries:
-            entry.ticket._settle(None, error)
+            entry._settle(None, error)
 
     def shutdown(self, wait_s: float | None) -> None:
         """Stop together with the other ranks' engines (a round in which all ask to stop); every pending

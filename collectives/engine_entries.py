@@ -1,11 +1,11 @@
 """What a process set's engine (``collectives.engine``) holds per operation: the :class:`Entry` a submission
-makes, kept until the operation is issued, and an agreed operation's item in the issue queue
-(:data:`Agreed`), made once per response-cache slot for operations agreed by their bit (:func:`cached_items`).
+makes, which is also the ticket its handle waits on (the engine keeps it until the operation is issued), and
+an agreed operation's item in the issue queue (:data:`Agreed`), made once per response-cache slot for
+operations agreed by their bit (:func:`cached_items`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +13,7 @@ import torch
 
 from collectives.engine_cache import ResponseCache
 from collectives.engine_rounds import Announcement
-from collectives.engine_tickets import Ticket, Turn
+from collectives.engine_tickets import Driver, Ticket
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, row_of
 
@@ -24,23 +24,62 @@ __all__ = ["Agreed", "Entry", "cached_items"]
 Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
 
 
-@dataclasses.dataclass(slots=True)
-class Entry:
-    """One submitted operation: its key and call, how to start it once agreed, the ticket its handle waits
-    on, and what the round and the issue need of it (fusion, turn, CUDA event, row)."""
+class Entry(Ticket):
+    """One submitted operation, and its own ticket: its key and call, how to start it once agreed, and what
+    the round and the issue need of it (fusion, whether it lends the data group, CUDA event, row).
 
-    key: int
-    call: Call
-    label: str
-    start: Callable[[Agreement], Any] | None
-    ticket: Ticket
-    fusion: Fusion | None = None
-    turn: Turn | None = None
-    cuda_event: Any = None
-    device: int | None = None
-    driven: bool = False
-    row: list[int] | None = None
-    seq: int = 0  # this rank's count of submissions to the engine (collectives.progress); 0: a stand-in's
+    The entry is the ticket its handle holds, not an object beside it: one object an operation fewer, and
+    the engine's round only lets go of it, while the handle's owner frees it (and the start and fusion it
+    holds) once done with the handle. Freeing a round's entries in the round was the largest part of its
+    agreement's work (docs/performance.md)."""
+
+    __slots__ = (
+        "call",
+        "cuda_event",
+        "device",
+        "driven",
+        "fusion",
+        "key",
+        "label",
+        "lends",
+        "row",
+        "seq",
+        "start",
+    )
+
+    def __init__(  # noqa: PLR0917 (the facts of one submission)
+        self,
+        engine: Driver | None,
+        key: int,
+        call: Call,
+        label: str,
+        start: Callable[[Agreement], Any] | None,
+        fusion: Fusion | None = None,
+        lends: bool = False,
+        cuda_event: Any = None,
+        device: int | None = None,
+        driven: bool = False,
+        row: list[int] | None = None,
+        seq: int = 0,  # this rank's count of submissions (collectives.progress); 0: a stand-in's
+    ) -> None:
+        # Ticket's fields, set here: calling Ticket.__init__ would cost every operation a Python call.
+        self._engine = engine
+        self._done = False
+        self._event = None
+        self._value = None
+        self._error = None
+        self._callbacks = None
+        self.key = key
+        self.call = call
+        self.label = label
+        self.start = start
+        self.fusion = fusion
+        self.lends = lends  # a turn: once agreed, the data group is the caller's until released
+        self.cuda_event = cuda_event
+        self.device = device
+        self.driven = driven
+        self.row = row
+        self.seq = seq
 
     def announced_row(self) -> list[int]:
         row = self.row
