@@ -67,6 +67,7 @@ _RIDERS = 4
 # allreduce it replaces: here gloo's allreduce of 64 KB takes as long as two all_gathers of every rank's
 # 64 KB with 2 ranks, 1.7 with 4.
 _PAYLOAD_BYTES_ALL_RANKS = 512 * 1024
+_ZERO = (0,)
 # How many rounds a grown first buffer keeps its length after the last round that wanted it.
 _GROWN_ROUNDS = 16
 
@@ -174,6 +175,25 @@ class Table:
         self.words = self.rest_words = first_words(size)
         self.most_words = self.rest_words + _PAYLOAD_BYTES_ALL_RANKS // (8 * size)
         self._wanted: collections.deque[int] = collections.deque(maxlen=_GROWN_ROUNDS)
+        # The first gather's buffers, kept from round to round while their length holds: making them is
+        # two tensor calls, each tens of microseconds once the round's thread has slept.
+        self._send: Words | None = None
+        self._received: Words | None = None
+
+    def buffers(self) -> tuple[Words, Words]:
+        """The first gather's buffers for this round: ``words`` to send, and every rank's to receive."""
+        send, received = self._send, self._received
+        if send is None or len(send.ints) != self.words:
+            send = self._send = _words(self.words)
+        if received is None or len(received.ints) != self.words * self.size:
+            received = self._received = _words(self.words * self.size)
+        return send, received
+
+    def lend(self, received: Words) -> None:
+        """``received`` holds payloads that outlive the round (views of its memory): the next round gathers
+        into another buffer."""
+        if self._received is received:
+            self._received = None
 
     def resize(self, wanted: int) -> None:
         """Set the next round's first buffer from the longest one any rank needed in this round."""
@@ -259,13 +279,25 @@ class Table:
                 yield key, cache.full_row(slot)
 
 
-def _gather(buffer: torch.Tensor, size: int, group: Any, timeout: datetime.timedelta) -> torch.Tensor:
-    out = torch.empty((size, buffer.numel()), dtype=torch.int64)
+class Words(NamedTuple):
+    """A gather's buffer of int64 words: ``ints``, read and written from Python (slicing it costs a round far
+    less than tensor calls do), and the same memory as a tensor, for the collective and the payloads."""
+
+    ints: array.array[int]
+    tensor: torch.Tensor
+
+
+def _words(count: int) -> Words:
+    ints = array.array("q", _ZERO) * count
+    return Words(ints, torch.frombuffer(ints, dtype=torch.int64))  # the tensor keeps the array alive
+
+
+def _gather(buffer: torch.Tensor, out: torch.Tensor, group: Any, timeout: datetime.timedelta) -> None:
+    """Every rank's ``buffer``, in set order, into ``out`` (1-d, the set's size times as long)."""
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    work = fn(out.view(-1), buffer, group=group, async_op=True)
+    work = fn(out, buffer, group=group, async_op=True)
     # A bounded wait: a peer that vanished or stopped answering becomes an exception, never a hang.
     work.wait(timeout)
-    return out
 
 
 def first_words(size: int) -> int:
@@ -297,20 +329,16 @@ def _payload_words(mine: list[Announcement]) -> int:
     return sum((a.payload.nbytes + 7) // 8 for a in mine if a.payload is not None)
 
 
-def _int64(values: list[int]) -> torch.Tensor:
-    # Through an array: torch.tensor() of a list of a thousand ints costs a tenth of a round.
-    return torch.frombuffer(array.array("q", values), dtype=torch.int64)
-
-
 def _pack_first(
-    mine: list[Announcement], records: list[list[int]], header: list[int], words: int, bits: int
-) -> torch.Tensor:
-    """The first buffer: ``header``, then the first ``header[2]`` records, then (from the back) every
-    announcement's payload if all the announcements are here and their payloads fit behind the records."""
+    mine: list[Announcement], records: list[list[int]], header: list[int], bits: int, send: Words
+) -> None:
+    """Write the first buffer into ``send``: ``header``, then the first ``header[2]`` records, then (from
+    the back) every announcement's payload if all the announcements are here and their payloads fit behind
+    the records. The words in between are left as they were: nobody reads them."""
     count, used, bit_words = header[2], header[3], header[5]
     start = _HEADER + bit_words
     placed: list[tuple[int, int, torch.Tensor]] = []
-    tail = words
+    tail = len(send.ints)
     if count == len(mine):
         for index, announcement in enumerate(mine):
             payload = announcement.payload
@@ -329,19 +357,16 @@ def _pack_first(
         flat.frombytes(bits.to_bytes(bit_words * 8, "little"))
     for record in records[:count]:
         flat.extend(record)
-    # Padded in Python and handed to torch in one call (the tensor keeps the array alive).
-    flat.frombytes(bytes(8 * (words - len(flat))))
-    buffer = torch.frombuffer(flat, dtype=torch.int64)
+    send.ints[: len(flat)] = flat  # as long as the slice: the array, exported to the tensor, cannot resize
     for _, offset, payload in placed:
-        buffer[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
-    return buffer
+        send.tensor[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
 
 
 def _unpack(
-    gathered: torch.Tensor, position: int, ints: list[int], count: int, width: int
+    gathered: Words, base: int, ints: list[int], count: int, width: int
 ) -> list[tuple[int, list[int], torch.Tensor | None]]:
-    """One rank's (key, row, payload bytes or None) from its records ``ints`` (in ``gathered``'s row
-    ``position``, where its payloads lie)."""
+    """One rank's (key, row, payload bytes or None) from its records ``ints`` (its words start at ``base``
+    in ``gathered``, where its payloads lie)."""
     entries: list[tuple[int, list[int], torch.Tensor | None]] = []
     at = 0
     padding = [-1] * (width - 1)
@@ -355,8 +380,8 @@ def _unpack(
         payload = None
         if nbytes >= 0:
             if data is None:
-                data = gathered[position].view(torch.uint8)
-            start = ints[end + 1] * 8
+                data = gathered.tensor.view(torch.uint8)
+            start = (base + ints[end + 1]) * 8
             payload = data[start : start + nbytes]
         entries.append((ints[at], row, payload))
         at = end + 2
@@ -390,35 +415,40 @@ def exchange(
         rest.extend(record)
     wanted = _HEADER + bit_words + inline_words + len(rest) + _payload_words(mine)
     header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words, wanted]
-    gathered = _gather(_pack_first(mine, records, header, words, bits), table.size, group, timeout)
+    send, gathered = table.buffers()
+    _pack_first(mine, records, header, bits, send)
+    _gather(send.tensor, gathered.tensor, group, timeout)
+    ints = gathered.ints
+    bases = range(0, table.size * words, words)  # where each rank's words start
     start = _HEADER + bit_words
-    # Every rank's header and bit vector in one read, and the records in one more only if any rank sent
-    # some: each tensor call costs a round tens of microseconds once its thread has slept in the gather.
-    fronts = gathered[:, :start].tolist()
-    headers = [front[:_HEADER] for front in fronts]
+    headers = [ints[b : b + _HEADER].tolist() for b in bases]
     table.resize(max(h[6] for h in headers))
     if any(h[5] != bit_words for h in headers):
         raise CollectivesError(
             "the ranks' response caches differ in size: set HOROVOD_CACHE_CAPACITY alike on every rank"
         )
-    most = max(h[3] for h in headers)
-    records_of = gathered[:, start : start + most].tolist() if most else []  # read only where h[2] > 0
     announced = [
-        _unpack(gathered, p, records_of[p][: h[3]], h[2], width) if h[2] else []
-        for p, h in enumerate(headers)
+        _unpack(gathered, b, ints[b + start : b + start + h[3]].tolist(), h[2], width) if h[2] else []
+        for b, h in zip(bases, headers, strict=True)
     ]
+    if any(payload is not None for entries in announced for _, _, payload in entries):
+        table.lend(gathered)
     if bit_words:
         pending = cache.pending
-        for p, front in enumerate(fronts):
-            vector = front[_HEADER:]
-            if any(vector):
-                pending[p] |= int.from_bytes(array.array("q", vector).tobytes(), "little")
+        for p, b in enumerate(bases):
+            vector = int.from_bytes(ints[b + _HEADER : b + start].tobytes(), "little")
+            if vector:
+                pending[p] |= vector
     longest = max(h[4] for h in headers)
     if longest > 0:
+        # A rare second gather: its buffers are made for it.
         rest.extend([-1] * (longest - len(rest)))
-        more = _gather(_int64(rest), table.size, group, timeout)
+        sent = array.array("q", rest)
+        more = _words(table.size * longest)
+        _gather(torch.frombuffer(sent, dtype=torch.int64), more.tensor, group, timeout)
         for p, h in enumerate(headers):
-            announced[p].extend(_unpack(more, p, more[p, : h[4]].tolist(), h[0] - h[2], width))
+            b = p * longest
+            announced[p].extend(_unpack(more, b, more.ints[b : b + h[4]].tolist(), h[0] - h[2], width))
     ready: list[int] = []
     now = time.monotonic()
     add = table.add

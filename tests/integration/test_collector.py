@@ -37,8 +37,9 @@ def _run(tmp_path: Path, **env: str) -> dict[int, dict[str, Any]]:
 def test_init_freezes_the_long_lived_objects_and_a_burst_keeps_few_per_operation(tmp_path: Path) -> None:
     for result in _run(tmp_path).values():
         assert result["frozen"] > 10_000  # torch alone brings far more
-        # A handle, its ticket, the engine's entry, the fusion and the start: one object each.
-        assert result["tracked_per_op"] <= 6, result
+        # A handle, the engine's entry (its ticket too), the fusion and the start: one object each, some
+        # of them untracked by the collector (3.0 here; 4.0 while the ticket was an object of its own).
+        assert result["tracked_per_op"] <= 3.5, result
         assert result["values"] == [4.0]  # summed in place twice
 
 

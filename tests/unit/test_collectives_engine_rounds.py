@@ -90,12 +90,11 @@ def _round(
     keys and the length of each all_gather's buffer."""
     gathers: list[int] = []
 
-    def gather(buffer: torch.Tensor, size: int, group: object, timeout: object) -> torch.Tensor:
+    def gather(buffer: torch.Tensor, out: torch.Tensor, group: object, timeout: object) -> None:
         gathers.append(buffer.numel())
-        out = buffer.repeat(size).view(size, -1)
+        out.copy_(buffer.repeat(2))
         if other_wants and len(gathers) == 1:
-            out[1, engine_rounds._HEADER - 1] = other_wants
-        return out
+            out[buffer.numel() + engine_rounds._HEADER - 1] = other_wants
 
     monkeypatch.setattr(engine_rounds, "_gather", gather)
     table = Table(2) if table is None else table
@@ -119,6 +118,23 @@ def test_a_small_payload_rides_in_the_round_and_rows_come_back_whole(monkeypatch
     assert all(torch.equal(p.view(torch.float64).view(2, 3), tensor) for p in payloads)
     full = Call(Kind.ALLREDUCE, "t.0", torch.float64, "cpu", ReduceOp.SUM, shape=(2, 3)).row()
     assert table.take(key) == [full, full]
+
+
+def test_payloads_not_yet_taken_outlive_the_next_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A round's buffers are kept for the next round, unless its payloads (views of what it received) are
+    still held: then the next round gathers into another buffer, and the payloads keep their bytes."""
+    table, ready, _ = _round(monkeypatch, [_announce(0, torch.full((4,), 7.0))])
+    assert ready == [name_key("t.0")]
+    held = table.buffers()[1]
+    _round(monkeypatch, [_announce(1, torch.full((4,), -1.0))], table)
+    _round(monkeypatch, [], table)
+    payloads = table.take_payloads(name_key("t.0"))
+    assert payloads is not None
+    assert all(torch.equal(p.view(torch.float32), torch.full((4,), 7.0)) for p in payloads)
+    assert table.buffers()[1] is not held
+    quiet = table.buffers()
+    _round(monkeypatch, [], table)
+    assert table.buffers() == quiet  # rounds without payloads gather into the same buffers
 
 
 def test_a_burst_too_large_to_carry_goes_without_payloads(monkeypatch: pytest.MonkeyPatch) -> None:
