@@ -48,11 +48,12 @@ from typing import Any
 
 import torch
 
+from collectives.engine_announce import announce, name_key, ride_budget
 from collectives.engine_cache import Marks, capacity_from_env
 from collectives.engine_entries import Agreed, Entry, cached_items
 from collectives.engine_pace import burst_deadline, next_waits
 from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
-from collectives.engine_rounds import Table, announce, exchange, name_key, ride_budget
+from collectives.engine_rounds import Riders, Table, exchange
 from collectives.engine_tickets import Ticket, Turn
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
@@ -306,7 +307,7 @@ class Engine:
             self._urgent = False
             self._woken = False
             stop = self._stopping
-        mine, bits = announce(self._table.cache, new, self._ride_bytes, marked)
+        mine, bits, block = announce(self._table.cache, new, self._ride_bytes, marked)
         timeout = self.settings.gloo_timeout_s
         table = self._table
         result = exchange(
@@ -318,13 +319,16 @@ class Engine:
             # Bounded: a peer that stops answering without closing its connections still ends the round.
             timeout=datetime.timedelta(seconds=timeout if timeout is not None else DEFAULT_ROUND_TIMEOUT_S),
             bits=bits,
+            block=block,
         )
         self._peers_stopping.update(result.stopping)
         queue = self._queue
         for key in result.ready:
             payloads = table.take_payloads(key)
             queue.append((key, table.take(key), payloads, None))
-        if result.cached:
+        if result.riders is not None:
+            queue.append((0, [], result.riders, None))  # every ready cached operation of the round
+        elif result.cached:
             items = cached_items(self._cached_items, table.cache)
             if table.payloads:
                 take = table.take_payloads
@@ -391,6 +395,9 @@ class Engine:
                 if self._held is not None or self._abandoned:
                     return
             key, rows, payloads, agreement = self._queue.popleft()
+            if isinstance(payloads, Riders):
+                self._reduce_riders(payloads)
+                continue
             with self._mutex:
                 entry = self._forget(key)
             progress = self.progress
@@ -498,6 +505,30 @@ class Engine:
         if done:
             self.reduced_in_round += 1
             entry._settle(value, None)
+
+    def _reduce_riders(self, riders: Riders) -> None:
+        """Reduce a run of cached allreduces from the bytes that rode in their round, as one block."""
+        with self._mutex:
+            entries = [self._forget(key) for key in riders.keys]
+        first, last = entries[0], entries[-1]
+        # This rank's block was of these entries, and one fusion's (engine_announce.announce).
+        fusion = first.fusion
+        assert fusion is not None and fusion.reduce_block is not None
+        reduce_block = fusion.reduce_block
+        tensors = [e.fusion.tensor for e in entries if e.fusion is not None]
+        progress = self.progress
+        progress.negotiated_seq, progress.negotiated_kind = last.seq, last.call.kind
+        progress.negotiated_name = last.label
+        done, values = attempt(first, first.label, lambda: reduce_block(tensors, riders.payloads))
+        if done:
+            self.reduced_in_round += len(entries)
+            for entry, value in zip(entries, values, strict=True):
+                entry._settle(value, None)
+        else:
+            for entry in entries[1:]:
+                entry._settle(None, first._error)
+        self._table.give_back(riders.received)
+        self._done(last)
 
     def _issue_fused(self, entries: list[Entry]) -> None:
         first = entries[0].fusion

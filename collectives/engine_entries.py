@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from collectives.engine_announce import Announcement
 from collectives.engine_cache import ResponseCache
-from collectives.engine_rounds import Announcement
+from collectives.engine_rounds import Riders
 from collectives.engine_tickets import Driver, Ticket
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, row_of
@@ -20,8 +21,9 @@ from collectives.negotiation import Agreement, Call, row_of
 __all__ = ["Agreed", "Entry", "cached_items"]
 
 # An agreed operation, in issue order: its key, every rank's row, every rank's payload (or None), and the
-# agreement where the response cache knows it already (None: the verdict is made from the rows).
-Agreed = tuple[int, list[list[int]], list[torch.Tensor] | None, Agreement | None]
+# agreement where the response cache knows it already (None: the verdict is made from the rows). Or a run
+# of cached operations whose bytes rode in their round (0, no rows, the riders, None).
+Agreed = tuple[int, list[list[int]], list[torch.Tensor] | Riders | None, Agreement | None]
 
 
 class Entry(Ticket):

@@ -12,7 +12,10 @@ submit named operations in any order.
 An announcement may carry a payload: the bytes of a small tensor, which every rank then holds once the round
 is over (a small allreduce is reduced from them, with no collective of its own). Payloads ride in the first
 buffer only, behind the records, and only when every announcement of the round fits there with its payload:
-a burst too large for that goes without them, to be fused into one collective instead.
+a burst too large for that goes without them, to be fused into one collective instead. A burst of cached
+allreduces (announced by their bits) may send its bytes too, as one block at the end of the buffer
+(``collectives.engine_announce``): when every rank's block holds the same operations, the round's ready
+ones, every rank reduces them from the blocks; otherwise the blocks are ignored, alike on every rank.
 
 The first buffer's length is the same on every rank (gloo aborts a process on a size mismatch), so it cannot
 follow one rank's wish within a round. It follows the rounds instead: each rank's header says how long a
@@ -27,126 +30,38 @@ import array
 import collections
 import dataclasses
 import datetime
-import functools
-import hashlib
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from collectives.engine_cache import ResponseCache, mask_of
-from collectives.engine_values import Fusion
+from collectives.engine_announce import Announcement, Block, ride_budget
+from collectives.engine_cache import ResponseCache, bits_of
 from collectives.errors import CollectivesError
 
 __all__ = [
-    "Announcement",
-    "Announcing",
+    "Riders",
     "RoundResult",
     "Table",
-    "announce",
     "exchange",
-    "name_key",
-    "payload_fits",
-    "ride_budget",
 ]
 
 # (announcements in all, wants to stop, announcements in the first buffer, their records' words, the rest's
 # words: the length of the second buffer this rank needs, 0 for none; the response cache's bit vector's
-# words, which follow the header; the first buffer's length this rank would have needed for all of it)
-_HEADER = 7
+# words, which follow the header; the first buffer's length this rank would have needed for all of it; how
+# many cached operations' bytes ride behind the bits as one block: their byte counts follow the bits, the
+# block ends the buffer)
+_HEADER = 8
 # The first buffer's length in words, at rest. An all_gather of 8 KB costs what one of a few hundred bytes
 # does here, and holds a blocking call's announcement with a small payload, or some 80 announcements of a
 # burst; it shrinks as the set grows, since every rank receives every rank's buffer.
 _FIRST_WORDS = 1024
 _FIRST_BYTES_ALL_RANKS = 128 * 1024
-# How many cached operations a round may carry with their payloads rather than as bits.
-_RIDERS = 4
-# A payload rides in the round when every rank receiving every rank's bytes costs no more than the
-# allreduce it replaces: here gloo's allreduce of 64 KB takes as long as two all_gathers of every rank's
-# 64 KB with 2 ranks, 1.7 with 4.
-_PAYLOAD_BYTES_ALL_RANKS = 512 * 1024
 _ZERO = (0,)
 # How many rounds a grown first buffer keeps its length after the last round that wanted it.
 _GROWN_ROUNDS = 16
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def name_key(name: str) -> int:
-    """A positive int64 naming ``name`` identically in every process; ordered operations use negative keys."""
-    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big") + 1
-
-
-def payload_fits(nbytes: int, size: int) -> bool:
-    """Whether a tensor of ``nbytes`` may ride in the round of a set of ``size`` ranks."""
-    return nbytes * size <= _PAYLOAD_BYTES_ALL_RANKS
-
-
-def ride_budget(size: int) -> int:
-    """The bytes of payload one rank may put in a round of a set of ``size`` ranks."""
-    return _PAYLOAD_BYTES_ALL_RANKS // size
-
-
-class Announcement(NamedTuple):
-    """One operation announced: its key, its row (trailing -1s may be left out), its label for the stall
-    report, and optionally a payload (a contiguous CPU tensor whose bytes every rank receives)."""
-
-    key: int
-    row: list[int]
-    label: str
-    payload: torch.Tensor | None = None
-
-
-class Announcing(Protocol):
-    """An engine's entry, as a round announces it."""
-
-    key: int
-    fusion: Fusion | None
-    row: list[int] | None  # the row, once made (announced_row makes it)
-
-    def announced_row(self) -> list[int]: ...
-
-    def announcement(self) -> Announcement: ...
-
-
-def announce(
-    cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int, marked: int | None = None
-) -> tuple[list[Announcement], int]:
-    """A round's announcements of ``new``: rows for what the response cache does not hold (or what rides
-    with its payload, ``ride_bytes`` at most in all), and the bit vector of the cached rest. ``marked``:
-    the bit vector of every entry of ``new``, found as they were submitted (``Marks.take``), if it is."""
-    if not cache.slot_of:
-        return [e.announcement() for e in new], 0
-    # A burst's cached operations go by their bits even where their payloads would fit: one fused allreduce
-    # costs less than a thousand rows packed, unpacked and tabled.
-    few = len(new) <= _RIDERS
-    if marked is not None and not few:
-        return [], marked
-    mine: list[Announcement] = []
-    riders: list[tuple[Announcing, int]] = []
-    riding = 0
-    slots: list[int] = []
-    for e in new:
-        # The row is at hand for every operation that brought its plan's row.
-        slot = cache.slot(e.key, e.row or e.announced_row())
-        if slot is not None:
-            fusion = e.fusion
-            if few and fusion is not None and fusion.reduce is not None:
-                # It may ride with its payload, if the round's payloads are few enough to.
-                riders.append((e, slot))
-                riding += fusion.nbytes
-            else:
-                slots.append(slot)
-            continue
-        mine.append(e.announcement())
-    if riders:
-        # Lists, not generators: a generator is a Python call per item.
-        if riding <= ride_bytes:
-            mine.extend([e.announcement() for e, _ in riders])
-        else:
-            slots.extend([slot for _, slot in riders])
-    return mine, mask_of(slots, cache.words)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +74,17 @@ class RoundResult:
     # Response-cache slots whose operations became ready by their bits (every rank's row is the slot's),
     # after ``ready`` in issue order.
     cached: list[int] = dataclasses.field(default_factory=list)
+    # When every rank's cached operations of the round rode behind the same bits: every rank's bytes of them.
+    riders: Riders | None = None
+
+
+class Riders(NamedTuple):
+    """Cached operations that became ready with every rank's bytes in their round: their keys in slot order,
+    and every rank's block of their bytes (uint8, in set order; views of the round's buffer)."""
+
+    keys: list[int]
+    payloads: list[torch.Tensor]
+    received: Words  # the buffer they are views of, lent until they have been reduced (Table.give_back)
 
 
 class Table:
@@ -173,12 +99,13 @@ class Table:
         self.payloads: dict[int, dict[int, torch.Tensor]] = {}
         # The next round's first buffer length, the same on every rank: set from every rank's header alike.
         self.words = self.rest_words = first_words(size)
-        self.most_words = self.rest_words + _PAYLOAD_BYTES_ALL_RANKS // (8 * size)
+        self.most_words = self.rest_words + ride_budget(size) // 8
         self._wanted: collections.deque[int] = collections.deque(maxlen=_GROWN_ROUNDS)
         # The first gather's buffers, kept from round to round while their length holds: making them is
         # two tensor calls, each tens of microseconds once the round's thread has slept.
         self._send: Words | None = None
         self._received: Words | None = None
+        self._region: tuple[torch.Tensor, int, torch.dtype, torch.Tensor] | None = None
 
     def buffers(self) -> tuple[Words, Words]:
         """The first gather's buffers for this round: ``words`` to send, and every rank's to receive."""
@@ -194,6 +121,24 @@ class Table:
         into another buffer."""
         if self._received is received:
             self._received = None
+
+    def give_back(self, received: Words) -> None:
+        """``received``, lent, holds nothing anyone will read again: a later round may gather into it."""
+        if self._received is None and len(received.ints) == self.words * self.size:
+            self._received = received
+
+    def block_region(self, send: Words, block: Block) -> torch.Tensor:
+        """Where ``block`` goes in ``send``, its last bytes, as a tensor of the block's type: a burst rides
+        the same block every step, so the region is made once (three tensor calls fewer a round)."""
+        nbytes = sum(block.sizes)
+        dtype = block.tensors[0].dtype
+        memo = self._region
+        if memo is not None and memo[0] is send.tensor and memo[1] == nbytes and memo[2] is dtype:
+            return memo[3]
+        begin = (len(send.ints) - (nbytes + 7) // 8) * 8
+        region = send.tensor.view(torch.uint8)[begin : begin + nbytes].view(dtype)
+        self._region = (send.tensor, nbytes, dtype, region)
+        return region
 
     def resize(self, wanted: int) -> None:
         """Set the next round's first buffer from the longest one any rank needed in this round."""
@@ -329,14 +274,20 @@ def _payload_words(mine: list[Announcement]) -> int:
     return sum((a.payload.nbytes + 7) // 8 for a in mine if a.payload is not None)
 
 
-def _pack_first(
-    mine: list[Announcement], records: list[list[int]], header: list[int], bits: int, send: Words
+def _pack_first(  # noqa: PLR0917 (one buffer's parts)
+    mine: list[Announcement],
+    records: list[list[int]],
+    header: list[int],
+    bits: int,
+    send: Words,
+    block: tuple[Block, torch.Tensor] | None,
 ) -> None:
-    """Write the first buffer into ``send``: ``header``, then the first ``header[2]`` records, then (from
-    the back) every announcement's payload if all the announcements are here and their payloads fit behind
-    the records. The words in between are left as they were: nobody reads them."""
+    """Write the first buffer into ``send``: ``header``, the bits, the ``block``'s byte counts, then the
+    first ``header[2]`` records, then (from the back) the block's bytes (into its region, the last of
+    ``send``), or every announcement's payload if all the announcements are here and their payloads fit
+    behind the records. The words in between are left as they were: nobody reads them."""
     count, used, bit_words = header[2], header[3], header[5]
-    start = _HEADER + bit_words
+    start = _HEADER + bit_words + header[7]
     placed: list[tuple[int, int, torch.Tensor]] = []
     tail = len(send.ints)
     if count == len(mine):
@@ -355,9 +306,17 @@ def _pack_first(
     flat = array.array("q", header)
     if bit_words:
         flat.frombytes(bits.to_bytes(bit_words * 8, "little"))
+    if block is not None:
+        flat.extend(block[0].sizes)
     for record in records[:count]:
         flat.extend(record)
     send.ints[: len(flat)] = flat  # as long as the slice: the array, exported to the tensor, cannot resize
+    if block is not None:
+        tensors = block[0].tensors
+        # One call for all of them, into the buffer (a set, not all() over a generator: a call per tensor).
+        torch.cat(
+            tensors if {t.dim() for t in tensors} == {1} else [t.view(-1) for t in tensors], out=block[1]
+        )
     for _, offset, payload in placed:
         send.tensor[offset:].view(torch.uint8)[: payload.nbytes].copy_(payload.reshape(-1).view(torch.uint8))
 
@@ -397,10 +356,11 @@ def exchange(
     timeout: datetime.timedelta,
     width: int,
     bits: int = 0,
+    block: Block | None = None,
 ) -> RoundResult:
     """Run one round: announce ``mine`` (each a key and a row of ``width - 1`` values, and maybe a payload)
-    and ``bits``, the response cache's slots of the operations announced by their bit; add every rank's
-    announcements to ``table`` in set order."""
+    and ``bits``, the response cache's slots of the operations announced by their bit, with ``block``, their
+    bytes, if it fits; add every rank's announcements to ``table`` in set order."""
     labels = table.labels
     for announcement in mine:
         if announcement.key not in labels:
@@ -409,14 +369,19 @@ def exchange(
     bit_words = cache.words
     records = _records(mine)
     words = table.words
-    inline, inline_words = _fit(records, words - _HEADER - bit_words)
+    block_words = 0 if block is None else len(block.sizes) + (sum(block.sizes) + 7) // 8
+    if block_words > words - _HEADER - bit_words:
+        block = None  # it rides from the next rounds on, once the first buffer has grown (``wanted``)
+    sizes = 0 if block is None else len(block.sizes)
+    inline, inline_words = _fit(records, words - _HEADER - bit_words - sizes)
     rest: list[int] = []
     for record in records[inline:]:
         rest.extend(record)
-    wanted = _HEADER + bit_words + inline_words + len(rest) + _payload_words(mine)
-    header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words, wanted]
+    wanted = _HEADER + bit_words + inline_words + len(rest) + _payload_words(mine) + block_words
+    header = [len(mine), int(stop), inline, inline_words, len(rest), bit_words, wanted, sizes]
     send, gathered = table.buffers()
-    _pack_first(mine, records, header, bits, send)
+    region = None if block is None else (block, table.block_region(send, block))
+    _pack_first(mine, records, header, bits, send, region)
     _gather(send.tensor, gathered.tensor, group, timeout)
     ints = gathered.ints
     bases = range(0, table.size * words, words)  # where each rank's words start
@@ -428,15 +393,19 @@ def exchange(
             "the ranks' response caches differ in size: set HOROVOD_CACHE_CAPACITY alike on every rank"
         )
     announced = [
-        _unpack(gathered, b, ints[b + start : b + start + h[3]].tolist(), h[2], width) if h[2] else []
+        _unpack(gathered, b, ints[b + start + h[7] : b + start + h[7] + h[3]].tolist(), h[2], width)
+        if h[2]
+        else []
         for b, h in zip(bases, headers, strict=True)
     ]
     if any(payload is not None for entries in announced for _, _, payload in entries):
         table.lend(gathered)
+    vectors: list[int] = []
     if bit_words:
         pending = cache.pending
         for p, b in enumerate(bases):
             vector = int.from_bytes(ints[b + _HEADER : b + start].tobytes(), "little")
+            vectors.append(vector)
             if vector:
                 pending[p] |= vector
     longest = max(h[4] for h in headers)
@@ -475,5 +444,35 @@ def exchange(
         if key > 0:
             cache.admit(key, [table.rows[key][p] for p in range(table.size)], table.labels.get(key, ""))
     cached = cache.take_ready(now) if bit_words else []
+    riders = _riders(table, gathered, headers, vectors, cached) if headers[0][7] else None
     stopping = tuple(p for p, h in enumerate(headers) if h[1] == 1)
-    return RoundResult(ready, len(stopping) == len(headers), stopping, cached)
+    return RoundResult(ready, len(stopping) == len(headers), stopping, cached, riders)
+
+
+def _riders(
+    table: Table, gathered: Words, headers: list[list[int]], vectors: list[int], cached: list[int]
+) -> Riders | None:
+    """Every rank's bytes of the cached operations ready in this round, when every rank sent them in one
+    block behind the same bits (every rank decides alike: it reads the same buffers); else None, and they
+    are reduced by a collective of their own."""
+    count = headers[0][7]
+    if any(h[7] != count for h in headers) or any(v != vectors[0] for v in vectors):
+        return None
+    if cached != bits_of(vectors[0]):
+        return None
+    ints = gathered.ints
+    words = len(ints) // table.size
+    bases = range(0, len(ints), words)
+    start = _HEADER + table.cache.words
+    sizes = ints[start : start + count]
+    if any(ints[b + start : b + start + count] != sizes for b in bases):
+        return None
+    nbytes = sum(sizes)
+    data = gathered.tensor.view(torch.uint8)
+    begins = [(b + words - (nbytes + 7) // 8) * 8 for b in bases]
+    table.lend(gathered)  # the payloads are views of it, and may wait behind a turn for a later round
+    keys = table.cache.keys
+    # A round whose every rank sent a block has no records, so no other payload is a view of this buffer.
+    return Riders(
+        [keys[slot] for slot in cached], [data[begin : begin + nbytes] for begin in begins], gathered
+    )

@@ -47,10 +47,16 @@ class Fusion(NamedTuple):
     ``reduce``, for a small CPU tensor: it may ride in the agreement round instead (its bytes carried to
     every rank), and ``reduce(tensor, payloads)`` turns every rank's bytes (uint8, in set order) into the
     start value, with no collective of its own. Every rank reduces the same bytes in the same order: the
-    same bits everywhere."""
+    same bits everywhere.
+
+    ``reduce_block``, the same for a run of cached operations of one ``key`` whose bytes rode together,
+    behind the response cache's bits (``collectives.engine_rounds``): ``reduce_block(tensors, payloads)``
+    reduces every rank's bytes of all of them (one block a rank, the tensors' bytes back to back) and gives
+    one start value per tensor."""
 
     key: Hashable
     tensor: torch.Tensor
     issue: Callable[[list[torch.Tensor]], list[Any]]
     nbytes: int  # the tensor's, at hand: ``Tensor.nbytes`` costs a fused burst a C call per operation
     reduce: Callable[[torch.Tensor, list[torch.Tensor]], Any] | None = None
+    reduce_block: Callable[[list[torch.Tensor], list[torch.Tensor]], list[Any]] | None = None

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.compression import Compression, Compressor
-from collectives.engine_rounds import payload_fits
+from collectives.engine_announce import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, row_of
 from collectives.ops._common import (
@@ -44,6 +44,7 @@ class _Plan(NamedTuple):
     fusion_key: Any
     issue_fused: Callable[[list[torch.Tensor]], list[_Part[torch.Tensor]]]
     reduce: _Reduce | None
+    reduce_block: Callable[[list[torch.Tensor], list[torch.Tensor]], list[_Part[torch.Tensor]]] | None
     nbytes: int
 
 
@@ -87,6 +88,7 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         (dtype, device, op, prescale, postscale),
         issue_fused,
         _reduce_in_round(op, postscale) if rides else None,
+        _reduce_block_in_round(op, postscale) if rides else None,
         nbytes,
     )
 
@@ -119,7 +121,9 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     issue: Any = _new_tuple(_Issue, (tensor, op, prescale, postscale, plan, blocking))
     fusion = None
     if groups.size > 1 and tensor.is_contiguous():
-        fusion = _new_tuple(Fusion, (plan.fusion_key, tensor, plan.issue_fused, plan.nbytes, plan.reduce))
+        fusion = _new_tuple(
+            Fusion, (plan.fusion_key, tensor, plan.issue_fused, plan.nbytes, plan.reduce, plan.reduce_block)
+        )
     return _submit(plan.call, groups, issue, claim=not blocking, fusion=fusion, tensor=tensor, row=plan.row)
 
 
@@ -152,6 +156,23 @@ def _reduce_in_round(op: ReduceOp, postscale: float) -> _Reduce:
     reduce = reduce_payloads(op, postscale)
     # Done here, on the thread that settles it: the handle then only hands the tensor back.
     return lambda tensor, payloads: _Ready(reduce(tensor, payloads))
+
+
+def _reduce_block_in_round(
+    op: ReduceOp, postscale: float
+) -> Callable[[list[torch.Tensor], list[torch.Tensor]], list[_Part[torch.Tensor]]]:
+    reduce = reduce_payloads(op, postscale)
+
+    def reduce_block(tensors: list[torch.Tensor], payloads: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
+        # Every rank's block holds the tensors' bytes back to back, as flattening them lays them out.
+        sizes = [t.numel() for t in tensors]
+        flat = reduce(torch.empty(sum(sizes), dtype=tensors[0].dtype), payloads)
+        # Riders are contiguous (they fuse): flat views of them take the parts, in one call.
+        targets = tensors if {t.dim() for t in tensors} == {1} else [t.view(-1) for t in tensors]
+        torch._foreach_copy_(targets, list(torch.split(flat, sizes)))
+        return [_Ready(t) for t in tensors]
+
+    return reduce_block
 
 
 class _Fused:

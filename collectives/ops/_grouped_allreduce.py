@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from collectives.buckets import fuse, unflatten_into
 from collectives.compression import Compression, Compressor
-from collectives.engine_rounds import payload_fits
+from collectives.engine_announce import payload_fits
 from collectives.engine_values import Fusion
 from collectives.negotiation import Agreement, Call, Kind, dtype_code, shape_digest
 from collectives.ops._common import _needs_grad, _op_from, _postscaled, _prescaled, carried, reduce_payloads

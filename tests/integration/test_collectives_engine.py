@@ -90,6 +90,9 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
             "Average": [sum(values) // size],
             "Product": [_prod(values)],
         }
+        mean = sum(range(size)) / size
+        assert r["ride_values"] == [[[i + mean] for i in range(12)]] * 10
+        assert r["rode"]
         assert r["lonely"] == [1.0]
         assert r["between"] == {"loss_sum": True, "object": {"step": 1}, "grad_bias": [2.0] * 4}
     assert "rank 1 missing ['lonely']" in results[0]["stall"]

@@ -8,13 +8,15 @@ import datetime
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
 
 from collectives import engine_rounds
+from collectives.engine_announce import Announcement, announce, name_key
 from collectives.engine_cache import Marks, ResponseCache, bits_of, mask_of
-from collectives.engine_rounds import Announcement, RoundResult, Table, announce, name_key
+from collectives.engine_rounds import RoundResult, Table
 from collectives.engine_values import Fusion
 from collectives.negotiation import ROW, Call, Kind, row_of
 from collectives.reduce_op import ReduceOp
@@ -34,13 +36,19 @@ def test_bit_vectors_round_trip() -> None:
         assert bits_of(mask_of(slots, 16)) == slots
 
 
+def _no_issue(*args: object) -> Any:
+    raise AssertionError("the round itself issues nothing")
+
+
 class _Entry:
     """What ``announce`` reads of an engine's entry."""
 
-    def __init__(self, name: str, shape: tuple[int, ...]) -> None:
+    def __init__(self, name: str, shape: tuple[int, ...], tensor: torch.Tensor | None = None) -> None:
         self.call = Call(Kind.ALLREDUCE, name, torch.float32, "cpu", ReduceOp.SUM, shape=shape)
         self.key = name_key(name)
         self.fusion: Fusion | None = None
+        if tensor is not None:  # an allreduce that may ride: its bytes are the tensor's
+            self.fusion = Fusion("f32", tensor, _no_issue, tensor.nbytes, _no_issue, _no_issue)
         self.row: list[int] | None = None
 
     def announced_row(self) -> list[int]:
@@ -51,7 +59,7 @@ class _Entry:
 
 
 def _rounds(
-    tables: list[Table], entries: list[list[_Entry]], monkeypatch: pytest.MonkeyPatch
+    tables: list[Table], entries: list[list[_Entry]], monkeypatch: pytest.MonkeyPatch, ride_bytes: int = 0
 ) -> list[RoundResult]:
     """One round of two ranks: each announces its entries (cached ones by their bit)."""
     barrier = threading.Barrier(2)
@@ -67,9 +75,16 @@ def _rounds(
 
     def rank(index: int) -> None:
         position.index = index
-        mine, bits = announce(tables[index].cache, entries[index], ride_bytes=0)
+        mine, bits, block = announce(tables[index].cache, entries[index], ride_bytes=ride_bytes)
         results[index] = engine_rounds.exchange(
-            tables[index], mine, stop=False, group=None, timeout=TIMEOUT, width=1 + ROW, bits=bits
+            tables[index],
+            mine,
+            stop=False,
+            group=None,
+            timeout=TIMEOUT,
+            width=1 + ROW,
+            bits=bits,
+            block=block,
         )
 
     monkeypatch.setattr(engine_rounds, "_gather", gather)
@@ -97,8 +112,8 @@ def test_an_operation_agreed_once_goes_by_its_bit_and_both_ranks_find_it_ready(
     for table, result in zip(tables, first, strict=True):
         _take(table, result)
     assert tables[0].cache.slot_of == tables[1].cache.slot_of and len(tables[0].cache.slot_of) == 3
-    mine, bits = announce(tables[0].cache, grads[0], ride_bytes=0)
-    assert mine == [] and bits_of(bits) == [0, 1, 2]
+    mine, bits, block = announce(tables[0].cache, grads[0], ride_bytes=0)
+    assert mine == [] and bits_of(bits) == [0, 1, 2] and block is None
     second = _rounds(tables, grads, monkeypatch)
     assert [r.cached for r in second] == [[0, 1, 2], [0, 1, 2]] and all(not r.ready for r in second)
     assert all(table.rows == {} for table in tables)
@@ -139,6 +154,38 @@ def test_a_cached_operation_one_rank_has_not_announced_shows_in_the_stall_report
     assert all(table.stalled(0.0, (7, 8)) == {} for table in tables)
 
 
+def test_cached_operations_ride_behind_their_bits_when_every_rank_sends_the_same_block(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every rank's bytes of a burst of cached operations come back in one block a rank, in slot order
+    whatever the order of submission; when the ranks' bits differ, nobody uses the blocks."""
+    tables = [Table(2, 64), Table(2, 64)]
+
+    def grads(rank: int, count: int = 5) -> list[_Entry]:
+        return [_Entry(f"g.{i}", (i + 1,), torch.full((i + 1,), 10.0 * rank + i)) for i in range(count)]
+
+    for table, result in zip(tables, _rounds(tables, [grads(0), grads(1)], monkeypatch), strict=True):
+        _take(table, result)
+    burst = [grads(0), grads(1)[::-1]]  # rank 1 submits them the other way round
+    results = _rounds(tables, burst, monkeypatch, ride_bytes=1024)
+    keys = [e.key for e in grads(0)]
+    assert [r.cached for r in results] == [[0, 1, 2, 3, 4]] * 2
+    for result in results:
+        assert result.riders is not None and result.riders.keys == keys
+        blocks = [p.view(torch.float32) for p in result.riders.payloads]
+        assert [b.tolist() for b in blocks] == [
+            [0.0, 1.0, 1.0, 2.0, 2.0, 2.0] + [3.0] * 4 + [4.0] * 5,
+            [10.0, 11.0, 11.0, 12.0, 12.0, 12.0] + [13.0] * 4 + [14.0] * 5,
+        ]
+    # Rank 1 has only four of them this round: the four go by their bits and a collective, as before.
+    results = _rounds(tables, [grads(0), grads(1, 4)], monkeypatch, ride_bytes=1024)
+    assert [r.cached for r in results] == [[0, 1, 2, 3]] * 2 and all(r.riders is None for r in results)
+    # Too many bytes for the round: bits only.
+    results = _rounds(tables, [[], grads(1, 5)[4:]], monkeypatch, ride_bytes=1024)
+    results = _rounds(tables, [grads(0), grads(1)], monkeypatch, ride_bytes=16)
+    assert [r.cached for r in results] == [[0, 1, 2, 3, 4]] * 2 and all(r.riders is None for r in results)
+
+
 def _cached(names: list[str]) -> tuple[ResponseCache, list[_Entry]]:
     """A cache holding ``names`` (one row each, the same on both ranks) and an entry of each."""
     cache = ResponseCache(2, 64)
@@ -156,7 +203,7 @@ def test_marks_made_at_submission_stand_for_a_round_that_walks_every_entry() -> 
         marks.mark(entry.key, entry.announced_row())
     marked = marks.take(len(entries))
     assert marked is not None and bits_of(marked) == list(range(8))
-    assert announce(cache, entries, 0, marked) == announce(cache, entries, 0) == ([], marked)
+    assert announce(cache, entries, 0, marked) == announce(cache, entries, 0) == ([], marked, None)
     assert marks.take(0) is None  # taken: the next round starts afresh
 
 

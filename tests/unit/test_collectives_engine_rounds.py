@@ -12,15 +12,16 @@ import pytest
 import torch
 
 from collectives import engine_rounds
+from collectives.engine_announce import Announcement, name_key, payload_fits
 from collectives.engine_reports import failure_message, stall_texts
-from collectives.engine_rounds import Announcement, Table, name_key
+from collectives.engine_rounds import Table
 from collectives.negotiation import ROW, Call, Kind, row_of
 from collectives.reduce_op import ReduceOp
 
 
 def test_a_name_keys_the_same_in_another_process_and_never_as_an_ordered_entry() -> None:
     other = subprocess.run(
-        [sys.executable, "-c", "from collectives.engine_rounds import name_key; print(name_key('grad.w'))"],
+        [sys.executable, "-c", "from collectives.engine_announce import name_key; print(name_key('grad.w'))"],
         capture_output=True,
         text=True,
         check=True,
@@ -94,7 +95,7 @@ def _round(
         gathers.append(buffer.numel())
         out.copy_(buffer.repeat(2))
         if other_wants and len(gathers) == 1:
-            out[buffer.numel() + engine_rounds._HEADER - 1] = other_wants
+            out[buffer.numel() + 6] = other_wants  # the other rank's header: the length it wanted
 
     monkeypatch.setattr(engine_rounds, "_gather", gather)
     table = Table(2) if table is None else table
@@ -185,5 +186,5 @@ def test_the_first_buffer_follows_the_longest_any_rank_asked_for(monkeypatch: py
 
 
 def test_a_payload_beyond_the_limit_never_rides() -> None:
-    assert engine_rounds.payload_fits(64 * 1024, 4)
-    assert not engine_rounds.payload_fits(1 << 20, 2)
+    assert payload_fits(64 * 1024, 4)
+    assert not payload_fits(1 << 20, 2)

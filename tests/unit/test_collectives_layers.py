@@ -30,6 +30,7 @@ LAYERS: list[list[str]] = [
         "collectives.elastic.failures",
         "collectives.elastic.joining",
     ],
+    ["collectives.engine_announce"],
     [
         "collectives.links",
         "collectives.engine_rounds",

@@ -86,6 +86,7 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
         for handle in handles:
             hvd.synchronize(handle)
     out["fused_ops"] = {op: sorted({v for t in tensors for v in t.tolist()}) for op, tensors in ints.items()}
+    out.update(riding_burst(rank, engines._engines[0]))
     stall = _StallSeen()
     logging.getLogger("collectives").addHandler(stall)
     if rank == 0:
@@ -99,6 +100,29 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
     out["lonely"] = hvd.synchronize(lonely).tolist()
     out.update(between_backward_and_step(rank))
     return out
+
+
+def riding_burst(rank: int, engine: Any) -> dict[str, Any]:
+    """A burst of cached averages of one type (1-d and 2-d, submitted in another order on odd ranks): from
+    its second time on its bytes ride behind its bits and every rank reduces them, with no collective; the
+    values every time. Tried several times: a burst that a busy machine splits over two rounds goes by a
+    collective instead."""
+    names = [f"ride.{i}" for i in range(12)]
+    order = names if rank % 2 == 0 else names[::-1]
+    values, rode = [], False
+    for attempt in range(10):
+        tensors = {n: torch.full((16,) if i % 3 else (4, 4), float(rank + i)) for i, n in enumerate(names)}
+        issued, reduced = engine.collectives_issued, engine.reduced_in_round
+        handles = [hvd.allreduce_async_(tensors[n], name=n, op=hvd.Average) for n in order]
+        for handle in handles:
+            hvd.synchronize(handle)
+        # The first burst, not cached yet, rides as rows with their payloads.
+        by_bits = attempt > 0
+        rode = rode or (
+            by_bits and engine.collectives_issued == issued and engine.reduced_in_round - reduced == 12
+        )
+        values.append([sorted(set(tensors[n].reshape(-1).tolist())) for n in names])
+    return {"ride_values": values, "rode": rode}
 
 
 def in_round(rank: int, size: int) -> dict[str, Any]:
