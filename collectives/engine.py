@@ -307,7 +307,10 @@ class Engine:
             self._urgent = False
             self._woken = False
             stop = self._stopping
-        mine, bits, block = announce(self._table.cache, new, self._ride_bytes, marked)
+        # A caller that waits has submitted its burst; a round the engine thread starts on its own may hold
+        # part of one still being submitted, whose block would differ from the other ranks' and be wasted.
+        driven = threading.get_ident() != self._thread.ident
+        mine, bits, block = announce(self._table.cache, new, self._ride_bytes, marked, block=driven)
         timeout = self.settings.gloo_timeout_s
         table = self._table
         result = exchange(

@@ -29,6 +29,10 @@ __all__ = [
 
 # How many cached operations a round may carry with their payloads rather than as bits.
 _RIDERS = 4
+# How many cached operations' bytes may ride behind their bits as one block. A block saves its burst a
+# collective, but the round touches every operation and its bytes, out of cache by then (some 2 us an
+# operation at 4 ranks here): past a few hundred operations the collective costs less.
+_BLOCK_MOST = 256
 # A payload rides in the round when every rank receiving every rank's bytes costs no more than the
 # allreduce it replaces: here gloo's allreduce of 64 KB takes as long as two all_gathers of every rank's
 # 64 KB with 2 ranks, 1.7 with 4.
@@ -82,19 +86,24 @@ class Block(NamedTuple):
 
 
 def announce(
-    cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int, marked: int | None = None
+    cache: ResponseCache,
+    new: Sequence[Announcing],
+    ride_bytes: int,
+    marked: int | None = None,
+    *,
+    block: bool = True,
 ) -> tuple[list[Announcement], int, Block | None]:
     """A round's announcements of ``new``: rows for what the response cache does not hold (or what rides
-    with its payload, ``ride_bytes`` at most in all), the bit vector of the cached rest, and the block of
-    their bytes when they may ride behind their bits. ``marked``: the bit vector of every entry of ``new``,
-    found as they were submitted (``Marks.take``), if it is."""
+    with its payload, ``ride_bytes`` at most in all), the bit vector of the cached rest, and (``block``:
+    allowed) the block of their bytes when they may ride behind their bits. ``marked``: the bit vector of
+    every entry of ``new``, found as they were submitted (``Marks.take``), if it is."""
     if not cache.slot_of:
         return [e.announcement() for e in new], 0, None
     # A burst's cached operations go by their bits, not as rows: a thousand rows packed, unpacked and tabled
     # cost more than a fused allreduce. Their bytes ride behind the bits when they fit, as one block.
     few = len(new) <= _RIDERS
     if marked is not None and not few:
-        return [], marked, _block(cache, new, ride_bytes)
+        return [], marked, _block(cache, new, ride_bytes) if block else None
     mine: list[Announcement] = []
     riders: list[tuple[Announcing, int]] = []
     riding = 0
@@ -118,15 +127,15 @@ def announce(
             mine.extend([e.announcement() for e, _ in riders])
         else:
             slots.extend([slot for _, slot in riders])
-    block = _block(cache, new, ride_bytes) if slots and not mine and not few else None
-    return mine, mask_of(slots, cache.words), block
+    behind = _block(cache, new, ride_bytes) if block and slots and not mine and not few else None
+    return mine, mask_of(slots, cache.words), behind
 
 
 def _block(cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int) -> Block | None:
     """The block of ``new``'s bytes (every one cached) if they may ride: all of one fusion that reduces a
     block, ``ride_bytes`` at most in all."""
     first = new[0].fusion
-    if first is None or first.reduce_block is None:
+    if first is None or first.reduce_block is None or len(new) > _BLOCK_MOST:
         return None
     fusion_key = first.key
     slot_of = cache.slot_of
