@@ -76,8 +76,9 @@ def unflatten_into(flat: torch.Tensor, members: Sequence[torch.Tensor]) -> None:
         return
     targets = list(members)
     # Two calls for the whole buffer rather than a slice, a view and a copy per tensor; flat slices need no
-    # view (unflatten_dense_tensors makes one per tensor).
-    if all(t.dim() == 1 for t in targets):
+    # view (unflatten_dense_tensors makes one per tensor). A set, not all() over a generator: a generator is
+    # a Python call per tensor.
+    if {t.dim() for t in targets} == {1}:
         parts = list(torch.split(flat, [t.numel() for t in targets]))
     else:
         parts = list(torch._C._nn.unflatten_dense_tensors(flat, targets))

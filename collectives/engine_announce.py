@@ -79,10 +79,11 @@ class Announcing(Protocol):
 
 class Block(NamedTuple):
     """Cached operations of one fusion whose bytes ride in the round behind their bits: their tensors and
-    byte counts, in slot order (the bits' order)."""
+    byte counts, in slot order (the bits' order), and the bytes in all."""
 
     tensors: list[torch.Tensor]
     sizes: list[int]
+    nbytes: int
 
 
 def announce(
@@ -150,7 +151,7 @@ def _block(cache: ResponseCache, new: Sequence[Announcing], ride_bytes: int) -> 
     if total > ride_bytes:
         return None
     riders.sort(key=_slot)
-    return Block([tensor for _, tensor, _ in riders], [nbytes for _, _, nbytes in riders])
+    return Block([tensor for _, tensor, _ in riders], [nbytes for _, _, nbytes in riders], total)
 
 
 _slot = operator.itemgetter(0)

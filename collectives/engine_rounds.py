@@ -130,7 +130,7 @@ class Table:
     def block_region(self, send: Words, block: Block) -> torch.Tensor:
         """Where ``block`` goes in ``send``, its last bytes, as a tensor of the block's type: a burst rides
         the same block every step, so the region is made once (three tensor calls fewer a round)."""
-        nbytes = sum(block.sizes)
+        nbytes = block.nbytes
         dtype = block.tensors[0].dtype
         memo = self._region
         if memo is not None and memo[0] is send.tensor and memo[1] == nbytes and memo[2] is dtype:
@@ -369,7 +369,7 @@ def exchange(
     bit_words = cache.words
     records = _records(mine)
     words = table.words
-    block_words = 0 if block is None else len(block.sizes) + (sum(block.sizes) + 7) // 8
+    block_words = 0 if block is None else len(block.sizes) + (block.nbytes + 7) // 8
     if block_words > words - _HEADER - bit_words:
         block = None  # it rides from the next rounds on, once the first buffer has grown (``wanted``)
     sizes = 0 if block is None else len(block.sizes)

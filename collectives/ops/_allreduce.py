@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 
+from collectives.buckets import unflatten_into
 from collectives.compression import Compression, Compressor
 from collectives.engine_announce import payload_fits
 from collectives.engine_values import Fusion
@@ -165,11 +166,8 @@ def _reduce_block_in_round(
 
     def reduce_block(tensors: list[torch.Tensor], payloads: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
         # Every rank's block holds the tensors' bytes back to back, as flattening them lays them out.
-        sizes = [t.numel() for t in tensors]
-        flat = reduce(torch.empty(sum(sizes), dtype=tensors[0].dtype), payloads)
-        # Riders are contiguous (they fuse): flat views of them take the parts, in one call.
-        targets = tensors if {t.dim() for t in tensors} == {1} else [t.view(-1) for t in tensors]
-        torch._foreach_copy_(targets, list(torch.split(flat, sizes)))
+        flat = reduce(torch.empty(sum([t.numel() for t in tensors]), dtype=tensors[0].dtype), payloads)
+        unflatten_into(flat, tensors)
         return [_Ready(t) for t in tensors]
 
     return reduce_block
@@ -206,13 +204,7 @@ class _Fused:
                 if self.gathered is not None:
                     rows, sum_rows = self.gathered
                     sum_rows(self.flat, list(rows))
-                _postscaled(self.flat, self.divisor, self.postscale)
-                tensors = self.tensors
-                parts = torch.split(self.flat, [t.numel() for t in tensors])
-                # Fused tensors are contiguous (or they would not fuse): flat views of them take the parts.
-                # A set, not all() over a generator: a generator is a Python call per tensor.
-                targets = tensors if {t.dim() for t in tensors} == {1} else [t.view(-1) for t in tensors]
-                torch._foreach_copy_(targets, list(parts))
+                unflatten_into(_postscaled(self.flat, self.divisor, self.postscale), self.tensors)
                 self.pending.clear()
 
     def completed(self) -> bool:
