@@ -51,7 +51,7 @@ import torch
 from collectives.engine_announce import announce, name_key, ride_budget
 from collectives.engine_cache import Marks, capacity_from_env
 from collectives.engine_entries import Agreed, Entry, cached_items
-from collectives.engine_pace import burst_deadline, next_waits
+from collectives.engine_pace import MAX_IDLE_WAIT_S, burst_deadline, next_waits
 from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
 from collectives.engine_rounds import Riders, Table, exchange
 from collectives.engine_tickets import Ticket, Turn
@@ -243,10 +243,21 @@ class Engine:
                         if delay <= 0:
                             break
                         self._cond.wait(delay)
-                with self._round_lock:
+                if not self._round_lock.acquire(blocking=False):
+                    # A caller's round is under way and takes what is new. Queued on the lock, this thread
+                    # would take it after that round, then wait for the interpreter while the caller
+                    # submitted its next burst, and the caller would find its round taken: the caller tells
+                    # this thread when it leaves work behind (drive), or the idle wait ends.
+                    with self._mutex:
+                        if self._round_lock.locked() and not self._abandoned:
+                            self._cond.wait(MAX_IDLE_WAIT_S)
+                    continue
+                try:
                     skip = self._driven_lately(wait)
                     if not skip:
                         busy, stop = self._round()
+                finally:
+                    self._round_lock.release()
                 if skip:
                     # A caller ran a round meanwhile (it drives), and what is new it drives itself: back off
                     # as when idle, rather than wake each cycle to contend with the drivers for the lock.
@@ -274,7 +285,8 @@ class Engine:
         if threading.get_ident() in (self._thread.ident, self._round_owner):
             return  # inside a round (a start or a callback): the round under way settles the ticket
         while not ticket.done():
-            with self._round_lock:
+            self._round_lock.acquire()
+            try:
                 if ticket.done():
                     return
                 with self._mutex:
@@ -287,6 +299,11 @@ class Engine:
                     return
                 if stop:
                     return
+            finally:
+                self._round_lock.release()
+                if self._undriven:  # submitted meanwhile, for the engine thread (see _run)
+                    with self._mutex:
+                        self._cond.notify_all()
 
     def _round(self) -> tuple[bool, bool]:
         """One agreement round and the issue of what became ready; (whether there is work, whether every

@@ -93,6 +93,8 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
         mean = sum(range(size)) / size
         assert r["ride_values"] == [[[i + mean] for i in range(12)]] * 10
         assert r["rode"]
+        assert r["held_engine_rounds"] == []
+        assert r["held_values"] == [[float(i * size + total) for i in range(16)]] * 3
         assert r["lonely"] == [1.0]
         assert r["between"] == {"loss_sum": True, "object": {"step": 1}, "grad_bias": [2.0] * 4}
     assert "rank 1 missing ['lonely']" in results[0]["stall"]

@@ -87,6 +87,7 @@ def scenarios(rank: int, size: int) -> dict[str, Any]:
             hvd.synchronize(handle)
     out["fused_ops"] = {op: sorted({v for t in tensors for v in t.tolist()}) for op, tensors in ints.items()}
     out.update(riding_burst(rank, engines._engines[0]))
+    out.update(burst_after_a_held_round(rank, engines._engines[0]))
     stall = _StallSeen()
     logging.getLogger("collectives").addHandler(stall)
     if rank == 0:
@@ -123,6 +124,45 @@ def riding_burst(rank: int, engine: Any) -> dict[str, Any]:
         )
         values.append([sorted(set(tensors[n].reshape(-1).tolist())) for n in names])
     return {"ride_values": values, "rode": rode}
+
+
+def burst_after_a_held_round(rank: int, engine: Any) -> dict[str, Any]:
+    """A burst submitted just after a long round (one waiting for a slow peer, here the round lock held by
+    hand) is its caller's round, and rides: the engine thread, woken meanwhile by an operation submitted
+    during that round, does not queue on the lock. Queued there, it took the lock as soon as it was freed,
+    then waited for the interpreter while the caller submitted its burst, and ran the round itself (without
+    the burst's block) while the caller waited."""
+    names = [f"held.{i}" for i in range(16)]
+
+    def burst() -> list[Any]:
+        tensors = [torch.full((16,), float(rank + i)) for i in range(len(names))]
+        return [hvd.allreduce_async_(t, name=n, op=hvd.Sum) for t, n in zip(tensors, names, strict=True)]
+
+    for handle in [*burst(), hvd.allreduce_async_(torch.ones(4), name="held.wake")]:
+        hvd.synchronize(handle)  # both cached from now on
+    taken: list[int] = []  # the new operations of every round the engine thread ran
+    original = engine._round_locked
+
+    def watched() -> Any:
+        if threading.get_ident() == engine._thread.ident and engine._new:
+            taken.append(len(engine._new))
+        return original()
+
+    engine._round_locked = watched
+    values = []
+    try:
+        for _ in range(3):
+            with engine._round_lock:
+                wake = hvd.allreduce_async_(torch.ones(4), name="held.wake")
+                # Past the cycle after that submission, when the engine thread tries the lock: no event to
+                # wait for (the old thread blocked in the lock, the new one waits for the caller's word).
+                time.sleep(20 * engine.settings.cycle_time_s)
+            handles = burst()
+            values.append([hvd.synchronize(h).tolist()[0] for h in handles])
+            hvd.synchronize(wake)
+    finally:
+        del engine._round_locked
+    return {"held_engine_rounds": taken, "held_values": values}
 
 
 def in_round(rank: int, size: int) -> dict[str, Any]:
