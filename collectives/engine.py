@@ -110,6 +110,7 @@ class Engine:
         # Held for each round and the issue that follows it, by the engine thread or a caller that drives.
         self._round_lock = threading.Lock()
         self._round_owner: int | None = None
+        self._missed = False  # the engine thread found the round lock taken, and waits for its release
         # Set by join() while this rank has joined: given another rank's row of a named operation, how this
         # rank takes part (None: it submits that operation itself, as a joined optimizer does its buckets).
         self.stand_in: Callable[[list[int]], Callable[[Agreement], Any] | None] | None = None
@@ -246,10 +247,11 @@ class Engine:
                 if not self._round_lock.acquire(blocking=False):
                     # A caller's round is under way and takes what is new. Queued on the lock, this thread
                     # would take it after that round, then wait for the interpreter while the caller
-                    # submitted its next burst, and the caller would find its round taken: the caller tells
-                    # this thread when it leaves work behind (drive), or the idle wait ends.
+                    # submitted its next burst, and the caller would find its round taken: the caller wakes
+                    # it once the lock is free (drive).
                     with self._mutex:
                         if self._round_lock.locked() and not self._abandoned:
+                            self._missed = True
                             self._cond.wait(MAX_IDLE_WAIT_S)
                     continue
                 try:
@@ -301,8 +303,9 @@ class Engine:
                     return
             finally:
                 self._round_lock.release()
-                if self._undriven:  # submitted meanwhile, for the engine thread (see _run)
-                    with self._mutex:
+                with self._mutex:
+                    if self._missed:  # the engine thread found the lock taken (see _run)
+                        self._missed = False
                         self._cond.notify_all()
 
     def _round(self) -> tuple[bool, bool]:

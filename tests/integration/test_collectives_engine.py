@@ -94,6 +94,7 @@ def test_engine_scenarios(size: int, tmp_path: Path) -> None:
         assert r["ride_values"] == [[[i + mean] for i in range(12)]] * 10
         assert r["rode"]
         assert r["held_engine_rounds"] == []
+        assert r["held_missed"] == r["held_told"] == [True] * 3
         assert r["held_values"] == [[float(i * size + total) for i in range(16)]] * 3
         assert r["lonely"] == [1.0]
         assert r["between"] == {"loss_sum": True, "object": {"step": 1}, "grad_bias": [2.0] * 4}

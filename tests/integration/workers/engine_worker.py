@@ -129,9 +129,9 @@ def riding_burst(rank: int, engine: Any) -> dict[str, Any]:
 def burst_after_a_held_round(rank: int, engine: Any) -> dict[str, Any]:
     """A burst submitted just after a long round (one waiting for a slow peer, here the round lock held by
     hand) is its caller's round, and rides: the engine thread, woken meanwhile by an operation submitted
-    during that round, does not queue on the lock. Queued there, it took the lock as soon as it was freed,
-    then waited for the interpreter while the caller submitted its burst, and ran the round itself (without
-    the burst's block) while the caller waited."""
+    during that round, finds the lock taken and waits to be told (the next caller's round wakes it). Queued
+    on the lock, it took it as soon as it was freed, then waited for the interpreter while the caller
+    submitted its burst, and ran the round itself (without the burst's block) while the caller waited."""
     names = [f"held.{i}" for i in range(16)]
 
     def burst() -> list[Any]:
@@ -149,20 +149,29 @@ def burst_after_a_held_round(rank: int, engine: Any) -> dict[str, Any]:
         return original()
 
     engine._round_locked = watched
-    values = []
+    values, missed, told = [], [], []
     try:
         for _ in range(3):
             with engine._round_lock:
                 wake = hvd.allreduce_async_(torch.ones(4), name="held.wake")
-                # Past the cycle after that submission, when the engine thread tries the lock: no event to
-                # wait for (the old thread blocked in the lock, the new one waits for the caller's word).
-                time.sleep(20 * engine.settings.cycle_time_s)
+                missed.append(_until(lambda: engine._missed))
             handles = burst()
             values.append([hvd.synchronize(h).tolist()[0] for h in handles])
+            told.append(not engine._missed)
             hvd.synchronize(wake)
     finally:
         del engine._round_locked
-    return {"held_engine_rounds": taken, "held_values": values}
+    return {"held_engine_rounds": taken, "held_values": values, "held_missed": missed, "held_told": told}
+
+
+def _until(condition: Any, timeout: float = 30.0) -> bool:
+    """Whether ``condition()`` came true within ``timeout`` seconds (another thread makes it so)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def in_round(rank: int, size: int) -> dict[str, Any]:
