@@ -11,7 +11,8 @@ round runs each case once, so the shared machine's noise hits them alike):
            command makes it, with its warm caches), each in a fresh interpreter: the process's wall time
            (median and quartiles of N), and the same less a bare interpreter (its own start, `site`
            included) of the same round; both end as distrun does, without the interpreter's teardown.
-           Goal: <= 120 ms.
+           Goal: <= 120 ms. Beside them, the modules outside distrun that the launch path loads (click's
+           and the standard library's), imported alone: the floor under any work on distrun's own.
   agent    the shipped agent (what every SSH host and Slurm node runs: the bootstrap with the sources on
            stdin) from its start until its HELLO, with a warm code cache (a host's second launch on).
   no-op    a no-op 2-rank local job (`benchmarks/workers/noop.py`): distrun's wall time less the same two
@@ -90,9 +91,26 @@ def import_argv(tree: Path | None) -> list[str]:
     return [sys.executable, "-c", code]
 
 
+def dependency_modules() -> list[str]:
+    """The modules outside distrun that importing this tree's launch path loads and a bare interpreter has
+    not: click's and the standard library's (logging, dataclasses, socket, ...), asked of a fresh one."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r}); sys.argv[0] = 'distrun'; before = set(sys.modules); "
+        f"{IMPORT}; print(' '.join(sorted(m for m in set(sys.modules) - before "
+        "if m.partition('.')[0] not in ('launcher', 'collectives'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/")
+    return done.stdout.split()
+
+
 def import_row(repeat: int, baseline: Path | None) -> dict[str, list[float]]:
+    """The launch path's import of each tree, a bare interpreter, and (as "dependencies") a fresh
+    interpreter importing only the modules outside distrun that the launch path loads: the floor that no
+    work on distrun's own modules goes below."""
+    imports = "; ".join(f"import {name}" for name in dependency_modules())
     cases: dict[str, Callable[[], float]] = {
         "bare": lambda: timed_run([sys.executable, "-c", f"import os; {EXIT}"], cwd="/"),
+        "dependencies": lambda: timed_run([sys.executable, "-c", f"import os; {imports}; {EXIT}"], cwd="/"),
     }
     for name, tree in trees(baseline).items():
         cases[name] = lambda tree=tree: timed_run(import_argv(tree), cwd="/")  # type: ignore[misc]
@@ -209,6 +227,9 @@ def main() -> None:
             for n in names
         ]
         lines.append(_line("the same, CPU", show("bare", t["bare cpu"], "ms"), cells, ""))
+        floor = show("less bare", _less(t["dependencies"], t["bare"]), "ms")
+        cells = [floor, *[""] * (len(names) - 1)]  # this tree's modules; the reference of both
+        lines.append(_line("its modules outside distrun alone (click, the standard library)", "", cells, ""))
     if args.agents:
         t = agent_row(args.agents, baseline)
         cells = [show("", t[n], "ms") + "; CPU " + show("", t[f"{n} cpu"], "ms") for n in names]
