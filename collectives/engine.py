@@ -51,8 +51,9 @@ import torch
 from collectives.engine_announce import announce, name_key, ride_budget
 from collectives.engine_cache import Marks, capacity_from_env
 from collectives.engine_entries import Agreed, Entry, cached_items
+from collectives.engine_lock import RoundLock
 from collectives.engine_pace import MAX_IDLE_WAIT_S, burst_deadline, next_waits
-from collectives.engine_reports import attempt, failure_message, log_stall, stall_texts
+from collectives.engine_reports import StallCheck, attempt, failure_message
 from collectives.engine_rounds import Riders, Table, exchange
 from collectives.engine_tickets import Ticket, Turn
 from collectives.engine_values import Fusion, Settings
@@ -104,13 +105,11 @@ class Engine:
         self._stopping = False
         self._abandoned = False
         self.broken: HorovodInternalError | None = None  # what ended it, if anything (a peer is gone)
-        self._stall_text = ""
         self._device_set = False
-        self._last_stall_check = time.monotonic()
+        self._stalls = StallCheck(groups.set_id, settings.stall_check, settings.stall_check_s)
         # Held for each round and the issue that follows it, by the engine thread or a caller that drives.
-        self._round_lock = threading.Lock()
+        self._round_lock = RoundLock(self._cond)
         self._round_owner: int | None = None
-        self._missed = False  # the engine thread found the round lock taken, and waits for its release
         # Set by join() while this rank has joined: given another rank's row of a named operation, how this
         # rank takes part (None: it submits that operation itself, as a joined optimizer does its buckets).
         self.stand_in: Callable[[list[int]], Callable[[Agreement], Any] | None] | None = None
@@ -122,7 +121,7 @@ class Engine:
 
     def _thread_name(self) -> str:
         base = f"collectives-engine-{self.groups.set_id}"
-        return f"{base} (stalled: {self._stall_text})" if self._stall_text else base
+        return f"{base} (stalled: {self._stalls.text})" if self._stalls.text else base
 
     # -- submitting ---------------------------------------------------------------------------------------
 
@@ -244,16 +243,8 @@ class Engine:
                         if delay <= 0:
                             break
                         self._cond.wait(delay)
-                if not self._round_lock.acquire(blocking=False):
-                    # A caller's round is under way and takes what is new. Queued on the lock, this thread
-                    # would take it after that round, then wait for the interpreter while the caller
-                    # submitted its next burst, and the caller would find its round taken: the caller wakes
-                    # it once the lock is free (drive).
-                    with self._mutex:
-                        if self._round_lock.locked() and not self._abandoned:
-                            self._missed = True
-                            self._cond.wait(MAX_IDLE_WAIT_S)
-                    continue
+                if not self._round_lock.try_acquire(MAX_IDLE_WAIT_S):
+                    continue  # a caller's round took what is new; its release woke this thread
                 try:
                     skip = self._driven_lately(wait)
                     if not skip:
@@ -287,8 +278,7 @@ class Engine:
         if threading.get_ident() in (self._thread.ident, self._round_owner):
             return  # inside a round (a start or a callback): the round under way settles the ticket
         while not ticket.done():
-            self._round_lock.acquire()
-            try:
+            with self._round_lock:
                 if ticket.done():
                     return
                 with self._mutex:
@@ -301,12 +291,6 @@ class Engine:
                     return
                 if stop:
                     return
-            finally:
-                self._round_lock.release()
-                with self._mutex:
-                    if self._missed:  # the engine thread found the lock taken (see _run)
-                        self._missed = False
-                        self._cond.notify_all()
 
     def _round(self) -> tuple[bool, bool]:
         """One agreement round and the issue of what became ready; (whether there is work, whether every
@@ -369,10 +353,8 @@ class Engine:
         # their own rounds, and a round of the engine thread beside them costs the next driven call a round.
         with self._mutex:
             busy = bool(self._queue) or len(self._local) > self._driven_local
-        now = time.monotonic()
-        if self.settings.stall_check and now - self._last_stall_check >= self.settings.stall_check_s:
-            self._last_stall_check = now
-            self._check_stalls()
+        if self._stalls.run(self._table, self.groups.ranks, self.groups.index, time.monotonic()):
+            self._thread.name = self._thread_name()
         if result.stop:
             self._fail_all(HorovodInternalError("collectives shut down with this operation pending"))
             with self._mutex:
@@ -567,18 +549,9 @@ class Engine:
         for entry, value in zip(entries, values, strict=True):
             entry._settle(value, None)
 
-    def _check_stalls(self) -> None:
-        groups = self.groups
-        text, mine = stall_texts(self._table, self.settings.stall_check_s, groups.ranks, groups.index)
-        if text != self._stall_text:
-            self._stall_text = text
-            self._thread.name = self._thread_name()
-        if mine:  # logged by the first rank that submitted each stalled operation: it knows the names
-            log_stall(groups.set_id, self.settings.stall_check_s, mine)
-
     def stall_report(self) -> str:
         """The last stall check's finding: which ranks miss which names ("" when nothing stalls)."""
-        return self._stall_text
+        return self._stalls.text
 
     # -- failing and stopping -------------------------------------------------------------------------------
 

@@ -4,13 +4,14 @@ and the failure of a round whose peer left cleanly, which gloo would blame on "a
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from collectives.engine_tickets import Ticket
 from collectives.errors import CollectivesError, HorovodInternalError
 
-__all__ = ["attempt", "failure_message", "log_stall", "missing_text", "stall_texts"]
+__all__ = ["StallCheck", "attempt", "failure_message", "log_stall", "missing_text", "stall_texts"]
 
 _log = logging.getLogger("collectives")
 
@@ -44,6 +45,29 @@ def log_stall(set_id: int, seconds: float, text: str) -> None:
         seconds,
         text,
     )
+
+
+class StallCheck:
+    """An engine's stall check (``HOROVOD_STALL_CHECK_*``), run from its rounds at most once a period, and its
+    last finding, which the engine thread's name shows (``distrun stacks``)."""
+
+    def __init__(self, set_id: int, enabled: bool, period_s: float, now: float | None = None) -> None:
+        self.set_id = set_id
+        self.enabled = enabled
+        self.period_s = period_s
+        self.text = ""  # which ranks miss which names; "" when nothing stalls
+        self._last = time.monotonic() if now is None else now
+
+    def run(self, table: Stalls, ranks: tuple[int, ...], index: int | None, now: float) -> bool:
+        """Check, if a period has passed since the last check; whether the finding changed."""
+        if not self.enabled or now - self._last < self.period_s:
+            return False
+        self._last = time.monotonic() if now is None else now
+        text, mine = stall_texts(table, self.period_s, ranks, index)
+        if mine:  # logged by the first rank that submitted each stalled operation: it knows the names
+            log_stall(self.set_id, self.period_s, mine)
+        changed, self.text = text != self.text, text
+        return changed
 
 
 def failure_message(set_id: int, error: BaseException, left: list[int], waiting: Iterable[str]) -> str:

@@ -108,7 +108,8 @@ def test_first_launch_sends_then_nothing_then_only_the_edit(setup: Setup, tmp_pa
     for host in HOSTS:
         assert secret not in {p.parent.name + p.name for p in setup.objects(host)}
         backing = setup.caches[host] / "workdir" / "trees" / sent["manifest_hash"]
-        assert sorted(os.listdir(backing)) == [".gitignore", "mod.py", "train.py"]
+        # The ranks' bytecode, where Python writes it, stays in the copy (docs/workdir.md).
+        assert sorted(set(os.listdir(backing)) - {"__pycache__"}) == [".gitignore", "mod.py", "train.py"]
 
     second = setup.launch(report=report)
     assert second.returncode == 0, second.stderr.decode()

@@ -278,7 +278,8 @@ def test_workdir_under_slurm_runs_every_rank_in_the_copy(slurm: SlurmCluster, tm
     assert sorted(line for line in result.stdout.splitlines() if line.startswith("[")) == [
         f"[{rank}] {rank} {copy} 7" for rank in range(2)
     ]
-    assert sorted(os.listdir(copy)) == ["mod.py", "train.py"]
+    # The ranks' bytecode, where Python writes it, stays in the copy (docs/workdir.md).
+    assert sorted(set(os.listdir(copy)) - {"__pycache__"}) == ["mod.py", "train.py"]
     assert os.listdir(cache / "workdir" / "tmp") == []
     assert_clean(slurm)
 

@@ -13,7 +13,7 @@ import torch
 
 from collectives import engine_rounds
 from collectives.engine_announce import Announcement, name_key, payload_fits
-from collectives.engine_reports import failure_message, stall_texts
+from collectives.engine_reports import StallCheck, failure_message, stall_texts
 from collectives.engine_rounds import Table
 from collectives.negotiation import ROW, Call, Kind, row_of
 from collectives.reduce_op import ReduceOp
@@ -66,6 +66,28 @@ def test_the_stall_is_logged_by_its_first_submitter_which_knows_the_name() -> No
     )
     assert stall_texts(table, 0.0, (4, 5, 6), 0)[1] == ""
     assert stall_texts(table, 60.0, (4, 5, 6), 2) == ("", "")
+
+
+def test_the_stall_check_runs_once_a_period_and_says_when_its_finding_changes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    table = Table(3)
+    key = name_key("only_me")
+    table.add(2, key, [0])
+    table.labels[key] = "only_me"
+    missing = "rank 4 missing ['only_me']; rank 5 missing ['only_me']"
+    assert not StallCheck(0, False, 0.0, now=0.0).run(table, (4, 5, 6), 2, now=1.0)  # disabled
+    waiting = StallCheck(0, True, 60.0, now=0.0)
+    assert not waiting.run(table, (4, 5, 6), 2, now=30.0) and waiting.text == ""  # not a period yet
+    check = StallCheck(0, True, 0.0, now=0.0)
+    with caplog.at_level("WARNING", logger="collectives"):
+        assert check.run(table, (4, 5, 6), 2, now=1.0) and check.text == missing
+        assert not check.run(table, (4, 5, 6), 2, now=2.0) and check.text == missing
+    assert [r.getMessage().endswith(missing) for r in caplog.records] == [True, True]  # every period
+    table.add(0, key, [0])
+    assert table.add(1, key, [0])  # every rank has it now
+    table.take(key)
+    assert check.run(table, (4, 5, 6), 2, now=3.0) and check.text == ""
 
 
 def test_a_round_that_fails_after_a_peer_left_cleanly_says_so() -> None:

@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
         "collectives.engine_values",
         "collectives.engine_cache",
         "collectives.engine_pace",
+        "collectives.engine_lock",
         "collectives.engine_tickets",
         "collectives.progress",
         "collectives.elastic.failures",

@@ -152,12 +152,12 @@ def burst_after_a_held_round(rank: int, engine: Any) -> dict[str, Any]:
     values, missed, told = [], [], []
     try:
         for _ in range(3):
-            with engine._round_lock:
+            with engine._round_lock._lock:  # held as a round holds it, freed without waking the thread
                 wake = hvd.allreduce_async_(torch.ones(4), name="held.wake")
-                missed.append(_until(lambda: engine._missed))
+                missed.append(_until(lambda: engine._round_lock.missed))
             handles = burst()
             values.append([hvd.synchronize(h).tolist()[0] for h in handles])
-            told.append(not engine._missed)
+            told.append(not engine._round_lock.missed)
             hvd.synchronize(wake)
     finally:
         del engine._round_locked
