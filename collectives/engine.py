@@ -243,14 +243,15 @@ class Engine:
                         if delay <= 0:
                             break
                         self._cond.wait(delay)
-                if not self._round_lock.try_acquire(MAX_IDLE_WAIT_S):
-                    continue  # a caller's round took what is new; its release woke this thread
+                # A caller's round under way takes what is new, and its release wakes this thread.
+                taken = self._round_lock.try_acquire(MAX_IDLE_WAIT_S)
                 try:
-                    skip = self._driven_lately(wait)
+                    skip = not taken or self._driven_lately(wait)
                     if not skip:
                         busy, stop = self._round()
                 finally:
-                    self._round_lock.release()
+                    if taken:
+                        self._round_lock.release()
                 if skip:
                     # A caller ran a round meanwhile (it drives), and what is new it drives itself: back off
                     # as when idle, rather than wake each cycle to contend with the drivers for the lock.

@@ -9,6 +9,7 @@ import json
 import torch
 
 import collectives as hvd
+from collectives import engines
 from collectives.reduce_op import ReduceOp
 
 COUNT = 200
@@ -25,10 +26,13 @@ def main() -> None:
     for handle in burst(tensors):  # the first burst plans, caches and agrees every name
         hvd.synchronize(handle)
     hvd.barrier()
-    gc.disable()  # the count of young objects then only grows with what is allocated and kept
-    before = gc.get_count()[0]
-    handles = burst(tensors)
-    kept = (gc.get_count()[0] - before) / COUNT
+    # The round lock held through the submissions, as a caller's long round holds it: on a loaded machine the
+    # engine thread's cycle may end mid-burst, and the objects of that round would count too.
+    with engines._engines[0]._round_lock._lock:
+        gc.disable()  # the count of young objects then only grows with what is allocated and kept
+        before = gc.get_count()[0]
+        handles = burst(tensors)
+        kept = (gc.get_count()[0] - before) / COUNT
     values = [hvd.synchronize(h)[0].item() for h in handles]
     gc.enable()
     result = {"rank": hvd.rank(), "frozen": frozen, "tracked_per_op": kept, "values": sorted(set(values))}
