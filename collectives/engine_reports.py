@@ -62,7 +62,7 @@ class StallCheck:
         """Check, if a period has passed since the last check; whether the finding changed."""
         if not self.enabled or now - self._last < self.period_s:
             return False
-        self._last = time.monotonic() if now is None else now
+        self._last = now
         text, mine = stall_texts(table, self.period_s, ranks, index)
         if mine:  # logged by the first rank that submitted each stalled operation: it knows the names
             log_stall(self.set_id, self.period_s, mine)
