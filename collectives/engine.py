@@ -55,7 +55,7 @@ from collectives.engine_lock import RoundLock
 from collectives.engine_pace import MAX_IDLE_WAIT_S, burst_deadline, next_waits
 from collectives.engine_reports import StallCheck, attempt, failure_message
 from collectives.engine_rounds import Riders, Table, exchange
-from collectives.engine_tickets import Ticket, Turn
+from collectives.engine_tickets import Ticket, Turn, settle_all
 from collectives.engine_values import Fusion, Settings
 from collectives.errors import CollectivesError, HorovodInternalError
 from collectives.negotiation import ROW, Agreement, Call, Kind, _verdict
@@ -142,7 +142,7 @@ class Engine:
         ``drive``: the caller blocks until then and runs the rounds itself (see :meth:`drive`).
         ``row``: ``row_of(call)``, when the caller keeps it at hand.
         """
-        entry = self._enqueue(
+        entry = self.enqueue(
             call, start, named=named, fusion=fusion, cuda_tensor=cuda_tensor, notify=not drive, row=row
         )
         if drive:
@@ -152,13 +152,13 @@ class Engine:
     def agree(self, call: Call) -> Ticket:
         """An ordered entry that issues nothing: its ticket gives the agreement once every rank has reached it
         (the optimizer's check that every rank steps the same layout)."""
-        return self._enqueue(call, None, named=False)
+        return self.enqueue(call, None, named=False)
 
     def turn(self, call: Call) -> Turn:
         """An ordered entry that lends the data group to the caller once agreed (see :class:`Turn`)."""
-        return Turn(self._enqueue(call, None, named=False, lends=True, notify=False), self)
+        return Turn(self.enqueue(call, None, named=False, lends=True, notify=False), self)
 
-    def _enqueue(
+    def enqueue(
         self,
         call: Call,
         start: Callable[[Agreement], Any] | None,
@@ -170,6 +170,8 @@ class Engine:
         notify: bool = True,
         row: list[int] | None = None,
     ) -> Entry:
+        """:meth:`submit` without driving: ``notify`` wakes the engine thread for it (an ``_async``
+        operation, called directly on its hot path: a burst's operation pays a Python call less)."""
         event = None
         if cuda_tensor is not None and cuda_tensor.is_cuda:
             # The engine thread issues on its own current stream: it must wait for the producer's kernels.
@@ -514,8 +516,11 @@ class Engine:
 
     def _reduce_riders(self, riders: Riders) -> None:
         """Reduce a run of cached allreduces from the bytes that rode in their round, as one block."""
+        local = self._local
         with self._mutex:
-            entries = [self._forget(key) for key in riders.keys]
+            # Forgotten as _forget does, a C call each: the round forgets a whole burst here.
+            entries = [local.pop(key) for key in riders.keys]
+            self._driven_local -= [entry.driven for entry in entries].count(True)
         first, last = entries[0], entries[-1]
         # This rank's block was of these entries, and one fusion's (engine_announce.announce).
         fusion = first.fusion
@@ -528,8 +533,7 @@ class Engine:
         done, values = attempt(first, first.label, lambda: reduce_block(tensors, riders.payloads))
         if done:
             self.reduced_in_round += len(entries)
-            for entry, value in zip(entries, values, strict=True):
-                entry._settle(value, None)
+            settle_all(entries, values)
         else:
             for entry in entries[1:]:
                 entry._settle(None, first._error)

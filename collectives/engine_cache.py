@@ -205,8 +205,10 @@ class Marks:
 
     def mark(self, key: int, row: list[int]) -> None:
         """Note a submission of ``key`` with ``row`` (the caller holds the engine's lock)."""
-        slot = self.cache.slot(key, row)
-        if slot is not None:
+        cache = self.cache
+        slot = cache.slot_of.get(key)
+        # The row's own list, as the slot keeps it, is the common case: ResponseCache.slot's test, inline.
+        if slot is not None and (cache.rows[slot] is row or cache.slot(key, row) is not None):
             self._flags[slot] = 49  # "1"
             self._count += 1
 

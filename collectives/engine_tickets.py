@@ -4,10 +4,10 @@ it is given, settled once the operation has been issued."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-__all__ = ["Driver", "Lender", "Ticket", "Turn"]
+__all__ = ["Driver", "Lender", "Ticket", "Turn", "settle_all"]
 
 
 class Driver(Protocol):
@@ -92,6 +92,27 @@ class Ticket:
             self._done = True
             event, self._event = self._event, None
             callbacks, self._callbacks = self._callbacks, None
+        if event is not None:
+            event.set()
+        for callback in callbacks or ():
+            callback()
+
+
+def settle_all(tickets: Sequence[Ticket], values: Sequence[Any]) -> None:
+    """Settle each of ``tickets`` with its value, as :meth:`Ticket._settle` does, under one hold of the lock:
+    a round that reduces a burst settles all of its operations at once."""
+    woken: list[tuple[threading.Event | None, list[Callable[[], None]] | None]] = []
+    with _LOCK:
+        for ticket, value in zip(tickets, values, strict=True):
+            if ticket._done:
+                continue
+            ticket._value, ticket._error = value, None
+            ticket._done = True
+            event, callbacks = ticket._event, ticket._callbacks
+            if event is not None or callbacks is not None:
+                ticket._event = ticket._callbacks = None
+                woken.append((event, callbacks))
+    for event, callbacks in woken:
         if event is not None:
             event.set()
         for callback in callbacks or ():

@@ -107,12 +107,14 @@ def _allreduce_start(  # noqa: PLR0917 (Horovod's signature)
     """Reduce ``tensor`` in place; ``blocking``: matched in order rather than by name."""
     context, groups = context_and_groups(process_set, what)
     device = tensor.device
-    facts = (name, tensor.dtype, device.type, op, tuple(tensor.shape))
-    key = (facts, prescale, postscale, device.index, groups.set_id)
+    # The device and the shape (a torch.Size, a tuple) as they come: their type, index and a tuple of the
+    # shape cost a burst's operation more than the rest of its key, and are made only for a new plan.
+    key = (name, tensor.dtype, device, op, tensor.shape, prescale, postscale, groups.set_id)
     plan = _plans.get(key)
     if plan is None or plan.groups is not groups or plan.context is not context:
         if len(_plans) >= _PLANS_LIMIT:
             _plans.clear()
+        facts = (name, tensor.dtype, device.type, op, tuple(tensor.shape))
         plan = _plans[key] = _plan(
             facts, prescale, postscale, context, groups, tensor.numel() * tensor.element_size(), device
         )
@@ -166,11 +168,30 @@ def _reduce_block_in_round(
 
     def reduce_block(tensors: list[torch.Tensor], payloads: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
         # Every rank's block holds the tensors' bytes back to back, as flattening them lays them out.
-        flat = reduce(torch.empty(sum([t.numel() for t in tensors]), dtype=tensors[0].dtype), payloads)
-        unflatten_into(flat, tensors)
+        flat, parts = _block_buffer(tensors)
+        reduce(flat, payloads)
+        torch._foreach_copy_(tensors, parts)
         return [_Ready(t) for t in tensors]
 
     return reduce_block
+
+
+# Per thread (the engine thread, or a caller that runs its own rounds: a thread runs one round at a time):
+# the flat buffer that a block of riders is reduced into and its views shaped like the block's tensors, kept
+# while the block's shapes and type hold. A burst rides the same block every step, and making a view per
+# tensor was most of its reduction's time.
+_block_scratch = threading.local()
+
+
+def _block_buffer(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    shapes = [t.shape for t in tensors]
+    dtype = tensors[0].dtype
+    memo = getattr(_block_scratch, "memo", None)
+    if memo is None or memo[1] is not dtype or memo[0] != shapes:
+        flat = torch.empty(sum(shape.numel() for shape in shapes), dtype=dtype)
+        parts = list(torch._C._nn.unflatten_dense_tensors(flat, tensors))
+        memo = _block_scratch.memo = (shapes, dtype, flat, parts)
+    return memo[2], memo[3]
 
 
 class _Fused:

@@ -129,7 +129,9 @@ class Handle(Generic[T]):
             try:
                 ticket = self._ticket
                 if ticket is not None:
-                    inner: _Part[T] = ticket.result()
+                    # Ticket.result's own first test, inline: a burst's handles find theirs settled.
+                    done = ticket._done and ticket._error is None
+                    inner: _Part[T] = ticket._value if done else ticket.result()
                     self._result = inner.wait()
                     if ticket._engine is not None and ticket._engine.broken is not None:
                         _raise_if_cut_short(ticket, self._result)
@@ -161,16 +163,6 @@ class Handle(Generic[T]):
             ticket.on_done(lambda: _in_flight.discard(name))
 
 
-def _claim(name: str | None) -> None:
-    if name is None:
-        return
-    if name in _in_flight:
-        raise ArgumentError(
-            f"an operation named {name!r} is in flight already: synchronize it before reusing the name"
-        )
-    _in_flight.add(name)
-
-
 def _submit(
     call: Call,
     groups: _Groups,
@@ -185,8 +177,13 @@ def _submit(
     submitted it (``row``: the call's row when the caller has it at hand). ``claim``: an ``_async``
     operation, matched by its name and holding it until synchronized; otherwise it is matched by its place in
     the set's ordered sequence."""
-    if claim:
-        _claim(call.name)
+    name = call.name if claim else None
+    if name is not None:
+        if name in _in_flight:
+            raise ArgumentError(
+                f"an operation named {name!r} is in flight already: synchronize it before reusing the name"
+            )
+        _in_flight.add(name)
     if groups.size == 1:
         ticket = Ticket()
         try:
@@ -198,10 +195,13 @@ def _submit(
         engine = _engines.get(groups.set_id)  # engine_for's own first look, inline: a call fewer
         if engine is None or engine.groups is not groups:
             engine = engine_for(groups)
-        ticket = engine.submit(
-            call, issue, named=claim, fusion=fusion, cuda_tensor=tensor, drive=not claim, row=row
-        )
-    return Handle((), _unreachable, call.name if claim else None, ticket)
+        if claim:
+            ticket = engine.enqueue(call, issue, named=True, fusion=fusion, cuda_tensor=tensor, row=row)
+        else:
+            ticket = engine.submit(
+                call, issue, named=False, fusion=fusion, cuda_tensor=tensor, drive=True, row=row
+            )
+    return Handle((), _unreachable, name, ticket)
 
 
 def _unreachable() -> Any:

@@ -75,3 +75,30 @@ def test_tensors_of_one_kind_fuse_into_one_copy_outside_autograd_and_come_back()
     (single,) = fuse([torch.ones(2, 2)])
     assert single[1].shape == (4,) and single[1].data_ptr() != single[0][0].data_ptr()
     assert fuse([]) == []
+
+
+def test_a_block_of_riders_is_reduced_into_its_tensors_through_a_buffer_kept_while_its_shapes_hold() -> None:
+    from collectives.ops._allreduce import _block_buffer, _reduce_block_in_round
+    from collectives.reduce_op import ReduceOp
+
+    reduce_block = _reduce_block_in_round(ReduceOp.SUM, 1.0)
+    tensors = [torch.zeros(3), torch.zeros(2, 2), torch.zeros(1)]
+
+    def block(*values: list[float]) -> list[torch.Tensor]:
+        """Every rank's bytes of the tensors, back to back, as a rank's block carries them."""
+        return [torch.tensor(v, dtype=torch.float32).view(torch.uint8) for v in values]
+
+    first = [float(i) for i in range(8)]
+    second = [10.0 * i for i in range(8)]
+    reduce_block(tensors, block(first, second))
+    assert [t.tolist() for t in tensors] == [[0.0, 11.0, 22.0], [[33.0, 44.0], [55.0, 66.0]], [77.0]]
+    flat, _ = _block_buffer(tensors)
+    others = [torch.zeros(3), torch.zeros(2, 2), torch.zeros(1)]  # same shapes: the same buffer
+    values = reduce_block(others, block([1.0] * 8, [2.0] * 8))
+    assert _block_buffer(others)[0] is flat
+    assert [v.wait() for v in values] == others and others[1].tolist() == [[3.0, 3.0], [3.0, 3.0]]
+    assert tensors[2].tolist() == [77.0]  # the first block's tensors are theirs, not views of the buffer
+    reshaped = [torch.zeros(4), torch.zeros(4)]  # the same bytes in all, other shapes: a buffer of its own
+    reduce_block(reshaped, block([1.0] * 8, [1.0] * 8))
+    assert _block_buffer(reshaped)[0] is not flat
+    assert [t.tolist() for t in reshaped] == [[2.0] * 4, [2.0] * 4]
