@@ -11,7 +11,10 @@ there: the reset that the victim's death begins waits for its last commit foreve
 ELASTIC_DIE_IN_RESET=<start rank>: that rank SIGKILLs itself in its first reset callback (once the new world
 formed its group, before its first sync): a loss while the new world forms.
 ELASTIC_NEWCOMER_DIES set: a newcomer (started by a reset, not by the plan) SIGKILLs itself once it joined
-its first world, before it opts in: a newcomer lost while the new world forms.
+its first world and every other rank's reset callbacks have run in it (each writes DIR/reset.<start
+rank>.<size>), before it opts in: a newcomer lost while the new world forms, after its group formed (the
+survivors meet the loss at the world's first sync; a loss inside the group's forming is
+ELASTIC_NEWCOMER_DIES_EARLY's).
 ELASTIC_NEWCOMER_DIES_EARLY set: the first newcomer SIGKILLs itself before it joins (hvd.init), so the
 survivors' new group fails while it is created.
 ELASTIC_TOP_LEVEL_BROADCAST set: the script broadcasts the model and optimizer at top level, as README's
@@ -48,6 +51,13 @@ if os.environ.get("ELASTIC_NEWCOMER_DIES_EARLY") and os.environ.get("DISTRUN_JOI
         os.kill(os.getpid(), signal.SIGKILL)
 hvd.init(timeout=float(os.environ.get("ELASTIC_TIMEOUT_S", "1800")))
 if os.environ.get("ELASTIC_NEWCOMER_DIES") and (out / "killed").exists():  # started after the victim died
+    # The survivors return from forming the group after this rank may: dying at once could cut their group
+    # while it still forms (and their callbacks would never see this world).
+    deadline = time.monotonic() + 120
+    while len(list(out.glob(f"reset.*.{hvd.size()}"))) < hvd.size() - 1:
+        if time.monotonic() > deadline:
+            sys.exit("the other ranks' reset callbacks never ran in this world")
+        time.sleep(0.01)
     os.kill(os.getpid(), signal.SIGKILL)
 newcomer = bool(os.environ.get("DISTRUN_JOINED_AT_RESET"))
 start_rank = int(os.environ["DISTRUN_START_RANK"]) if "DISTRUN_START_RANK" in os.environ else hvd.rank()
@@ -117,7 +127,14 @@ class _State(hvd.elastic.TorchState):
 
 
 state = _State(model, optimizer, batch=0)
-state.register_reset_callbacks([lambda: sizes.append(hvd.size())])
+
+
+def reset_seen() -> None:
+    sizes.append(hvd.size())
+    (out / f"reset.{start_rank}.{hvd.size()}").write_text("")
+
+
+state.register_reset_callbacks([reset_seen])
 if os.environ.get("ELASTIC_HOLD_RESET"):
     state.register_reset_callbacks([held])
 if os.environ.get("ELASTIC_DIE_IN_RESET") == str(start_rank):
