@@ -461,6 +461,12 @@ class Engine:
             self._driven_local -= 1
         return entry
 
+    def _forget_all(self, keys: list[int]) -> list[Entry]:
+        """:meth:`_forget` of each of ``keys``, a C call each: a round forgets a whole burst at once."""
+        entries = list(map(self._local.pop, keys))  # the caller holds the mutex
+        self._driven_local -= [entry.driven for entry in entries].count(True)
+        return entries
+
     def _fusable_after(self, first: Entry) -> list[Entry]:
         """The queued entries right behind ``first`` that fuse with it, within the threshold."""
         assert first.fusion is not None
@@ -493,8 +499,7 @@ class Engine:
             taken.append(entry)
             total += size
         with self._mutex:
-            for entry in taken:
-                self._forget(entry.key)
+            self._forget_all([entry.key for entry in taken])
         return taken
 
     def _issue(self, entry: Entry, agreement: Agreement) -> None:
@@ -516,11 +521,8 @@ class Engine:
 
     def _reduce_riders(self, riders: Riders) -> None:
         """Reduce a run of cached allreduces from the bytes that rode in their round, as one block."""
-        local = self._local
         with self._mutex:
-            # Forgotten as _forget does, a C call each: the round forgets a whole burst here.
-            entries = [local.pop(key) for key in riders.keys]
-            self._driven_local -= [entry.driven for entry in entries].count(True)
+            entries = self._forget_all(riders.keys)
         first, last = entries[0], entries[-1]
         # This rank's block was of these entries, and one fusion's (engine_announce.announce).
         fusion = first.fusion
