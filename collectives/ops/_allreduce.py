@@ -21,16 +21,17 @@ from collectives.ops._common import (
     _prescaled,
     all_gather_into,
     carried,
+    reduce_block_payloads,
     reduce_payloads,
 )
-from collectives.ops._handle import Handle, _Part, _Ready, _submit, _wait_work
+from collectives.ops._handle import Handle, _Part, _submit, _wait_work
 from collectives.process_sets import ProcessSet, context_and_groups, global_process_set
 from collectives.reduce_op import ReduceOp
 
 __all__ = ["allreduce", "allreduce_", "allreduce_async", "allreduce_async_"]
 
 
-_Reduce = Callable[[torch.Tensor, list[torch.Tensor]], _Part[torch.Tensor]]
+_Reduce = Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]
 # Every rank's buffer gathered (rows in rank order), and how to reduce them into the fused buffer.
 _Rows = tuple[torch.Tensor, Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]]
 
@@ -45,7 +46,7 @@ class _Plan(NamedTuple):
     fusion_key: Any
     issue_fused: Callable[[list[torch.Tensor]], list[_Part[torch.Tensor]]]
     reduce: _Reduce | None
-    reduce_block: Callable[[list[torch.Tensor], list[torch.Tensor]], list[_Part[torch.Tensor]]] | None
+    reduce_block: Callable[[list[torch.Tensor], list[torch.Tensor]], list[torch.Tensor]] | None
     nbytes: int
 
 
@@ -89,7 +90,7 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         (dtype, device, op, prescale, postscale),
         issue_fused,
         _reduce_in_round(op, postscale) if rides else None,
-        _reduce_block_in_round(op, postscale) if rides else None,
+        reduce_block_payloads(op, postscale) if rides else None,
         nbytes,
     )
 
@@ -156,42 +157,9 @@ class _Issue(tuple[torch.Tensor, ReduceOp, float, float, _Plan, bool]):
 
 
 def _reduce_in_round(op: ReduceOp, postscale: float) -> _Reduce:
-    reduce = reduce_payloads(op, postscale)
-    # Done here, on the thread that settles it: the handle then only hands the tensor back.
-    return lambda tensor, payloads: _Ready(reduce(tensor, payloads))
-
-
-def _reduce_block_in_round(
-    op: ReduceOp, postscale: float
-) -> Callable[[list[torch.Tensor], list[torch.Tensor]], list[_Part[torch.Tensor]]]:
-    reduce = reduce_payloads(op, postscale)
-
-    def reduce_block(tensors: list[torch.Tensor], payloads: list[torch.Tensor]) -> list[_Part[torch.Tensor]]:
-        # Every rank's block holds the tensors' bytes back to back, as flattening them lays them out.
-        flat, parts = _block_buffer(tensors)
-        reduce(flat, payloads)
-        torch._foreach_copy_(tensors, parts)
-        return [_Ready(t) for t in tensors]
-
-    return reduce_block
-
-
-# Per thread (the engine thread, or a caller that runs its own rounds: a thread runs one round at a time):
-# the flat buffer that a block of riders is reduced into and its views shaped like the block's tensors, kept
-# while the block's shapes and type hold. A burst rides the same block every step, and making a view per
-# tensor was most of its reduction's time.
-_block_scratch = threading.local()
-
-
-def _block_buffer(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    shapes = [t.shape for t in tensors]
-    dtype = tensors[0].dtype
-    memo = getattr(_block_scratch, "memo", None)
-    if memo is None or memo[1] is not dtype or memo[0] != shapes:
-        flat = torch.empty(sum(shape.numel() for shape in shapes), dtype=dtype)
-        parts = list(torch._C._nn.unflatten_dense_tensors(flat, tensors))
-        memo = _block_scratch.memo = (shapes, dtype, flat, parts)
-    return memo[2], memo[3]
+    # Done on the thread that settles it, which settles the handle's ticket with the reduced tensor itself
+    # (a value already there: see collectives.ops._handle._Part).
+    return reduce_payloads(op, postscale)
 
 
 class _Fused:

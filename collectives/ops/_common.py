@@ -3,6 +3,7 @@ which the data-moving collectives carry tensors of any type."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -147,6 +148,41 @@ def reduce_payloads(
         return _postscaled(tensor, len(parts) if op is ReduceOp.AVERAGE else 1, postscale)
 
     return reduce
+
+
+def reduce_block_payloads(
+    op: ReduceOp, postscale: float
+) -> Callable[[list[torch.Tensor], list[torch.Tensor]], list[torch.Tensor]]:
+    """:func:`reduce_payloads` for tensors whose bytes rode together (a block of cached allreduces, a grouped
+    call's members): every rank's block reduced into the thread's kept buffer, then copied out into them."""
+    reduce = reduce_payloads(op, postscale)
+
+    def reduce_block(tensors: list[torch.Tensor], payloads: list[torch.Tensor]) -> list[torch.Tensor]:
+        # Every rank's block holds the tensors' bytes back to back, as flattening them lays them out.
+        flat, parts = block_buffer(tensors)
+        reduce(flat, payloads)
+        torch._foreach_copy_(tensors, parts)
+        return tensors
+
+    return reduce_block
+
+
+# Per thread (the engine thread, or a caller that runs its own rounds: a thread runs one round at a time):
+# the flat buffer that a block is reduced into and its views shaped like the block's tensors, kept while the
+# block's shapes and type hold. A burst (or a grouped call) rides the same block every step, and making a
+# view per tensor was most of its reduction's time.
+_block_scratch = threading.local()
+
+
+def block_buffer(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    shapes = [t.shape for t in tensors]
+    dtype = tensors[0].dtype
+    memo = getattr(_block_scratch, "memo", None)
+    if memo is None or memo[1] is not dtype or memo[0] != shapes:
+        flat = torch.empty(sum(shape.numel() for shape in shapes), dtype=dtype)
+        parts = list(torch._C._nn.unflatten_dense_tensors(flat, tensors))
+        memo = _block_scratch.memo = (shapes, dtype, flat, parts)
+    return memo[2], memo[3]
 
 
 def all_gather_into(output: torch.Tensor, local: torch.Tensor, group: Any, async_op: bool) -> Any:

@@ -32,7 +32,10 @@ T_co = TypeVar("T_co", covariant=True)
 
 class _Part(Protocol[T_co]):
     """What an operation's start gives its handle's ticket: a :class:`Handle`, or a lighter object for
-    operations that need no handle of their own (a share of a fused collective, a value already reduced)."""
+    operations that need no handle of their own (a share of a fused collective, a value already reduced).
+
+    A tensor counts as its own part, already there: an allreduce reduced in its round settles its ticket with
+    the reduced tensor, where an object around it per operation was two Python calls of a burst's 17."""
 
     def wait(self) -> T_co: ...
 
@@ -117,10 +120,10 @@ class Handle(Generic[T]):
             if not self._ticket.done():
                 return False
             try:
-                inner: _Part[T] = self._ticket.result()
+                inner: _Part[T] | torch.Tensor = self._ticket.result()
             except CollectivesError:
                 return True
-            return inner.is_completed()
+            return isinstance(inner, torch.Tensor) or inner.is_completed()
         return all(work.is_completed() for work in self._works)
 
     def wait(self) -> T:
@@ -131,8 +134,9 @@ class Handle(Generic[T]):
                 if ticket is not None:
                     # Ticket.result's own first test, inline: a burst's handles find theirs settled.
                     done = ticket._done and ticket._error is None
-                    inner: _Part[T] = ticket._value if done else ticket.result()
-                    self._result = inner.wait()
+                    inner: Any = ticket._value if done else ticket.result()
+                    # A tensor is a Handle[Tensor]'s own result (see _Part).
+                    self._result = inner if isinstance(inner, torch.Tensor) else inner.wait()  # type: ignore[assignment]
                     if ticket._engine is not None and ticket._engine.broken is not None:
                         _raise_if_cut_short(ticket, self._result)
                 else:
