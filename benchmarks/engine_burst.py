@@ -7,7 +7,8 @@ DIR is a ``git archive`` of an earlier tree, put first on ``PYTHONPATH`` for its
 prints, over all of its jobs' rounds (each round's time the slowest rank's): the 64-op burst against one
 grouped call, and the grouped call against one raw ``all_reduce`` of all their bytes, as medians with
 quartiles (> 1: slower), each case timed alone after a barrier (``--run N``: N calls in a row, timed
-together); Python calls per operation of the burst; with ``--steps N``, a step of
+together), and the part of the burst spent in its ``allreduce_async_`` calls (what is left of it is its round
+and its ``synchronize`` calls); Python calls per operation of the burst; with ``--steps N``, a step of
 ``--step-count`` cached named operations: the step's time (median and mean), the garbage collector's share,
 rounds per step, the agreement's CPU per operation and the submitting thread's (ns).
 """
@@ -85,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, index in (("burst", b), ("grouped", g), ("raw", w)):
                 print(f"  {label:8} ms  {quartiles([r[index] * 1e3 for r in burst])}")
             print(f"  burst / grouped   {quartiles([r[b] / r[g] for r in burst])}")
+            s = keys.index("submitting")
+            print(f"  the burst's submissions, ms   {quartiles([r[s] * 1e3 for r in burst])}")
+            print(f"  the burst less them / grouped   {quartiles([(r[b] - r[s]) / r[g] for r in burst])}")
             print(f"  grouped / raw     {quartiles([r[g] / r[w] for r in burst])}")
             print(f"  Python calls per operation of the burst: {jobs[0]['python_calls_per_op']:.1f}")
         if args.steps:

@@ -1,7 +1,8 @@
 """The engine's costs per operation, measured inside one distrun job (whichever tree's ``collectives`` comes
 first on ``PYTHONPATH``). Rank 0 prints one JSON line.
 
-* ``burst``: ``--count`` ``allreduce_async_`` of ``--size`` bytes each, named, then ``synchronize`` on each;
+* ``burst``: ``--count`` ``allreduce_async_`` of ``--size`` bytes each, named, then ``synchronize`` on each
+  (``submitting``: the part of it spent in the ``allreduce_async_`` calls);
   ``grouped``: one ``grouped_allreduce_`` of the same tensors; ``raw``: one ``torch.distributed.all_reduce``
   of a tensor of all their bytes. The three take turns in every round, each after a barrier of the ranks
   and ``--run`` times in a row (a call's time is the run's over ``--run``: 1 for a call's latency alone, more
@@ -108,9 +109,13 @@ def burst(args: argparse.Namespace) -> dict[str, Any]:
     whole = torch.zeros(args.count * args.size // 4)
     names = [f"bench.burst.{i}" for i in range(args.count)]
 
+    submitting = [0.0]  # the bursts' submissions of this round so far, s
+
     def many() -> None:
         pairs = zip(tensors, names, strict=True)
+        start = time.perf_counter()
         handles = [collectives.allreduce_async_(t, name=n, op=ReduceOp.SUM) for t, n in pairs]
+        submitting[0] += time.perf_counter() - start
         for handle in handles:
             collectives.synchronize(handle)
 
@@ -122,12 +127,13 @@ def burst(args: argparse.Namespace) -> dict[str, Any]:
     for case in cases.values():
         for _ in range(3):
             case()
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    times: dict[str, list[float]] = {name: [] for name in [*cases, "submitting"]}
     order = list(cases)
     shuffler = random.Random(7)  # the same order on every rank
     collectives.barrier()
     for _ in range(args.rounds):
         shuffler.shuffle(order)
+        submitting[0] = 0.0
         for name in order:
             # Every case starts with the ranks in step: its time is its own, not the last case's skew.
             dist.barrier()
@@ -136,6 +142,7 @@ def burst(args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(args.run):
                 case()
             times[name].append((time.perf_counter() - start) / args.run)
+        times["submitting"].append(submitting[0] / args.run)
     return {name: slowest(values) for name, values in times.items()}
 
 
