@@ -89,7 +89,9 @@ def _plan(  # noqa: PLR0917 (the facts of one request)
         row_of(call),
         (dtype, device, op, prescale, postscale),
         issue_fused,
-        _reduce_in_round(op, postscale) if rides else None,
+        # Reduced on the thread that settles the handle's ticket, with the reduced tensor itself (a value
+        # already there: see collectives.ops._handle._Part).
+        reduce_payloads(op, postscale) if rides else None,
         reduce_block_payloads(op, postscale) if rides else None,
         nbytes,
     )
@@ -154,12 +156,6 @@ class _Issue(tuple[torch.Tensor, ReduceOp, float, float, _Plan, bool]):
             return Handle([], lambda: _postscaled(tensor, divisor, postscale))
         work = dist.all_reduce(tensor, op=torch_op, group=groups.data, async_op=True)
         return Handle([work], lambda: _postscaled(tensor, divisor, postscale))
-
-
-def _reduce_in_round(op: ReduceOp, postscale: float) -> _Reduce:
-    # Done on the thread that settles it, which settles the handle's ticket with the reduced tensor itself
-    # (a value already there: see collectives.ops._handle._Part).
-    return reduce_payloads(op, postscale)
 
 
 class _Fused:

@@ -35,7 +35,7 @@ class _Part(Protocol[T_co]):
     operations that need no handle of their own (a share of a fused collective, a value already reduced).
 
     A tensor counts as its own part, already there: an allreduce reduced in its round settles its ticket with
-    the reduced tensor, where an object around it per operation was two Python calls of a burst's 17."""
+    the reduced tensor, where an object around it was two Python calls an operation of a burst."""
 
     def wait(self) -> T_co: ...
 
